@@ -1,0 +1,3 @@
+from homing.cli import main
+
+raise SystemExit(main())
