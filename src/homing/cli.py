@@ -1,0 +1,116 @@
+"""One binary: `homing serve | sim | bench`.
+
+`homing serve` with no `--config` runs the embedded default (simulated SGLang workers as
+child processes, the gateway on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051).
+`homing sim` runs simulated workers in this process; `homing bench` replays a trace against a
+running gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from homing import __version__
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run the gateway, router and (by default) simulated workers")
+    p.add_argument("--config", help="TOML config file (default: the embedded default)")
+    p.add_argument("--host", help="HTTP listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8080)")
+    p.add_argument("--grpc-port", type=int, help="gRPC API port (default 50051)")
+    p.add_argument("--policy", choices=["cache_aware", "round_robin", "least_load"])
+    p.add_argument(
+        "--worker",
+        action="append",
+        dest="workers",
+        metavar="grpc://HOST:PORT",
+        help="serve this SGLang worker (repeatable); disables the simulated ones",
+    )
+    p.add_argument("--sim-workers", type=int, help="number of simulated workers (default 2)")
+    p.add_argument("--model", help="simulated model preset (default llama-3.1-8b)")
+    p.add_argument("--gpu", help="simulated GPU (default H100)")
+    p.add_argument("--tp", type=int, help="simulated tensor-parallel size (default 1)")
+    p.add_argument("--speedup", type=float, help="simulated clock speedup (default 1.0)")
+    p.add_argument("--log-level", default="info")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from homing.app import App
+    from homing.config import ConfigError, load_config
+    from homing.obs.logging import configure_logging
+
+    configure_logging(args.log_level)
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(f"homing: {err}", file=sys.stderr)
+        return 2
+    gw, sim = config.gateway, config.sim
+    overrides = {
+        (gw, "host"): args.host,
+        (gw, "port"): args.port,
+        (gw, "grpc_port"): args.grpc_port,
+        (config.router, "policy"): args.policy,
+        (sim, "workers"): args.sim_workers,
+        (sim, "model"): args.model,
+        (sim, "gpu"): args.gpu,
+        (sim, "tp"): args.tp,
+        (sim, "speedup"): args.speedup,
+    }
+    for (section, name), value in overrides.items():
+        if value is not None:
+            setattr(section, name, value)
+    if args.workers:
+        config.engines.workers = list(args.workers)
+    config = type(config).model_validate(config.model_dump())  # re-check the overrides
+
+    async def main() -> None:
+        app = App(config)
+        await app.start()
+        await app.run_until_signal()
+
+    _run(main())
+    return 0
+
+
+def _run(coro: object) -> None:
+    import uvloop
+
+    uvloop.run(coro)  # type: ignore[arg-type]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `homing` binary."""
+    from homing.bench.main import add_bench_arguments
+    from homing.sim.main import add_sim_arguments
+
+    parser = argparse.ArgumentParser(prog="homing", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"homing {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    add_sim_arguments(sub.add_parser("sim", help="run simulated SGLang workers"))
+    add_bench_arguments(sub.add_parser("bench", help="replay a trace against a gateway"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `homing` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "sim":
+        from homing.sim.main import run_sim
+
+        return run_sim(args)
+    if args.command == "bench":
+        from homing.bench.main import run_bench
+
+        return run_bench(args)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""OpenAI-shaped errors and their HTTP and gRPC status codes.
+
+Every error a client can cause is an `APIError` with the body OpenAI sends:
+`{"error": {"message", "type", "param", "code"}}`. Client mistakes are 4xx and are never
+counted against a worker's health; capacity problems are 503 with `Retry-After`.
+The gRPC mapping follows SGLang's servicer (DESIGN.md, "Protocol facts"): 400 INVALID_ARGUMENT,
+429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 408/504 DEADLINE_EXCEEDED, else INTERNAL; plus the
+standard 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND, 413 INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+_GRPC_BY_HTTP: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+_TYPE_BY_HTTP: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+
+
+@dataclass
+class APIError(Exception):
+    """An error answered to the client with an OpenAI-shaped body.
+
+    `status` is the HTTP status; `retry_after_s` (seconds) becomes a `Retry-After` header
+    on 429/503.
+    """
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    type: str | None = None
+    retry_after_s: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: `{"error": {"message", "type", "param", "code"}}`."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type or _TYPE_BY_HTTP.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        """The gRPC status mapped from `status`."""
+        return _GRPC_BY_HTTP.get(self.status, grpc.StatusCode.INTERNAL)
+
+
+def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    """A 400 `invalid_request_error`."""
+    return APIError(400, message, param=param, code=code)
+
+
+def model_not_found(model: str) -> APIError:
+    """404 for a model this gateway does not serve (OpenAI's `model_not_found`)."""
+    return APIError(
+        404,
+        f"The model '{model}' does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def no_capacity(message: str, retry_after_s: int = 1) -> APIError:
+    """503 when no healthy replica can take the request."""
+    return APIError(
+        503,
+        message,
+        code="no_capacity",
+        type="service_unavailable_error",
+        retry_after_s=retry_after_s,
+    )

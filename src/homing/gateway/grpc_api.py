@@ -1,0 +1,272 @@
+"""homing's gRPC client API (`homing.v1.Inference`, proto/homing/v1/inference.proto).
+
+Same semantics and validation as the HTTP API: each call is converted to the OpenAI JSON body,
+validated by `homing.gateway.requests` and served by the same `InferenceService`. Errors end
+the call with the gRPC status mapped from the HTTP one (`APIError.grpc_code`), the message as
+details, and the OpenAI error JSON in the trailing metadata key `x-error-json`.
+Initial metadata carries `x-request-id` and `x-homing-worker`. Server reflection and the
+standard health service are enabled; health is SERVING while a worker is healthy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from homing.gateway.errors import APIError
+from homing.gateway.requests import parse_chat, parse_completion
+from homing.gateway.service import (
+    ChoiceFinished,
+    Generation,
+    InferenceService,
+    PreparedRequest,
+    TextDelta,
+    new_request_id,
+)
+from homing.v1 import inference_pb2 as pb
+from homing.v1 import inference_pb2_grpc as pb_grpc
+
+SERVICE_NAME = "homing.v1.Inference"
+
+
+def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any]) -> None:
+    for name in (
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "seed",
+        "ignore_eos",
+        "frequency_penalty",
+        "presence_penalty",
+    ):
+        if sampling.HasField(name):
+            body[name] = getattr(sampling, name)
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+
+
+def chat_body(request: pb.ChatCompletionRequest) -> dict[str, Any]:
+    """The OpenAI chat body equivalent to a gRPC `ChatCompletionRequest`."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        "stream": request.stream,
+    }
+    if request.user:
+        body["user"] = request.user
+    if request.HasField("sampling"):
+        _sampling_to_body(request.sampling, body)
+    return body
+
+
+def completion_body(request: pb.CompletionRequest) -> dict[str, Any]:
+    """The OpenAI completions body equivalent to a gRPC `CompletionRequest`."""
+    body: dict[str, Any] = {"model": request.model, "stream": request.stream}
+    which = request.WhichOneof("prompt")
+    if which == "text":
+        body["prompt"] = request.text
+    elif which == "token_ids":
+        body["prompt"] = list(request.token_ids.ids)
+    if request.user:
+        body["user"] = request.user
+    if request.HasField("sampling"):
+        _sampling_to_body(request.sampling, body)
+    return body
+
+
+class InferenceServicer(pb_grpc.InferenceServicer):
+    """gRPC front of `InferenceService`."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsResponse:
+        m = self.service.model
+        return pb.ListModelsResponse(
+            models=[
+                pb.Model(
+                    id=m.model_id,
+                    owned_by="homing",
+                    created=m.created,
+                    max_context_length=m.max_context_length,
+                )
+            ]
+        )
+
+    async def ChatCompletion(
+        self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CompletionChunk]:
+        request_id = _request_id(context)
+        try:
+            prepared = self.service.prepare_chat(
+                parse_chat(chat_body(request)),
+                request_id=request_id,
+                session_key=request.user or None,
+            )
+        except APIError as err:
+            await _abort(context, err, request_id)
+            return
+        async for chunk in self._serve(prepared, context):
+            yield chunk
+
+    async def Completion(
+        self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CompletionChunk]:
+        request_id = _request_id(context)
+        try:
+            prepared = self.service.prepare_completion(
+                parse_completion(completion_body(request)),
+                request_id=request_id,
+                session_key=request.user or None,
+            )
+        except APIError as err:
+            await _abort(context, err, request_id)
+            return
+        async for chunk in self._serve(prepared, context):
+            yield chunk
+
+    async def _serve(
+        self, prepared: PreparedRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CompletionChunk]:
+        error: APIError | None = None
+        try:
+            async with self.service.open(prepared) as generation:
+                await context.send_initial_metadata(
+                    (
+                        ("x-request-id", prepared.request_id),
+                        ("x-homing-worker", generation.worker_id or ""),
+                    )
+                )
+                async for chunk in _chunks(prepared, generation):
+                    yield chunk
+        except APIError as err:
+            error = err
+        if error is not None:
+            await _abort(context, error, prepared.request_id)
+
+
+async def _chunks(
+    prepared: PreparedRequest, generation: Generation
+) -> AsyncIterator[pb.CompletionChunk]:
+    worker = generation.worker_id or ""
+
+    def message(choices: list[pb.Choice]) -> pb.CompletionChunk:
+        return pb.CompletionChunk(
+            id=prepared.request_id,
+            model=prepared.model.model_id,
+            created=prepared.created,
+            choices=choices,
+            worker=worker,
+        )
+
+    role = "assistant" if prepared.kind == "chat" else ""
+    if not prepared.stream:
+        texts = ["" for _ in range(prepared.n)]
+        async for event in generation:
+            if isinstance(event, TextDelta):
+                texts[event.index] += event.text
+        last = message(
+            [
+                pb.Choice(
+                    index=i,
+                    text=t,
+                    role=role,
+                    finish_reason=generation.finish_reasons.get(i, ""),
+                )
+                for i, t in enumerate(texts)
+            ]
+        )
+        last.usage.CopyFrom(_usage(generation))
+        yield last
+        return
+    first = set(range(prepared.n))
+    async for event in generation:
+        if isinstance(event, TextDelta):
+            choice = pb.Choice(index=event.index, text=event.text)
+        elif isinstance(event, ChoiceFinished):
+            choice = pb.Choice(index=event.index, finish_reason=event.reason)
+        else:
+            continue
+        if event.index in first:
+            choice.role = role
+            first.discard(event.index)
+        yield message([choice])
+    tail = message([])
+    tail.usage.CopyFrom(_usage(generation))
+    yield tail
+
+
+def _usage(generation: Generation) -> pb.Usage:
+    usage = generation.finalize_usage()
+    return pb.Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        cached_tokens=usage.cached_tokens,
+    )
+
+
+def _request_id(context: grpc.aio.ServicerContext) -> str:
+    supplied = dict(context.invocation_metadata() or ()).get("x-request-id")
+    return new_request_id(supplied if isinstance(supplied, str) else None)
+
+
+async def _abort(context: grpc.aio.ServicerContext, err: APIError, request_id: str) -> None:
+    trailing: list[tuple[str, str]] = [
+        ("x-error-json", json.dumps(err.body(), ensure_ascii=True)),
+        ("x-request-id", request_id),
+    ]
+    if err.retry_after_s is not None:
+        trailing.append(("retry-after", str(err.retry_after_s)))
+    context.set_trailing_metadata(tuple(trailing))
+    await context.abort(err.grpc_code, err.message)
+
+
+class GrpcApi:
+    """The gRPC server: `homing.v1.Inference`, health and reflection."""
+
+    def __init__(self, service: InferenceService, *, host: str, port: int) -> None:
+        self.service = service
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        pb_grpc.add_InferenceServicer_to_server(InferenceServicer(service), self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC API on {host}:{port}")
+
+    async def start(self) -> None:
+        """Start serving; health SERVING."""
+        await self.server.start()
+        await self.set_serving(True)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Set the health status of the overall server and of `homing.v1.Inference`."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.health.set("", status)
+        await self.health.set(SERVICE_NAME, status)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop accepting calls; let running ones finish up to `grace_s`."""
+        await self.set_serving(False)
+        await self.server.stop(grace_s)

@@ -1,0 +1,308 @@
+"""The OpenAI-compatible HTTP API on aiohttp: chat and text completions with SSE streaming.
+
+Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+`GET /health` (the process is alive) and `GET /ready` (at least one healthy worker).
+Every response carries `x-request-id`; inference responses also carry `x-homing-worker`
+(the replica that served them). Errors are OpenAI-shaped JSON (`homing.gateway.errors`);
+a client's mistake is never a 5xx. Streaming follows OpenAI: one `data: {chunk}\\n\\n` event
+per chunk, the first delta of each choice carries the role, an optional usage chunk
+(`stream_options.include_usage`), then `data: [DONE]`. An error after streaming began is sent
+as a `data: {"error": ...}` event before `[DONE]` (what vLLM and SGLang do).
+The handler is cancelled when the client disconnects (`handler_cancellation=True`), which
+closes the generation and aborts the engine requests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from homing.gateway.errors import APIError
+from homing.gateway.requests import parse_chat, parse_completion
+from homing.gateway.service import (
+    ChoiceFinished,
+    Generation,
+    InferenceService,
+    PreparedRequest,
+    TextDelta,
+    new_request_id,
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+REQUEST_ID = web.AppKey("request_id_key", str)
+SERVICE = web.AppKey("service", InferenceService)
+
+
+def _json_dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def error_response(err: APIError, request_id: str) -> web.Response:
+    """The JSON error response for `err`, with `Retry-After` on 429/503."""
+    headers = {"x-request-id": request_id}
+    if err.retry_after_s is not None:
+        headers["Retry-After"] = str(err.retry_after_s)
+    return web.json_response(err.body(), status=err.status, headers=headers, dumps=_json_dumps)
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request_id = new_request_id(request.headers.get("x-request-id"))
+    request["request_id"] = request_id
+    try:
+        response = await handler(request)
+    except APIError as err:
+        return error_response(err, request_id)
+    except web.HTTPRequestEntityTooLarge as err:
+        return error_response(
+            APIError(
+                413,
+                f"The request body is too large (limit {err.max_size} bytes).",
+                code="request_too_large",
+            ),
+            request_id,
+        )
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status, "invalid_request")
+        return error_response(APIError(err.status, err.reason, code=code), request_id)
+    if not response.prepared:
+        response.headers["x-request-id"] = request_id
+    return response
+
+
+async def _read_json(request: web.Request) -> Any:
+    raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise APIError(
+            400,
+            f"The request body is not valid JSON: {err}",
+            code="invalid_json",
+        ) from None
+
+
+def _session_key(request: web.Request) -> str | None:
+    return request.headers.get("x-session-id") or None
+
+
+class HttpApi:
+    """The aiohttp application for one `InferenceService`."""
+
+    def __init__(self, service: InferenceService, *, max_body_bytes: int) -> None:
+        self.service = service
+        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_middleware])
+        self.app.router.add_post("/v1/chat/completions", self.chat_completions)
+        self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/ready", self.ready)
+
+    # -- simple routes --
+
+    async def health(self, request: web.Request) -> web.Response:
+        """Liveness: 200 while the process serves."""
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """Readiness: 200 when at least one worker is healthy, else 503."""
+        pool = self.service.model.pool
+        healthy = len(pool.healthy_workers())
+        body = {"ready": healthy > 0, "healthy_workers": healthy, "workers": len(pool.workers())}
+        return web.json_response(body, status=200 if healthy else 503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        """`GET /v1/models`: the served model with its context window."""
+        m = self.service.model
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": m.model_id,
+                        "object": "model",
+                        "created": m.created,
+                        "owned_by": "homing",
+                        "max_model_len": m.max_context_length,
+                    }
+                ],
+            }
+        )
+
+    # -- completions --
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/chat/completions`."""
+        req = parse_chat(await _read_json(request))
+        prepared = self.service.prepare_chat(
+            req, request_id=request["request_id"], session_key=_session_key(request)
+        )
+        return await self._serve(request, prepared)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/completions` (prompt as a string or a list of token ids)."""
+        req = parse_completion(await _read_json(request))
+        prepared = self.service.prepare_completion(
+            req, request_id=request["request_id"], session_key=_session_key(request)
+        )
+        return await self._serve(request, prepared)
+
+    async def _serve(self, request: web.Request, prepared: PreparedRequest) -> web.StreamResponse:
+        async with self.service.open(prepared) as generation:
+            headers = {
+                "x-request-id": prepared.request_id,
+                "x-homing-worker": generation.worker_id or "",
+            }
+            if prepared.stream:
+                return await self._stream(request, prepared, generation, headers)
+            texts = ["" for _ in range(prepared.n)]
+            async for event in generation:
+                if isinstance(event, TextDelta):
+                    texts[event.index] += event.text
+            return web.json_response(
+                full_body(prepared, generation, texts), headers=headers, dumps=_json_dumps
+            )
+
+    async def _stream(
+        self,
+        request: web.Request,
+        prepared: PreparedRequest,
+        generation: Generation,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                **headers,
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            },
+        )
+        await response.prepare(request)
+
+        async def send(obj: Any) -> None:
+            await response.write(f"data: {_json_dumps(obj)}\n\n".encode())
+
+        chunker = ChunkBuilder(prepared)
+        if prepared.kind == "chat":
+            for index in range(prepared.n):
+                await send(chunker.chunk(index, role=True, content=""))
+        try:
+            async for event in generation:
+                if isinstance(event, TextDelta):
+                    await send(chunker.chunk(event.index, content=event.text))
+                elif isinstance(event, ChoiceFinished):
+                    await send(chunker.chunk(event.index, finish_reason=event.reason))
+        except APIError as err:
+            await send(err.body())
+        else:
+            if prepared.include_usage:
+                await send(chunker.usage_chunk(generation.finalize_usage()))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+class ChunkBuilder:
+    """Builds OpenAI streaming chunk objects (`chat.completion.chunk` / `text_completion`)."""
+
+    def __init__(self, prepared: PreparedRequest) -> None:
+        self.p = prepared
+        prefix = "chatcmpl-" if prepared.kind == "chat" else "cmpl-"
+        self.id = prefix + prepared.request_id
+        self.object = "chat.completion.chunk" if prepared.kind == "chat" else "text_completion"
+
+    def _base(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": self.object,
+            "created": self.p.created,
+            "model": self.p.model.model_id,
+            "choices": choices,
+        }
+        if self.p.include_usage:
+            body["usage"] = None
+        return body
+
+    def chunk(
+        self,
+        index: int,
+        *,
+        content: str | None = None,
+        role: bool = False,
+        finish_reason: str | None = None,
+    ) -> dict[str, Any]:
+        """A chunk for one choice: a content delta, the role delta, or the finish."""
+        if self.p.kind == "chat":
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if content is not None:
+                delta["content"] = content
+            choice: dict[str, Any] = {
+                "index": index,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {
+                "index": index,
+                "text": content or "",
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        return self._base([choice])
+
+    def usage_chunk(self, usage: Any) -> dict[str, Any]:
+        """The final usage chunk: empty `choices` and the request's `usage`."""
+        body = self._base([])
+        body["usage"] = usage_body(usage)
+        return body
+
+
+def usage_body(usage: Any) -> dict[str, Any]:
+    """OpenAI's usage object including `prompt_tokens_details.cached_tokens`."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def full_body(
+    prepared: PreparedRequest, generation: Generation, texts: list[str]
+) -> dict[str, Any]:
+    """The non-streamed response body (`chat.completion` or `text_completion`)."""
+    usage = generation.finalize_usage()
+    choices: list[dict[str, Any]] = []
+    for index, text in enumerate(texts):
+        reason = generation.finish_reasons.get(index)
+        if prepared.kind == "chat":
+            choices.append(
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                }
+            )
+        else:
+            choices.append(
+                {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+            )
+    return {
+        "id": ("chatcmpl-" if prepared.kind == "chat" else "cmpl-") + prepared.request_id,
+        "object": "chat.completion" if prepared.kind == "chat" else "text_completion",
+        "created": prepared.created,
+        "model": prepared.model.model_id,
+        "choices": choices,
+        "usage": usage_body(usage),
+    }

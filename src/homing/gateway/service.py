@@ -1,0 +1,570 @@
+"""The transport-free request path: tokenize, check the context, route, generate, detokenize.
+
+Both the HTTP API (`homing.gateway.http`) and the gRPC client API (`homing.gateway.grpc_api`)
+call this module, so they share semantics and validation. A request's life:
+
+1. `InferenceService.prepare_chat` / `prepare_completion` turn a validated body into a
+   `PreparedRequest` (prompt token ids, limits); client mistakes raise `APIError` 4xx.
+2. `InferenceService.open` routes it to a replica and returns a `Generation`.
+3. `async with generation:` runs the `n` engine streams; iterating it yields `TextDelta` and
+   `ChoiceFinished` events in order per choice. Leaving the block by any path (normal end,
+   client disconnect, error, cancellation) cancels the engine streams, which send `Abort`,
+   releases the in-flight counts exactly once and writes the request's log line.
+
+A transport failure of a worker before any token was produced is retried once on another
+replica (the failed one is reported to the pool's health accounting); a client's mistake
+never counts against a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal
+
+import grpc
+import structlog
+
+from homing.engines.client import EngineError, GenerateDone, GenerateParams, TokenChunk
+from homing.engines.pool import WorkerPool
+from homing.gateway.errors import APIError, invalid, model_not_found, no_capacity
+from homing.gateway.requests import ChatRequest, CompletionRequest
+from homing.router import NoWorkerAvailable, Router, RouteRequest, WorkerSnapshot
+from homing.text.detokenizer import IncrementalDetokenizer
+from homing.text.stops import StopMatcher
+from homing.text.tokenizer import TextTokenizer
+
+log = structlog.get_logger("homing.request")
+
+Kind = Literal["chat", "text"]
+
+# A transport failure before the first token is retried on another replica this many times.
+MAX_ROUTE_ATTEMPTS = 2
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One served model: its id, tokenizer, context window and replica pool."""
+
+    model_id: str
+    tokenizer: TextTokenizer
+    max_context_length: int
+    pool: WorkerPool
+    router: Router
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request with its prompt tokenized; ready to route."""
+
+    request_id: str
+    kind: Kind
+    model: ModelEntry
+    prompt_ids: list[int]
+    max_new_tokens: int
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop_strings: list[str]
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    skip_special_tokens: bool
+    stream: bool
+    include_usage: bool
+    session_key: str | None
+    tenant: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New text for choice `index`."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ChoiceFinished:
+    """Choice `index` ended with `reason` ("stop", "length" or "abort")."""
+
+    index: int
+    reason: str
+
+
+Event = TextDelta | ChoiceFinished
+
+
+@dataclass
+class Usage:
+    """Token counts of a request: prompt counted once, completion summed over choices."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """prompt + completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+class _Retry(Exception):
+    """A worker failed before producing anything: route again."""
+
+    def __init__(self, worker_id: str, error: EngineError) -> None:
+        super().__init__(str(error))
+        self.worker_id = worker_id
+        self.error = error
+
+
+class InferenceService:
+    """Turns validated requests into routed generations over the worker pool.
+
+    `in_flight` counts open `Generation`s (gateway requests between `open` and the end of
+    their `async with` block).
+    """
+
+    def __init__(self, model: ModelEntry, *, request_timeout_s: float = 600.0) -> None:
+        self.model = model
+        self.request_timeout_s = request_timeout_s
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- preparation (pure validation + tokenization) -------------------------------------
+
+    def _model(self, name: str) -> ModelEntry:
+        if name != self.model.model_id:
+            raise model_not_found(name)
+        return self.model
+
+    def prepare_chat(
+        self, req: ChatRequest, *, request_id: str, session_key: str | None = None
+    ) -> PreparedRequest:
+        """Apply the chat template and tokenize; raises `APIError` (404 model, 400 context)."""
+        model = self._model(req.model)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            prompt_text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ValueError as err:
+            raise invalid(f"Invalid messages: {err}", "messages") from err
+        prompt_ids = model.tokenizer.encode(prompt_text)
+        return self._prepared(
+            "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key
+        )
+
+    def prepare_completion(
+        self, req: CompletionRequest, *, request_id: str, session_key: str | None = None
+    ) -> PreparedRequest:
+        """Tokenize a text prompt or check a token-id prompt; raises `APIError` 400/404."""
+        model = self._model(req.model)
+        if isinstance(req.prompt, str):
+            prompt_ids = model.tokenizer.encode(req.prompt)
+            if not prompt_ids:
+                raise invalid("The prompt must not be empty.", "prompt")
+        else:
+            prompt_ids = list(req.prompt)
+            vocab = model.tokenizer.vocab_size
+            bad = next((t for t in prompt_ids if t >= vocab), None)
+            if bad is not None:
+                raise invalid(
+                    f"Token id {bad} in 'prompt' is out of range for the vocabulary "
+                    f"(size {vocab}).",
+                    "prompt",
+                )
+        return self._prepared(
+            "text", req, model, prompt_ids, req.max_new_tokens, request_id, session_key
+        )
+
+    def _prepared(
+        self,
+        kind: Kind,
+        req: ChatRequest | CompletionRequest,
+        model: ModelEntry,
+        prompt_ids: list[int],
+        max_new_tokens: int | None,
+        request_id: str,
+        session_key: str | None,
+    ) -> PreparedRequest:
+        limit = model.max_context_length
+        room = limit - len(prompt_ids)
+        wanted = room if max_new_tokens is None else max_new_tokens
+        if room < 1 or wanted > room:
+            asked = len(prompt_ids) + (max_new_tokens or 1)
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{asked} tokens ({len(prompt_ids)} in the prompt, {max_new_tokens or 1} for the "
+                "completion). Please reduce the prompt or the completion length.",
+                param="messages" if kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        stop_token_ids = list(req.stop_token_ids)
+        for stop in req.stop_strings:
+            ids = model.tokenizer.encode(stop)
+            if len(ids) == 1 and ids[0] not in stop_token_ids:
+                stop_token_ids.append(ids[0])  # single-token stops also go to the engine
+        return PreparedRequest(
+            request_id=request_id,
+            kind=kind,
+            model=model,
+            prompt_ids=prompt_ids,
+            max_new_tokens=wanted,
+            n=req.n,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+            stop_strings=req.stop_strings,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            skip_special_tokens=req.skip_special_tokens,
+            stream=req.stream,
+            include_usage=req.include_usage,
+            session_key=session_key or req.user,
+        )
+
+    # -- routing and generation ----------------------------------------------------------
+
+    def open(self, prepared: PreparedRequest) -> Generation:
+        """A `Generation` for the request; routing happens when its block is entered."""
+        return Generation(self, prepared)
+
+    def route(self, prepared: PreparedRequest, exclude: Sequence[str] = ()) -> str:
+        """Pick a healthy worker for the request; raises `APIError` 503 when none can serve."""
+        pool = prepared.model.pool
+        snapshots = [
+            WorkerSnapshot(
+                worker_id=w.worker_id,
+                in_flight=w.in_flight,
+                running=w.load.running if w.load else 0,
+                waiting=w.load.waiting if w.load else 0,
+                token_usage=w.load.token_usage if w.load else 0.0,
+                max_running_requests=w.load.max_running_requests if w.load else 0,
+            )
+            for w in pool.healthy_workers()
+            if w.worker_id not in exclude
+        ]
+        try:
+            decision = prepared.model.router.select(
+                RouteRequest(prompt_ids=prepared.prompt_ids, session_key=prepared.session_key),
+                snapshots,
+            )
+        except NoWorkerAvailable:
+            raise no_capacity("No healthy replica is available for this model.") from None
+        return decision.worker_id
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight, at most `timeout_s`; True when drained."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _enter(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+
+class Generation:
+    """One routed request with `n` choices; an async context manager and event iterator.
+
+    Attributes after entering: `worker_id` (the replica serving it); after the end:
+    `usage`, `finish_reasons`, `ttft_ms`, `tpot_ms`, `outcome`.
+    """
+
+    def __init__(self, service: InferenceService, prepared: PreparedRequest) -> None:
+        self.service = service
+        self.prepared = prepared
+        self.worker_id: str | None = None
+        self.usage = Usage(prompt_tokens=len(prepared.prompt_ids))
+        self.finish_reasons: dict[int, str] = {}
+        self.outcome = "ok"
+        self._queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._emitted = False
+        self._pending: list[Event] = []
+        self._started_at = time.monotonic()
+        self._first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self._completion_by_choice: dict[int, int] = {}
+        self._cached_by_choice: dict[int, int] = {}
+        self._open_choices = prepared.n
+
+    # -- lifecycle --
+
+    async def __aenter__(self) -> Generation:
+        self.service._enter()
+        try:
+            await self._start()
+        except BaseException as err:
+            self.outcome = _outcome_of(err)
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            self.outcome = _outcome_of(exc)
+        elif self._open_choices > 0:
+            self.outcome = "client_closed"
+        await self._close()
+
+    async def _start(self) -> None:
+        """Route, start the engine streams and wait for the first event (retrying once)."""
+        tried: list[str] = []
+        for attempt in range(MAX_ROUTE_ATTEMPTS):
+            worker_id = self.service.route(self.prepared, exclude=tried)
+            self.worker_id = worker_id
+            self._launch(worker_id)
+            first = await self._queue.get()
+            if isinstance(first, _Retry) and attempt + 1 < MAX_ROUTE_ATTEMPTS:
+                tried.append(worker_id)
+                await self._cancel_tasks()
+                self._queue = asyncio.Queue()
+                self._completion_by_choice.clear()
+                self._cached_by_choice.clear()
+                continue
+            if isinstance(first, BaseException):
+                raise _as_api_error(first)
+            if first is not None:
+                self._pending.append(first)
+            return
+
+    def _launch(self, worker_id: str) -> None:
+        for index in range(self.prepared.n):
+            self._tasks.append(asyncio.create_task(self._run_choice(index, worker_id)))
+
+    async def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _close(self) -> None:
+        try:
+            await self._cancel_tasks()
+        finally:
+            self.service._leave()
+            self._log()
+
+    # -- iteration --
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        while self._pending:
+            yield self._take(self._pending.pop(0))
+        while self._open_choices > 0:
+            item = await self._queue.get()
+            if item is None:
+                continue
+            if isinstance(item, BaseException):
+                raise _as_api_error(item)
+            yield self._take(item)
+
+    def _take(self, event: Event) -> Event:
+        if isinstance(event, ChoiceFinished):
+            self._open_choices -= 1
+            self.finish_reasons[event.index] = event.reason
+        return event
+
+    # -- one choice's engine stream --
+
+    async def _run_choice(self, index: int, worker_id: str) -> None:
+        p = self.prepared
+        pool = p.model.pool
+        client = pool.client(worker_id)
+        detok = IncrementalDetokenizer(p.model.tokenizer, skip_special_tokens=p.skip_special_tokens)
+        stops = StopMatcher(p.stop_strings)
+        seed = None if p.seed is None else p.seed + index
+        params = GenerateParams(
+            request_id=p.request_id if p.n == 1 else f"{p.request_id}-{index}",
+            input_ids=p.prompt_ids,
+            max_new_tokens=p.max_new_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            stop_token_ids=p.stop_token_ids,
+            ignore_eos=p.ignore_eos,
+            seed=seed,
+            stream=True,
+        )
+        produced = False
+        try:
+            with pool.track(worker_id):
+                stream = client.generate(params, timeout_s=self.service.request_timeout_s)
+                try:
+                    async for item in stream:
+                        reason = self._on_engine_item(index, item, detok, stops)
+                        produced = True
+                        if reason is not None:
+                            self._queue.put_nowait(ChoiceFinished(index, reason))
+                            return
+                finally:
+                    await stream.aclose()  # early exit: the client sends Abort
+            # The stream ended without a complete message: a protocol violation.
+            raise EngineError(
+                code=grpc.StatusCode.INTERNAL,
+                message="worker stream ended without a complete message",
+                transport=True,
+            )
+        except EngineError as err:
+            if err.transport:
+                pool.report_failure(worker_id, err)
+            if err.transport and not produced and not self._emitted:
+                self._queue.put_nowait(_Retry(worker_id, err))
+            else:
+                self._queue.put_nowait(err)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
+            self._queue.put_nowait(err)
+
+    def _on_engine_item(
+        self,
+        index: int,
+        item: TokenChunk | GenerateDone,
+        detok: IncrementalDetokenizer,
+        stops: StopMatcher,
+    ) -> str | None:
+        """Feed one engine message through detokenizer and stop matcher; the finish reason
+        when the choice ends."""
+        now = time.monotonic()
+        if item.token_ids:
+            if self._first_token_at is None:
+                self._first_token_at = now
+            self._last_token_at = now
+        self._cached_by_choice[index] = item.cached_tokens
+        self._completion_by_choice[index] = max(
+            self._completion_by_choice.get(index, 0),
+            item.completion_tokens
+            if isinstance(item, GenerateDone)
+            else self._completion_by_choice.get(index, 0) + len(item.token_ids),
+        )
+        text = detok.push(item.token_ids)
+        done = isinstance(item, GenerateDone)
+        if done:
+            text += detok.flush()
+        result = stops.push(text)
+        if result.text:
+            self._emit(TextDelta(index, result.text))
+        if result.matched is not None:
+            return "stop"
+        if isinstance(item, GenerateDone):
+            tail = stops.flush()
+            if tail:
+                self._emit(TextDelta(index, tail))
+            return item.finish_reason or "stop"
+        return None
+
+    def _emit(self, event: Event) -> None:
+        self._emitted = True
+        self._queue.put_nowait(event)
+
+    # -- accounting --
+
+    def finalize_usage(self) -> Usage:
+        """The request's usage from the engines' counts (prompt once, completion summed)."""
+        self.usage.completion_tokens = sum(self._completion_by_choice.values())
+        self.usage.cached_tokens = self._cached_by_choice.get(0, 0)
+        return self.usage
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Time to first token in ms, from `open` to the first token of any choice."""
+        if self._first_token_at is None:
+            return None
+        return (self._first_token_at - self._started_at) * 1000.0
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first, in ms (choice-summed tokens)."""
+        tokens = sum(self._completion_by_choice.values())
+        if self._first_token_at is None or self._last_token_at is None or tokens < 2:
+            return None
+        per_choice = tokens / max(1, self.prepared.n)
+        if per_choice < 2:
+            return None
+        return (self._last_token_at - self._first_token_at) * 1000.0 / (per_choice - 1)
+
+    def _log(self) -> None:
+        usage = self.finalize_usage()
+        p = self.prepared
+        log.info(
+            "request_done",
+            request_id=p.request_id,
+            tenant=p.tenant,
+            model=p.model.model_id,
+            kind=p.kind,
+            worker=self.worker_id,
+            n=p.n,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+            ttft_ms=_round(self.ttft_ms),
+            tpot_ms=_round(self.tpot_ms),
+            finish_reasons=[self.finish_reasons.get(i) for i in range(p.n)],
+            outcome=self.outcome,
+        )
+
+
+def new_request_id(supplied: str | None = None) -> str:
+    """The client's `x-request-id` when it is sane (<= 128 printable chars), else a new one."""
+    if supplied and len(supplied) <= 128 and supplied.isprintable() and " " not in supplied:
+        return supplied
+    return uuid.uuid4().hex
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _outcome_of(err: BaseException) -> str:
+    if isinstance(err, asyncio.CancelledError):
+        return "client_closed"
+    if isinstance(err, APIError):
+        return f"error_{err.status}"
+    if isinstance(err, ConnectionError):
+        return "client_closed"
+    return "error"
+
+
+def _as_api_error(err: BaseException) -> APIError:
+    """Map what a choice task raised to the error the client sees."""
+    if isinstance(err, _Retry):
+        err = err.error
+    if isinstance(err, APIError):
+        return err
+    if isinstance(err, EngineError):
+        if err.code == grpc.StatusCode.INVALID_ARGUMENT:
+            return invalid(f"The worker rejected the request: {err.message}")
+        if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return APIError(429, f"The worker is out of capacity: {err.message}", retry_after_s=1)
+        if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return APIError(504, "The request timed out at the worker.", code="timeout")
+        return no_capacity(f"The worker failed: {err.message}")
+    return APIError(
+        500, "Internal error in the gateway.", code="internal_error", type="server_error"
+    )

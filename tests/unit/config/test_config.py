@@ -1,0 +1,63 @@
+"""Config files: defaults are the embedded ones; mistakes are reported, never ignored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from homing.config import ConfigError, HomingConfig, load_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_no_file_gives_the_embedded_default() -> None:
+    """Without a file: two simulated workers, gateway on 127.0.0.1:8080 and :50051."""
+    config = load_config(None)
+    assert config.embedded
+    assert config.sim.workers == 2
+    assert (config.gateway.host, config.gateway.port, config.gateway.grpc_port) == (
+        "127.0.0.1",
+        8080,
+        50051,
+    )
+    assert config.router.policy == "cache_aware"
+
+
+def test_example_config_loads_and_lists_real_workers() -> None:
+    """deploy/homing.toml validates and serves the workers it lists."""
+    config = load_config(REPO / "deploy" / "homing.toml")
+    assert not config.embedded
+    assert config.engines.workers == ["grpc://127.0.0.1:30000", "grpc://127.0.0.1:30001"]
+
+
+def test_unknown_key_is_an_error_naming_it(tmp_path: Path) -> None:
+    """A typo in a section is reported with its location."""
+    path = tmp_path / "c.toml"
+    path.write_text("[gateway]\nprot = 9000\n")
+    with pytest.raises(
+        ConfigError, match=r"c\.toml: gateway\.prot: Extra inputs are not permitted"
+    ):
+        load_config(path)
+
+
+def test_worker_url_must_be_grpc(tmp_path: Path) -> None:
+    """A worker given as http:// is rejected with the expected form."""
+    path = tmp_path / "c.toml"
+    path.write_text('[engines]\nworkers = ["http://10.0.0.1:30000"]\n')
+    with pytest.raises(ConfigError, match="must look like grpc://host:port"):
+        load_config(path)
+
+
+def test_unparsable_toml_is_an_error(tmp_path: Path) -> None:
+    """A file that is not TOML raises ConfigError with the file name."""
+    path = tmp_path / "c.toml"
+    path.write_text("[gateway\n")
+    with pytest.raises(ConfigError, match=r"c\.toml"):
+        load_config(path)
+
+
+def test_policy_must_be_known() -> None:
+    """Only the built-in policies are accepted."""
+    with pytest.raises(ValueError, match="cache_aware"):
+        HomingConfig.model_validate({"router": {"policy": "random"}})
