@@ -33,9 +33,6 @@ from homing.gateway.service import (
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-REQUEST_ID = web.AppKey("request_id_key", str)
-SERVICE = web.AppKey("service", InferenceService)
-
 
 def _json_dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
