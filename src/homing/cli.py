@@ -48,24 +48,27 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"homing: {err}", file=sys.stderr)
         return 2
-    gw, sim = config.gateway, config.sim
-    overrides = {
-        (gw, "host"): args.host,
-        (gw, "port"): args.port,
-        (gw, "grpc_port"): args.grpc_port,
-        (config.router, "policy"): args.policy,
-        (sim, "workers"): args.sim_workers,
-        (sim, "model"): args.model,
-        (sim, "gpu"): args.gpu,
-        (sim, "tp"): args.tp,
-        (sim, "speedup"): args.speedup,
-    }
-    for (section, name), value in overrides.items():
+    overrides = [
+        (config.gateway, "host", args.host),
+        (config.gateway, "port", args.port),
+        (config.gateway, "grpc_port", args.grpc_port),
+        (config.router, "policy", args.policy),
+        (config.sim, "workers", args.sim_workers),
+        (config.sim, "model", args.model),
+        (config.sim, "gpu", args.gpu),
+        (config.sim, "tp", args.tp),
+        (config.sim, "speedup", args.speedup),
+    ]
+    for section, name, value in overrides:
         if value is not None:
             setattr(section, name, value)
     if args.workers:
         config.engines.workers = list(args.workers)
-    config = type(config).model_validate(config.model_dump())  # re-check the overrides
+    try:
+        config = type(config).model_validate(config.model_dump())  # re-check the overrides
+    except ValueError as err:
+        print(f"homing: invalid option: {err}", file=sys.stderr)
+        return 2
 
     async def main() -> None:
         app = App(config)

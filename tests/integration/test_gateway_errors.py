@@ -15,14 +15,14 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 OK_MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-async def _post(app: App, path: str, data: bytes | str, **headers: str) -> tuple[int, Any, dict]:
+async def _post(app: App, path: str, data: bytes | str, **headers: str) -> tuple[int, Any, Any]:
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"http://127.0.0.1:{app.http_port}{path}",
             data=data,
             headers={"content-type": "application/json", **headers},
         ) as resp:
-            return resp.status, await resp.json(), dict(resp.headers)
+            return resp.status, await resp.json(), resp.headers.copy()
 
 
 def _err(message: str, param: str | None, code: str, type_: str = "invalid_request_error") -> dict:

@@ -33,6 +33,8 @@ from homing.gateway.service import (
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+REQUEST_ID = web.RequestKey("request_id", str)
+
 
 def _json_dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
@@ -49,16 +51,16 @@ def error_response(err: APIError, request_id: str) -> web.Response:
 @web.middleware
 async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = new_request_id(request.headers.get("x-request-id"))
-    request["request_id"] = request_id
+    request[REQUEST_ID] = request_id
     try:
         response = await handler(request)
     except APIError as err:
         return error_response(err, request_id)
-    except web.HTTPRequestEntityTooLarge as err:
+    except web.HTTPRequestEntityTooLarge:
         return error_response(
             APIError(
                 413,
-                f"The request body is too large (limit {err.max_size} bytes).",
+                f"The request body is too large (limit {request.client_max_size} bytes).",
                 code="request_too_large",
             ),
             request_id,
@@ -138,7 +140,7 @@ class HttpApi:
         """`POST /v1/chat/completions`."""
         req = parse_chat(await _read_json(request))
         prepared = self.service.prepare_chat(
-            req, request_id=request["request_id"], session_key=_session_key(request)
+            req, request_id=request[REQUEST_ID], session_key=_session_key(request)
         )
         return await self._serve(request, prepared)
 
@@ -146,7 +148,7 @@ class HttpApi:
         """`POST /v1/completions` (prompt as a string or a list of token ids)."""
         req = parse_completion(await _read_json(request))
         prepared = self.service.prepare_completion(
-            req, request_id=request["request_id"], session_key=_session_key(request)
+            req, request_id=request[REQUEST_ID], session_key=_session_key(request)
         )
         return await self._serve(request, prepared)
 

@@ -1,0 +1,427 @@
+"""SGLang gRPC engine client: one `grpc.aio` channel per worker, plain dataclasses out.
+
+Rule of this file: every RPC error leaves as `EngineError`, every Generate that does not
+end with its `complete` message is aborted on the worker (`Abort(request_id)`), and nothing
+protobuf-shaped escapes `generate` (discovery calls return the messages as they are).
+`SamplingParams` is always filled explicitly: proto3 zero defaults are not SGLang's
+semantic defaults (temperature 1, top_p 1, top_k -1, repetition_penalty 1).
+Protocol: `sglang.grpc.scheduler.SglangScheduler` from smg-grpc-proto 0.4.28.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+from google.protobuf import struct_pb2
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+#: Status codes that mean the worker (or the path to it) failed, not the request: they
+#: count toward health. DEADLINE_EXCEEDED and INTERNAL follow SGLang's servicer mapping
+#: (408/504 and 5xx); UNKNOWN is what grpc reports when a handler raises; DATA_LOSS is a
+#: broken stream.
+TRANSPORT_CODES: frozenset[grpc.StatusCode] = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+#: Channel options: keepalive every 30 s while calls are open (grpc's default of at most
+#: 2 pings without data keeps us under servers' default ping-strike limit), 20 s to answer;
+#: 64 MiB
+#: messages both ways (a 128k-token prompt is ~0.6 MB; tokenizer zips come chunked);
+#: reconnect backoff 0.2 s .. 2 s so a restarted worker is found again within ~2 s
+#: (grpc's default max backoff is 120 s).
+DEFAULT_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+)
+
+#: Seconds an Abort RPC may take before we give up on it (best effort).
+ABORT_TIMEOUT_S = 2.0
+
+
+class EngineError(Exception):
+    """A failed engine RPC.
+
+    `code`: the gRPC status code. `message`: the worker's (or grpc's) detail.
+    `transport`: True when the worker or the connection is at fault (UNAVAILABLE,
+    DEADLINE_EXCEEDED, INTERNAL, UNKNOWN, DATA_LOSS, a stream cut short): it counts toward
+    the worker's health. False for the request's own faults (INVALID_ARGUMENT,
+    RESOURCE_EXHAUSTED, ...), which never mark a worker.
+    """
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        transport: bool | None = None,
+        worker_id: str = "",
+    ) -> None:
+        self.code = code
+        self.message = message
+        self.transport = code in TRANSPORT_CODES if transport is None else transport
+        self.worker_id = worker_id
+        where = f" from {worker_id}" if worker_id else ""
+        super().__init__(f"{code.name}{where}: {message}")
+
+    @classmethod
+    def from_rpc(cls, err: grpc.aio.AioRpcError, *, worker_id: str = "") -> EngineError:
+        """Classify a grpc error (see `TRANSPORT_CODES`)."""
+        return cls(err.code(), err.details() or "", worker_id=worker_id)
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """One generation request as the gateway hands it over.
+
+    `input_ids`: prompt token ids. `max_new_tokens`: completion budget (tokens).
+    `temperature` (0 = greedy), `top_p` in (0, 1], `top_k` (-1 = off): SGLang semantics.
+    `stop_token_ids`: single-token stops (string stops are matched in the gateway).
+    `seed`: sampling seed, sent as `custom_params["seed"]`. `stream`: chunks as they are
+    generated (False: only the complete message, carrying every token).
+    """
+
+    request_id: str
+    input_ids: Sequence[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    stream: bool = True
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """Newly generated tokens; counts are cumulative for the request (tokens)."""
+
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerateDone:
+    """The end of a generation.
+
+    `token_ids`: the tokens the complete message carries (`output_ids`); when streaming
+    these are the final step's tokens not sent in a chunk, when not streaming all of them.
+    Never drop them. `finish_reason`: "stop" | "length" | "abort". `matched_stop`: the
+    stop token id or stop string the engine matched, else None.
+    """
+
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    matched_stop: int | str | None
+
+
+def build_sampling_params(params: GenerateParams) -> pb.SamplingParams:
+    """Every field with its semantic default set explicitly (proto3 zeros are wrong)."""
+    sampling = pb.SamplingParams(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=0.0,
+        frequency_penalty=0.0,
+        presence_penalty=0.0,
+        repetition_penalty=1.0,
+        max_new_tokens=params.max_new_tokens,
+        stop_token_ids=list(params.stop_token_ids),
+        skip_special_tokens=params.skip_special_tokens,
+        spaces_between_special_tokens=True,
+        n=1,
+        min_new_tokens=0,
+        ignore_eos=params.ignore_eos,
+        no_stop_trim=False,
+    )
+    if params.seed is not None:
+        custom = struct_pb2.Struct()
+        custom.update({"seed": params.seed})
+        sampling.custom_params.CopyFrom(custom)
+    return sampling
+
+
+def build_generate_request(params: GenerateParams) -> pb.GenerateRequest:
+    """The wire request for `params` (tokenized input, explicit sampling, no logprobs)."""
+    return pb.GenerateRequest(
+        request_id=params.request_id,
+        tokenized=pb.TokenizedInput(input_ids=list(params.input_ids)),
+        sampling_params=build_sampling_params(params),
+        return_logprob=False,
+        logprob_start_len=-1,
+        top_logprobs_num=0,
+        stream=params.stream,
+    )
+
+
+def convert_response(resp: pb.GenerateResponse) -> TokenChunk | GenerateDone | None:
+    """A wire response as plain data; None for a response with neither chunk nor complete."""
+    kind = resp.WhichOneof("response")
+    if kind == "chunk":
+        c = resp.chunk
+        return TokenChunk(
+            token_ids=tuple(c.token_ids),
+            prompt_tokens=c.prompt_tokens,
+            completion_tokens=c.completion_tokens,
+            cached_tokens=c.cached_tokens,
+        )
+    if kind == "complete":
+        d = resp.complete
+        stop_kind = d.WhichOneof("matched_stop")
+        matched: int | str | None
+        if stop_kind == "matched_token_id":
+            matched = d.matched_token_id
+        elif stop_kind == "matched_stop_str":
+            matched = d.matched_stop_str
+        else:
+            matched = None
+        return GenerateDone(
+            token_ids=tuple(d.output_ids),
+            finish_reason=d.finish_reason,
+            prompt_tokens=d.prompt_tokens,
+            completion_tokens=d.completion_tokens,
+            cached_tokens=d.cached_tokens,
+            matched_stop=matched,
+        )
+    return None
+
+
+def grpc_target(url: str) -> str:
+    """`grpc://host:port` (or bare `host:port`) -> `host:port`; ValueError otherwise."""
+    target = url.removeprefix("grpc://")
+    if "://" in target or ":" not in target:
+        raise ValueError(f"engine url must look like grpc://host:port, got {url!r}")
+    return target
+
+
+class EngineClient:
+    """Client of one SGLang (or simulated) worker at `url` ("grpc://host:port").
+
+    The channel is created on first use, inside the running event loop, and lives until
+    `close()`. All methods raise `EngineError` on RPC failure unless they say otherwise.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        worker_id: str,
+        channel_options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
+    ) -> None:
+        self.url = url
+        self.worker_id = worker_id
+        self.target = grpc_target(url)
+        self._options = list(channel_options)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.SglangSchedulerStub | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _get_stub(self) -> pb_grpc.SglangSchedulerStub:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            self._stub = pb_grpc.SglangSchedulerStub(self._channel)
+        return self._stub
+
+    def _error(self, err: grpc.aio.AioRpcError) -> EngineError:
+        return EngineError.from_rpc(err, worker_id=self.worker_id)
+
+    async def generate(
+        self, params: GenerateParams, *, timeout_s: float | None = None
+    ) -> AsyncIterator[TokenChunk | GenerateDone]:
+        """Stream `TokenChunk`s then exactly one `GenerateDone`.
+
+        `timeout_s`: deadline for the whole generation (None: none); past it the stream
+        fails with EngineError(DEADLINE_EXCEEDED, transport=True). On every exit before the
+        `GenerateDone` is yielded (the consumer closes the generator or stops iterating,
+        cancellation, deadline, error, a stream that ends without `complete`) the call is
+        cancelled and `Abort(request_id)` is sent; after a normal end nothing is sent.
+        Closing the generator is therefore all a consumer needs to do to abort.
+        """
+        stub = self._get_stub()
+        request = build_generate_request(params)
+        call = stub.Generate(request, timeout=timeout_s)
+        completed = False
+        reason = "client closed the stream"
+        try:
+            async for resp in call:
+                item = convert_response(resp)
+                if item is None:
+                    continue
+                if isinstance(item, GenerateDone):
+                    completed = True
+                    yield item
+                    return
+                yield item
+            reason = "stream ended without complete"
+            raise EngineError(
+                grpc.StatusCode.INTERNAL,
+                f"Generate stream for {params.request_id} ended without a complete message",
+                transport=True,
+                worker_id=self.worker_id,
+            )
+        except grpc.aio.AioRpcError as err:
+            reason = f"rpc error {err.code().name}"
+            raise self._error(err) from err
+        except asyncio.CancelledError:
+            reason = "cancelled"
+            raise
+        finally:
+            if not completed:
+                call.cancel()
+                await self._abort_in_background(params.request_id, reason)
+
+    async def _abort_in_background(self, request_id: str, reason: str) -> None:
+        """Send Abort from a task of its own, so a second cancellation cannot lose it."""
+        task = asyncio.ensure_future(self.abort(request_id, reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        await asyncio.shield(task)
+
+    async def abort(self, request_id: str, reason: str = "") -> None:
+        """Best-effort `Abort(request_id)`; logs and swallows failures (never raises)."""
+        try:
+            await self._get_stub().Abort(
+                pb.AbortRequest(request_id=request_id, reason=reason), timeout=ABORT_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as err:
+            log.debug(
+                "engine_abort_failed",
+                worker=self.worker_id,
+                request_id=request_id,
+                code=err.code().name,
+            )
+
+    async def health_check(self, timeout_s: float = 2.0) -> bool:
+        """True when the worker answers HealthCheck with healthy=true within `timeout_s`.
+
+        Never raises: any RPC failure is False.
+        """
+        try:
+            resp = await self._get_stub().HealthCheck(pb.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(resp.healthy)
+
+    async def model_info(self, timeout_s: float = 10.0) -> pb.GetModelInfoResponse:
+        """GetModelInfo (served model name, context length, eos ids, ...)."""
+        try:
+            return await self._get_stub().GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from err
+
+    async def server_info(self, timeout_s: float = 10.0) -> pb.GetServerInfoResponse:
+        """GetServerInfo (server_args Struct: page_size, max_running_requests, ...)."""
+        try:
+            return await self._get_stub().GetServerInfo(
+                pb.GetServerInfoRequest(), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from err
+
+    async def tokenizer_bundle(self, timeout_s: float = 60.0) -> bytes:
+        """GetTokenizer's zip: the chunks joined, checked against the last chunk's sha256.
+
+        Raises EngineError(DATA_LOSS, transport=False) when the digest is missing or does
+        not match the bytes received.
+        """
+        parts: list[bytes] = []
+        digest = ""
+        try:
+            async for chunk in self._get_stub().GetTokenizer(
+                common_pb2.GetTokenizerRequest(), timeout=timeout_s
+            ):
+                parts.append(chunk.data)
+                if chunk.sha256:
+                    digest = chunk.sha256
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from err
+        data = b"".join(parts)
+        actual = hashlib.sha256(data).hexdigest()
+        if not digest or digest.lower() != actual:
+            raise EngineError(
+                grpc.StatusCode.DATA_LOSS,
+                f"tokenizer bundle sha256 mismatch: worker says {digest or '(none)'}, "
+                f"received {len(data)} bytes hashing to {actual}",
+                transport=False,
+                worker_id=self.worker_id,
+            )
+        return data
+
+    async def loads(self, timeout_s: float = 5.0) -> pb.GetLoadsResponse:
+        """GetLoads (per-rank running/waiting/token_usage), all sections."""
+        try:
+            return await self._get_stub().GetLoads(
+                pb.GetLoadsRequest(include=["all"]), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from err
+
+    async def subscribe_kv_events(
+        self, start_sequence_number: int = 0
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        """SubscribeKvEvents(start_sequence_number, load_records_before_first_batch=True).
+
+        Yields batches as they arrive until the worker ends the stream; raises EngineError
+        on failure. Closing the iterator cancels the call.
+        """
+        call = self._get_stub().SubscribeKvEvents(
+            common_pb2.SubscribeKvEventsRequest(
+                start_sequence_number=start_sequence_number,
+                load_records_before_first_batch=True,
+            )
+        )
+        try:
+            async for batch in call:
+                yield batch
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from err
+        finally:
+            call.cancel()
+
+    async def flush_cache(self, timeout_s: float = 0.0) -> bool:
+        """FlushCache; `timeout_s` is how long the worker may wait to go idle (0: now)."""
+        try:
+            resp = await self._get_stub().FlushCache(
+                common_pb2.FlushCacheRequest(timeout_s=timeout_s), timeout=timeout_s + 10.0
+            )
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from err
+        return bool(resp.success)
+
+    async def close(self) -> None:
+        """Wait for pending aborts (up to their own timeout), then close the channel."""
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = None
+        self._stub = None

@@ -1,0 +1,467 @@
+"""The worker pool: discovery, health probing, live load and in-flight accounting.
+
+Rule of this file: every change to a worker's state happens in a synchronous method of the
+pool (`_observe`, `_apply_load`, `track`) on plain data, decided by the pure functions of
+`homing.engines.health` and `homing.engines.kv_stream`; the background tasks only do I/O
+(probe, stream) and hand the outcome to those methods. There is no await between reading
+and writing a worker's state, so the event loop is the lock.
+
+Per worker the pool runs two tasks:
+- health: every `health_interval_s`, `HealthCheck` with `health_timeout_s`; consecutive
+  outcomes flip health (`unhealthy_threshold` failures, `healthy_threshold` successes).
+  Requests' transport errors (`report_failure`) count as failures too.
+- KV events: `SubscribeKvEvents(0, load_records_before_first_batch=True)`; every batch's
+  `EngineLoad` updates the worker's `EngineLoadView`; event batches go to the router in
+  order. The worker's index entries are flushed on every (re)subscription and on a sequence
+  gap (the router flushes on `cleared` itself); after a stream error or end the task
+  resubscribes with exponential backoff (`kv_backoff_initial_s` doubling to
+  `kv_backoff_max_s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+
+from homing.clock import Clock, SystemClock
+from homing.engines.client import EngineClient, EngineError
+from homing.engines.health import HealthStatus, HealthThresholds, observe
+from homing.engines.kv_stream import KvStreamCursor
+
+log = structlog.get_logger(__name__)
+
+
+class KvEventSink(Protocol):
+    """What the pool feeds KV events to (`homing.router.Router` is one)."""
+
+    def apply_kv_batch(self, worker_id: str, batch: common_pb2.KvEventBatch) -> None:
+        """Apply one in-order batch of `worker_id`'s events."""
+        ...
+
+    def flush_worker(self, worker_id: str) -> None:
+        """Forget what is credited to `worker_id`."""
+        ...
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Pool timings (seconds) and thresholds.
+
+    Health: probe every `health_interval_s`, each probe may take `health_timeout_s`;
+    `unhealthy_threshold` consecutive failures mark a worker unhealthy, `healthy_threshold`
+    consecutive successes healthy again (so a dead worker leaves rotation within about
+    `unhealthy_threshold * health_interval_s` = 3 s by default, less when requests fail on
+    it first). `discovery_timeout_s`: per GetModelInfo/GetServerInfo call.
+    KV stream: resubscribe after `kv_backoff_initial_s`, doubling to `kv_backoff_max_s`.
+    """
+
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 2.0
+    unhealthy_threshold: int = 3
+    healthy_threshold: int = 2
+    discovery_timeout_s: float = 10.0
+    kv_backoff_initial_s: float = 0.1
+    kv_backoff_max_s: float = 5.0
+
+
+@dataclass
+class EngineLoadView:
+    """The engine's load from its latest EngineLoad record(s), summed over dp ranks.
+
+    `running` / `waiting`: requests. `waiting_uncached_tokens`: queued prompt tokens not
+    served from cache (None when the servicer cannot tell). `token_usage`: KV utilisation in
+    [0, 1] (max over ranks). `max_running_requests`: admission window (0 unknown).
+    `updated_at`: pool clock time (s) of the record.
+    """
+
+    running: int
+    waiting: int
+    waiting_uncached_tokens: int | None
+    token_usage: float
+    max_running_requests: int
+    updated_at: float
+
+
+@dataclass
+class WorkerState:
+    """One worker as the pool sees it (live object: read it, do not mutate it).
+
+    `in_flight`: requests dispatched through `track` and not finished.
+    `discovered`: GetModelInfo/GetServerInfo succeeded and agree with the pool's model.
+    `last_error`: the latest failure seen (probe, discovery, stream), for logs and admin.
+    """
+
+    worker_id: str
+    url: str
+    healthy: bool = False
+    in_flight: int = 0
+    load: EngineLoadView | None = None
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    discovered: bool = False
+    last_error: str | None = None
+
+
+@dataclass
+class _Worker:
+    state: WorkerState
+    client: EngineClient
+    model_info: pb.GetModelInfoResponse | None = None
+    server_info: pb.GetServerInfoResponse | None = None
+    rank_loads: dict[int | None, EngineLoadView] = field(default_factory=dict)
+    kv_subscriptions: int = 0
+    kv_gaps: int = 0
+
+
+def served_name(info: pb.GetModelInfoResponse) -> str:
+    """The model name a worker serves: `served_model_name`, else `model_path`."""
+    return info.served_model_name or info.model_path
+
+
+class WorkerPool:
+    """All workers of one model: `urls` in order get ids "w0", "w1", ...
+
+    `router`: receives KV-event batches and flushes (`KvEventSink`; a `Router`).
+    `clock`: stamps load records. Raises ValueError for duplicate or malformed urls.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        router: KvEventSink,
+        clock: Clock | None = None,
+        config: PoolConfig | None = None,
+    ) -> None:
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"duplicate worker urls in {list(urls)}")
+        self.config = config or PoolConfig()
+        self._router = router
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._thresholds = HealthThresholds(
+            unhealthy_threshold=self.config.unhealthy_threshold,
+            healthy_threshold=self.config.healthy_threshold,
+        )
+        self._workers: dict[str, _Worker] = {}
+        for i, url in enumerate(urls):
+            worker_id = f"w{i}"
+            self._workers[worker_id] = _Worker(
+                state=WorkerState(worker_id=worker_id, url=url),
+                client=EngineClient(url, worker_id=worker_id),
+            )
+        self._reference: _Worker | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._changed = asyncio.Event()
+        self._started = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Discover every worker (concurrently), then start health and KV-event tasks.
+
+        A worker that answers discovery is healthy at once; one that does not starts
+        unhealthy and is discovered when its probes succeed. Raises ValueError when
+        discovered workers serve different model names.
+        """
+        if self._started:
+            return
+        self._started = True
+        workers = list(self._workers.values())
+        results = await asyncio.gather(*(self._fetch_discovery(w) for w in workers))
+        names = {served_name(r[0]) for r in results if r is not None}
+        if len(names) > 1:
+            raise ValueError(f"workers serve different models: {sorted(names)}")
+        for w, result in zip(workers, results, strict=True):
+            if result is not None:
+                self._accept_discovery(w, *result)
+                self._set_status(w, HealthStatus(healthy=True))
+        for w in workers:
+            self._tasks.append(
+                asyncio.create_task(self._health_loop(w), name=f"health-{w.state.worker_id}")
+            )
+            self._tasks.append(
+                asyncio.create_task(self._kv_loop(w), name=f"kv-{w.state.worker_id}")
+            )
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Return once at least one worker is healthy; TimeoutError after `timeout_s`."""
+        async with asyncio.timeout(timeout_s):
+            while not self.healthy_workers():
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def stop(self) -> None:
+        """Cancel the background tasks and close every channel."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(
+            *(w.client.close() for w in self._workers.values()), return_exceptions=True
+        )
+
+    # ------------------------------------------------------------------ discovery
+
+    @property
+    def model_info(self) -> pb.GetModelInfoResponse:
+        """GetModelInfo of the first discovered worker; RuntimeError before any discovery."""
+        return self._require_reference().model_info  # type: ignore[return-value]
+
+    @property
+    def server_info(self) -> pb.GetServerInfoResponse:
+        """GetServerInfo of the first discovered worker; RuntimeError before any discovery."""
+        return self._require_reference().server_info  # type: ignore[return-value]
+
+    @property
+    def served_model_name(self) -> str:
+        """The model id every worker serves (`served_model_name`, else `model_path`)."""
+        return served_name(self.model_info)
+
+    @property
+    def max_context_length(self) -> int:
+        """Context window in tokens (prompt + completion)."""
+        return int(self.model_info.max_context_length)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The model's end-of-sequence token ids."""
+        return tuple(self.model_info.eos_token_ids)
+
+    @property
+    def page_size(self) -> int | None:
+        """KV page size in tokens from server_args (None when not reported)."""
+        value = _struct_number(self.server_info.server_args, "page_size")
+        return int(value) if value is not None else None
+
+    @property
+    def max_running_requests(self) -> int | None:
+        """The engine's admission window from server_args (None when not reported)."""
+        value = _struct_number(self.server_info.server_args, "max_running_requests")
+        return int(value) if value is not None else None
+
+    async def tokenizer_bundle(self) -> bytes:
+        """The GetTokenizer zip from the first healthy worker that serves it.
+
+        Raises EngineError from the last worker tried, or RuntimeError with none healthy.
+        """
+        last: EngineError | None = None
+        for state in self.healthy_workers():
+            try:
+                return await self._workers[state.worker_id].client.tokenizer_bundle()
+            except EngineError as err:
+                last = err
+                log.warning("tokenizer_bundle_failed", worker=state.worker_id, error=str(err))
+        if last is not None:
+            raise last
+        raise RuntimeError("no healthy worker to fetch the tokenizer from")
+
+    # ------------------------------------------------------------------ views
+
+    def workers(self) -> list[WorkerState]:
+        """Every worker's live state, in url order."""
+        return [w.state for w in self._workers.values()]
+
+    def healthy_workers(self) -> list[WorkerState]:
+        """Live states of the healthy workers, in url order."""
+        return [w.state for w in self._workers.values() if w.state.healthy]
+
+    def client(self, worker_id: str) -> EngineClient:
+        """The engine client of `worker_id` (KeyError for an unknown id)."""
+        return self._workers[worker_id].client
+
+    def state(self, worker_id: str) -> WorkerState:
+        """The live state of `worker_id` (KeyError for an unknown id)."""
+        return self._workers[worker_id].state
+
+    @property
+    def total_in_flight(self) -> int:
+        """Requests in flight over all workers."""
+        return sum(w.state.in_flight for w in self._workers.values())
+
+    # ------------------------------------------------------------------ accounting
+
+    @contextlib.contextmanager
+    def track(self, worker_id: str) -> Iterator[None]:
+        """Count one request in flight on `worker_id` for the duration of the block.
+
+        The count is released exactly once, in `finally`, whatever ends the block
+        (return, exception, CancelledError, GeneratorExit). KeyError for an unknown id.
+        """
+        state = self._workers[worker_id].state
+        state.in_flight += 1
+        try:
+            yield
+        finally:
+            state.in_flight -= 1
+
+    def report_failure(self, worker_id: str, err: EngineError) -> None:
+        """A request on `worker_id` failed; only transport errors count toward health."""
+        if err.transport:
+            w = self._workers[worker_id]
+            w.state.last_error = str(err)
+            self._observe(w, False, "request")
+
+    def report_success(self, worker_id: str) -> None:
+        """A request on `worker_id` completed: one success toward health."""
+        self._observe(self._workers[worker_id], True, "request")
+
+    # ------------------------------------------------------------------ state changes
+
+    def _observe(self, w: _Worker, ok: bool, source: str) -> None:
+        s = w.state
+        before = HealthStatus(s.healthy, s.consecutive_failures, s.consecutive_successes)
+        after = observe(before, ok, self._thresholds)
+        if after.healthy and not s.discovered:
+            after = HealthStatus(False, after.consecutive_failures, after.consecutive_successes)
+        self._set_status(w, after)
+        if after.healthy != before.healthy:
+            log.info(
+                "worker_health_changed",
+                worker=s.worker_id,
+                url=s.url,
+                healthy=after.healthy,
+                source=source,
+                error=None if after.healthy else s.last_error,
+            )
+
+    def _set_status(self, w: _Worker, status: HealthStatus) -> None:
+        w.state.healthy = status.healthy
+        w.state.consecutive_failures = status.consecutive_failures
+        w.state.consecutive_successes = status.consecutive_successes
+        self._changed.set()
+
+    def _apply_load(self, w: _Worker, rank: int | None, load: common_pb2.EngineLoad) -> None:
+        now = self._clock.now()
+        w.rank_loads[rank] = EngineLoadView(
+            running=load.running_requests,
+            waiting=load.waiting_requests,
+            waiting_uncached_tokens=(
+                load.waiting_uncached_tokens if load.HasField("waiting_uncached_tokens") else None
+            ),
+            token_usage=load.token_usage,
+            max_running_requests=load.max_running_requests,
+            updated_at=now,
+        )
+        views = list(w.rank_loads.values())
+        uncached = [v.waiting_uncached_tokens for v in views]
+        w.state.load = EngineLoadView(
+            running=sum(v.running for v in views),
+            waiting=sum(v.waiting for v in views),
+            waiting_uncached_tokens=(
+                None if any(u is None for u in uncached) else sum(u or 0 for u in uncached)
+            ),
+            token_usage=max(v.token_usage for v in views),
+            max_running_requests=sum(v.max_running_requests for v in views),
+            updated_at=now,
+        )
+
+    def _accept_discovery(
+        self, w: _Worker, info: pb.GetModelInfoResponse, server: pb.GetServerInfoResponse
+    ) -> bool:
+        if self._reference is not None and self._reference.model_info is not None:
+            expected = served_name(self._reference.model_info)
+            if served_name(info) != expected:
+                w.state.last_error = (
+                    f"serves model {served_name(info)!r}, the pool serves {expected!r}"
+                )
+                log.error(
+                    "worker_model_mismatch", worker=w.state.worker_id, error=w.state.last_error
+                )
+                return False
+        w.model_info, w.server_info = info, server
+        w.state.discovered = True
+        if self._reference is None:
+            self._reference = w
+            block_size = getattr(self._router, "block_size", None)
+            page = _struct_number(server.server_args, "page_size")
+            if block_size is not None and page is not None and int(page) != block_size:
+                log.warning(
+                    "page_size_mismatch",
+                    worker=w.state.worker_id,
+                    page_size=int(page),
+                    router_block_size=block_size,
+                )
+        return True
+
+    def _require_reference(self) -> _Worker:
+        if self._reference is None:
+            raise RuntimeError("no worker has been discovered yet")
+        return self._reference
+
+    # ------------------------------------------------------------------ I/O tasks
+
+    async def _fetch_discovery(
+        self, w: _Worker
+    ) -> tuple[pb.GetModelInfoResponse, pb.GetServerInfoResponse] | None:
+        timeout = self.config.discovery_timeout_s
+        try:
+            info = await w.client.model_info(timeout_s=timeout)
+            server = await w.client.server_info(timeout_s=timeout)
+        except EngineError as err:
+            w.state.last_error = str(err)
+            log.warning(
+                "worker_discovery_failed", worker=w.state.worker_id, url=w.state.url, error=str(err)
+            )
+            return None
+        return info, server
+
+    async def _health_loop(self, w: _Worker) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.health_interval_s)
+            ok = await w.client.health_check(timeout_s=cfg.health_timeout_s)
+            if not ok:
+                w.state.last_error = "health check failed"
+            elif not w.state.discovered:
+                result = await self._fetch_discovery(w)
+                ok = result is not None and self._accept_discovery(w, *result)
+            self._observe(w, ok, "probe")
+
+    async def _kv_loop(self, w: _Worker) -> None:
+        cfg = self.config
+        worker_id = w.state.worker_id
+        backoff = cfg.kv_backoff_initial_s
+        while True:
+            cursor = KvStreamCursor()
+            # A new subscription starts from the worker's current state: nothing credited
+            # to it before may be trusted (it may have restarted or evicted meanwhile).
+            self._router.flush_worker(worker_id)
+            w.kv_subscriptions += 1
+            try:
+                async for batch in w.client.subscribe_kv_events(start_sequence_number=0):
+                    backoff = cfg.kv_backoff_initial_s
+                    step = cursor.feed(batch)
+                    if step.load is not None:
+                        self._apply_load(w, step.rank, step.load)
+                    if step.flush:
+                        w.kv_gaps += 1
+                        log.warning("kv_sequence_gap", worker=worker_id, lost_batches=step.gap)
+                        self._router.flush_worker(worker_id)
+                    if step.apply and len(batch.events):
+                        self._router.apply_kv_batch(worker_id, batch)
+                log.info("kv_stream_ended", worker=worker_id)
+            except EngineError as err:
+                log.info("kv_stream_failed", worker=worker_id, error=str(err))
+            except Exception:  # a bug in applying events must not end the subscription
+                log.exception("kv_stream_crashed", worker=worker_id)
+            self._router.flush_worker(worker_id)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, cfg.kv_backoff_max_s)
+
+
+def _struct_number(struct: object, key: str) -> float | None:
+    """A numeric value from a protobuf Struct (None when absent or not a number)."""
+    fields = getattr(struct, "fields", None)
+    if fields is None or key not in fields:
+        return None
+    value = fields[key]
+    if value.WhichOneof("kind") != "number_value":
+        return None
+    return float(value.number_value)

@@ -1,0 +1,92 @@
+"""Plain data crossing the router boundary: requests in, worker snapshots in, decisions out.
+
+Rule of this file: frozen dataclasses and one exception, no behaviour beyond small derived
+values. The gateway builds `WorkerSnapshot`s from the pool's live `WorkerState`s (see
+`snapshot_from_state`) and hands them to `Router.select`; nothing here touches I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from homing.engines.pool import WorkerState
+
+
+class NoWorkerAvailable(Exception):
+    """Raised by `select` when the candidate set is empty (the gateway answers 503)."""
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What the router may look at for one request.
+
+    `prompt_ids`: the tokenized prompt (token ids, as sent to the engine).
+    `session_key`: a stable conversation key (`x-session-id` header or the OpenAI `user`
+    field) when the client gives one; unused by v1 policies, reserved for consistent hashing.
+    """
+
+    prompt_ids: Sequence[int]
+    session_key: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerSnapshot:
+    """One candidate worker as the policy sees it at decision time.
+
+    `in_flight`: requests this gateway has dispatched and not yet finished (own accounting,
+    exact and immediate). `running` / `waiting`: the engine's own counts from its latest
+    EngineLoad record (all clients, lags by one scheduler step or heartbeat).
+    `token_usage`: KV-cache utilisation in [0, 1] excluding evictable prefix cache, as SGLang
+    reports it. `max_running_requests`: the engine's admission window (0 = unknown).
+    """
+
+    worker_id: str
+    in_flight: int = 0
+    running: int = 0
+    waiting: int = 0
+    token_usage: float = 0.0
+    max_running_requests: int = 0
+
+    @property
+    def load(self) -> int:
+        """Requests on the worker, in requests: `max(in_flight, running + waiting)`.
+
+        The engine counts include this gateway's own requests once they arrive, so summing
+        them with `in_flight` would double count; the max takes whichever view is fresher
+        (ours right after a dispatch, the engine's when other gateways also send there).
+        """
+        return max(self.in_flight, self.running + self.waiting)
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """The chosen worker and why.
+
+    `branch` names the rule that decided, for logs and metrics:
+    "round_robin", "load" (least loaded, no useful cached prefix), "cache_hit" (prefix
+    affinity won the score), "veto" (the prefix holder was overloaded, least loaded chosen),
+    "overload" (every candidate overloaded, least loaded of all chosen).
+    `matched_tokens`: prompt tokens the chosen worker holds per the index (0 if unknown).
+    """
+
+    worker_id: str
+    branch: str
+    matched_tokens: int = 0
+
+
+def snapshot_from_state(state: WorkerState) -> WorkerSnapshot:
+    """Build a `WorkerSnapshot` from a pool `WorkerState` (zeros where no load record yet)."""
+    load = state.load
+    if load is None:
+        return WorkerSnapshot(worker_id=state.worker_id, in_flight=state.in_flight)
+    return WorkerSnapshot(
+        worker_id=state.worker_id,
+        in_flight=state.in_flight,
+        running=load.running,
+        waiting=load.waiting,
+        token_usage=load.token_usage,
+        max_running_requests=load.max_running_requests,
+    )
