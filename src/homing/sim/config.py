@@ -1,0 +1,55 @@
+"""Configuration of one simulated SGLang worker.
+
+Rule of this file: every knob of the simulated worker lives in `SimConfig`, with the
+default a user gets from `homing sim` / `make run`. `None` means "derive it from the
+preset" (model x GPU x TP, see `homing.sim.timing`); the derivation happens in
+`homing.sim.timing.resolve_limits`, never here, so this model stays plain data.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SimConfig(BaseModel):
+    """Settings of one simulated worker (all workers of a `homing sim` process share one).
+
+    Fields:
+        model: preset model name, e.g. "llama-3.1-8b" or "llama-3.1-70b".
+        gpu: preset GPU name, "H100" or "H200".
+        tp: tensor-parallel degree (GPUs per worker).
+        page_size: tokens per KV page / event block (SGLang `--page-size`).
+        chunked_prefill_size: prefill token budget per scheduler step (SGLang default 8192).
+        max_running_requests: admission window; None = SGLang's derived default.
+        kv_capacity_tokens: KV pool size in tokens; None = derived from GPU memory.
+        mem_fraction_static: share of GPU memory for weights + KV pool; None = SGLang's
+            TP-dependent default (0.88 at TP1 ... 0.81 at TP8).
+        speedup: simulated time runs this many times faster than the wall clock.
+        seed: mixed into sampled (temperature > 0) outputs; greedy outputs ignore it.
+        served_model_name: name reported by GetModelInfo; None = `model`.
+        heartbeat_busy_s / heartbeat_idle_s: KV-event `load_only` heartbeat period (s)
+            while the engine has requests / while it is idle.
+        max_context_length: context window in tokens; None = the preset's (131072).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "llama-3.1-8b"
+    gpu: str = "H100"
+    tp: int = Field(default=1, ge=1)
+    page_size: int = Field(default=16, ge=1)
+    chunked_prefill_size: int = Field(default=8192, ge=1)
+    max_running_requests: int | None = Field(default=None, ge=1)
+    kv_capacity_tokens: int | None = Field(default=None, ge=1)
+    mem_fraction_static: float | None = Field(default=None, gt=0.0, le=1.0)
+    speedup: float = Field(default=1.0, gt=0.0)
+    seed: int = 0
+    served_model_name: str | None = None
+    heartbeat_busy_s: float = Field(default=1.0, gt=0.0)
+    heartbeat_idle_s: float = Field(default=5.0, gt=0.0)
+    max_context_length: int | None = Field(default=None, ge=2)
+
+    @property
+    def model_name(self) -> str:
+        """The name GetModelInfo reports (`served_model_name`, else `model`)."""
+        return self.served_model_name or self.model

@@ -1,0 +1,400 @@
+"""Paged radix prefix cache and KV pool of one simulated worker, with SGLang's KV events.
+
+Rule of this file: the cache owns every KV page of the pool and is the only place that
+creates KV events. Pure data structure: time comes in as `now` arguments, nothing here reads
+a clock or does I/O.
+
+Model (as SGLang's RadixCache with `page_size` > 1, one tree node per page):
+- The pool has `total_pages` pages of `page_size` tokens. A page is either free, held
+  privately by a running request (computed KV not yet in the tree), or in the tree.
+- Only full pages enter the tree. A request's `KvHandle` locks the tree path it uses
+  (reference count per page); a page with a reference count > 0 is never evicted.
+- Unreferenced pages are evicted leaf first, least recently used first (by `now` of the last
+  match/insert that touched them, ties by access order), when an allocation needs room.
+- Events, exactly as SGLang's radix cache records them: one `BlockStored` per newly inserted
+  page (its page_size token ids, `parent_block_hash` = the previous page's hash, None for a
+  page under the root), one `BlockRemoved` per evicted page, `AllBlocksCleared` on reset.
+- Block hash (SGLang `get_hash_str` / `hash_str_to_int64`): digest = SHA-256(parent digest ||
+  token ids as uint32 little-endian), the root contributing nothing; block_hash = the first
+  8 bytes of the digest read big-endian as a signed int64.
+
+The scheduler meets the cache through a narrow interface: `acquire` (match + lock),
+`grow` (allocate private pages; False means "no room": queue or retract), `checkpoint`
+(move computed full pages into the tree), `release` (finish: checkpoint, free, unlock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# --------------------------------------------------------------------------------------------
+# Events and the block-hash chain
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """One page entered the cache: `token_ids` has exactly `block_size` ids."""
+
+    block_hash: int
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """One page left the cache (evicted)."""
+
+    block_hash: int
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """The whole cache was dropped (FlushCache)."""
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def page_digest(token_ids: Sequence[int], parent_digest: bytes | None) -> bytes:
+    """SHA-256(parent_digest || ids as uint32 little-endian); `None` parent for a root page."""
+    hasher = hashlib.sha256()
+    if parent_digest is not None:
+        hasher.update(parent_digest)
+    hasher.update(struct.pack(f"<{len(token_ids)}I", *token_ids))
+    return hasher.digest()
+
+
+def digest_to_block_hash(digest: bytes) -> int:
+    """First 8 bytes of the digest, big-endian, as a signed int64 (SGLang hash_str_to_int64)."""
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def block_hash_chain(token_ids: Sequence[int], page_size: int) -> list[int]:
+    """Block hashes of every full page of `token_ids` from the root (the partial tail is
+    ignored), as a worker publishes them."""
+    hashes: list[int] = []
+    digest: bytes | None = None
+    for start in range(0, len(token_ids) // page_size * page_size, page_size):
+        digest = page_digest(token_ids[start : start + page_size], digest)
+        hashes.append(digest_to_block_hash(digest))
+    return hashes
+
+
+# --------------------------------------------------------------------------------------------
+# Tree
+# --------------------------------------------------------------------------------------------
+
+
+class _Page:
+    """One tree node = one full page of tokens."""
+
+    __slots__ = (
+        "access_seq",
+        "alive",
+        "block_hash",
+        "children",
+        "digest",
+        "key",
+        "last_access",
+        "lock_ref",
+        "node_id",
+        "parent",
+    )
+
+    def __init__(
+        self,
+        node_id: int,
+        key: tuple[int, ...],
+        parent: _Page | None,
+        digest: bytes | None,
+    ) -> None:
+        self.node_id = node_id
+        self.key = key
+        self.parent = parent
+        self.children: dict[tuple[int, ...], _Page] = {}
+        self.digest = digest
+        self.block_hash = digest_to_block_hash(digest) if digest is not None else 0
+        self.lock_ref = 0
+        self.last_access = 0.0
+        self.access_seq = 0
+        self.alive = True
+
+
+@dataclass(eq=False)
+class KvHandle:
+    """A running request's hold on the pool.
+
+    node: the last tree page of the request's locked path (the root when none).
+    shared_pages: pages on that path (all locked by this handle), i.e. tokens
+        `[0, shared_pages x page_size)` live in the tree.
+    private_pages: pages allocated to the request beyond the shared prefix.
+    """
+
+    node: _Page
+    shared_pages: int = 0
+    private_pages: int = 0
+    released: bool = field(default=False)
+
+    def capacity_tokens(self, page_size: int) -> int:
+        """Tokens of KV this handle can hold without another allocation."""
+        return (self.shared_pages + self.private_pages) * page_size
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """Longest cached page-aligned prefix: `num_tokens` tokens ending at tree page `node`."""
+
+    num_tokens: int
+    node: _Page
+
+
+class RadixCache:
+    """Paged radix prefix cache over a pool of `total_pages` pages (see the module docstring).
+
+    Raises ValueError for page_size < 1 or total_pages < 1.
+    """
+
+    def __init__(self, total_pages: int, page_size: int = 16) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if total_pages < 1:
+            raise ValueError(f"total_pages must be >= 1, got {total_pages}")
+        self.page_size = page_size
+        self.total_pages = total_pages
+        self._ids = itertools.count(1)
+        self._seq = itertools.count(1)
+        self._events: list[KvEvent] = []
+        self._init_tree()
+
+    def _init_tree(self) -> None:
+        self.root = _Page(0, (), None, None)
+        self.root.lock_ref = 1  # the root is never evicted
+        self.tree_pages = 0
+        self.private_pages = 0
+        self.locked_pages = 0
+        self._heap: list[tuple[float, int, int, _Page]] = []
+
+    # ---- pool figures ----
+
+    @property
+    def free_pages(self) -> int:
+        """Pages neither in the tree nor held privately."""
+        return self.total_pages - self.tree_pages - self.private_pages
+
+    @property
+    def evictable_pages(self) -> int:
+        """Tree pages no request references (all of them can be evicted, leaves first)."""
+        return self.tree_pages - self.locked_pages
+
+    @property
+    def available_pages(self) -> int:
+        """Pages an allocation can get: free plus evictable."""
+        return self.free_pages + self.evictable_pages
+
+    @property
+    def used_pages(self) -> int:
+        """Pages that cannot be reclaimed: locked tree pages plus private pages."""
+        return self.locked_pages + self.private_pages
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages needed to hold `num_tokens` tokens (ceiling)."""
+        return -(-num_tokens // self.page_size)
+
+    # ---- lookups ----
+
+    def match_prefix(
+        self,
+        token_ids: Sequence[int],
+        now: float,
+        *,
+        max_tokens: int | None = None,
+        touch: bool = True,
+    ) -> PrefixMatch:
+        """Longest page-aligned prefix of `token_ids` (at most `max_tokens`) in the tree.
+        With `touch`, the matched pages count as used at `now` for LRU."""
+        limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
+        node = self.root
+        matched = 0
+        seq = next(self._seq) if touch else 0
+        for start in range(0, limit // self.page_size * self.page_size, self.page_size):
+            child = node.children.get(tuple(token_ids[start : start + self.page_size]))
+            if child is None:
+                break
+            node = child
+            matched += self.page_size
+            if touch:
+                self._touch(node, now, seq)
+        return PrefixMatch(matched, node)
+
+    # ---- the scheduler's interface ----
+
+    def acquire(self, token_ids: Sequence[int], now: float, *, max_tokens: int) -> KvHandle:
+        """Match the longest cached prefix (at most `max_tokens` tokens) and lock it for a
+        request. The handle's `shared_pages` x page_size is the request's cached tokens."""
+        match = self.match_prefix(token_ids, now, max_tokens=max_tokens)
+        handle = KvHandle(node=self.root)
+        self._lock_path(match.node, stop=self.root)
+        handle.node = match.node
+        handle.shared_pages = match.num_tokens // self.page_size
+        return handle
+
+    def grow(self, handle: KvHandle, kv_tokens: int, now: float) -> bool:
+        """Make `handle` hold at least `kv_tokens` tokens of KV, evicting unreferenced pages
+        (LRU) when the pool has no free page. Returns False, changing nothing, when even
+        eviction cannot make room."""
+        needed = self.pages_for(kv_tokens) - handle.shared_pages - handle.private_pages
+        if needed <= 0:
+            return True
+        if needed > self.available_pages:
+            return False
+        if needed > self.free_pages:
+            shortfall = needed - self.free_pages
+            evicted = self.evict(shortfall, now)
+            assert evicted == shortfall, "every unreferenced page is evictable"
+        handle.private_pages += needed
+        self.private_pages += needed
+        return True
+
+    def checkpoint(self, handle: KvHandle, token_ids: Sequence[int], now: float) -> None:
+        """Insert the full pages of `token_ids` (tokens whose KV the request has computed) into
+        the tree and lock them for `handle`: pages new to the tree move from the handle's
+        private pages into the tree (one `BlockStored` each); pages another request already
+        inserted free the handle's private copy.
+
+        Raises ValueError if `token_ids` holds more full pages than the handle has.
+        """
+        num_pages = len(token_ids) // self.page_size
+        if num_pages <= handle.shared_pages:
+            return
+        if num_pages > handle.shared_pages + handle.private_pages:
+            raise ValueError(
+                f"checkpoint of {num_pages} pages but the handle holds "
+                f"{handle.shared_pages + handle.private_pages}"
+            )
+        seq = next(self._seq)
+        node = handle.node
+        old_last = node
+        for index in range(handle.shared_pages, num_pages):
+            start = index * self.page_size
+            key = tuple(token_ids[start : start + self.page_size])
+            child = node.children.get(key)
+            if child is None:
+                child = _Page(next(self._ids), key, node, page_digest(key, node.digest))
+                node.children[key] = child
+                self.tree_pages += 1
+                self._events.append(
+                    BlockStored(
+                        block_hash=child.block_hash,
+                        parent_block_hash=node.block_hash if node is not self.root else None,
+                        token_ids=key,
+                        block_size=self.page_size,
+                    )
+                )
+            self.private_pages -= 1
+            handle.private_pages -= 1
+            self._touch(child, now, seq)
+            node = child
+        self._lock_path(node, stop=old_last)
+        handle.node = node
+        handle.shared_pages = num_pages
+
+    def release(
+        self, handle: KvHandle, token_ids: Sequence[int], now: float, *, insert: bool = True
+    ) -> None:
+        """A request is done with its KV: insert the full pages of `token_ids` (when `insert`),
+        free its private pages and drop its references (its pages become evictable).
+        Releasing twice is a no-op."""
+        if handle.released:
+            return
+        if insert:
+            self.checkpoint(handle, token_ids, now)
+        self.private_pages -= handle.private_pages
+        handle.private_pages = 0
+        self._unlock_path(handle.node)
+        handle.node = self.root
+        handle.shared_pages = 0
+        handle.released = True
+
+    def evict(self, num_pages: int, now: float) -> int:
+        """Evict up to `num_pages` unreferenced pages, least recently used leaves first; returns
+        how many were evicted (one `BlockRemoved` each). `now` is accepted for strategies that
+        age entries; LRU only compares recorded access times."""
+        del now
+        evicted = 0
+        while evicted < num_pages and self._heap:
+            access, seq, _, page = heapq.heappop(self._heap)
+            if not self._is_evictable_leaf(page) or (page.last_access, page.access_seq) != (
+                access,
+                seq,
+            ):
+                continue
+            parent = page.parent
+            assert parent is not None
+            del parent.children[page.key]
+            page.alive = False
+            self.tree_pages -= 1
+            evicted += 1
+            self._events.append(BlockRemoved(page.block_hash))
+            if parent is not self.root and self._is_evictable_leaf(parent):
+                self._push(parent)
+        return evicted
+
+    def reset(self) -> None:
+        """Drop every page (FlushCache); emits `AllBlocksCleared`.
+
+        Raises RuntimeError while any request holds pages.
+        """
+        if self.locked_pages or self.private_pages:
+            raise RuntimeError("cannot flush the cache while requests hold KV pages")
+        self._init_tree()
+        self._events.append(AllBlocksCleared())
+
+    def take_events(self) -> list[KvEvent]:
+        """Events recorded since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    # ---- internals ----
+
+    def _touch(self, page: _Page, now: float, seq: int) -> None:
+        page.last_access = now
+        page.access_seq = seq
+        if self._is_evictable_leaf(page):
+            self._push(page)
+
+    def _is_evictable_leaf(self, page: _Page) -> bool:
+        return page.alive and page.lock_ref == 0 and not page.children and page is not self.root
+
+    def _push(self, page: _Page) -> None:
+        heapq.heappush(self._heap, (page.last_access, page.access_seq, page.node_id, page))
+        if len(self._heap) > 2 * self.tree_pages + 64:
+            live = {p.node_id: p for (_, _, _, p) in self._heap if self._is_evictable_leaf(p)}
+            self._heap = [(p.last_access, p.access_seq, p.node_id, p) for p in live.values()]
+            heapq.heapify(self._heap)
+
+    def _lock_path(self, node: _Page, *, stop: _Page) -> None:
+        """Add one reference to every page from `node` up to (not including) `stop`."""
+        while node is not stop and node is not self.root:
+            if node.lock_ref == 0:
+                self.locked_pages += 1
+            node.lock_ref += 1
+            assert node.parent is not None
+            node = node.parent
+
+    def _unlock_path(self, node: _Page) -> None:
+        """Drop one reference from every page from `node` up to the root."""
+        while node is not self.root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.locked_pages -= 1
+                if self._is_evictable_leaf(node):
+                    self._push(node)
+            assert node.parent is not None
+            node = node.parent

@@ -1,0 +1,451 @@
+"""`sglang.grpc.scheduler.SglangScheduler` served by the simulated engine (grpc.aio).
+
+Rule of this file: the protocol edge. It validates and converts messages, and leaves every
+decision to the scheduler behind `EngineLoop`. Only this service (plus grpc.health.v1) is
+registered, so other engines' services answer UNIMPLEMENTED, as do Embed, LoRA and profiling.
+
+Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
+- Generate, stream=True: one `chunk` per scheduler step that produced tokens (its new
+  `token_ids`, cumulative prompt/completion/cached counts, index 0), then always a `complete`
+  (finish_reason "stop" | "length" | "abort", counts, matched_token_id on an EOS/stop token).
+  Every token travels in exactly one chunk, so the streamed `complete` has no output_ids.
+  stream=False: a single `complete` carrying all output_ids. A client that goes away aborts
+  its request.
+- Invalid input -> INVALID_ARGUMENT: no tokenized input, empty input_ids, an id >= vocab_size,
+  a prompt at or beyond the context window (or the KV pool), prompt + max_new_tokens beyond
+  the context window, temperature < 0, n > 1, a request id already in flight. max_new_tokens
+  unset means SGLang's default 128, cut to what the context window leaves.
+- Abort: the request leaves the scheduler at once and its stream ends with finish_reason
+  "abort"; `success` tells whether it was found.
+- SubscribeKvEvents: `start_sequence_number` other than 0 -> OUT_OF_RANGE (the simulated
+  worker keeps no replay history); else the hub's stream (see `homing.sim.kv_events`).
+- GetTokenizer: the served tokenizer zip in `TOKENIZER_CHUNK_BYTES` chunks, the hex SHA-256
+  of the whole zip on the last chunk only.
+- FlushCache: waits up to `timeout_s` for the engine to go idle, then drops the cache (an
+  AllBlocksCleared event); success False when it stayed busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from google.protobuf.struct_pb2 import Struct
+from google.protobuf.timestamp_pb2 import Timestamp
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+from homing.sim.config import SimConfig
+from homing.sim.engine_loop import EngineLoop
+from homing.sim.generation import OutputPlanner
+from homing.sim.kv_events import KvEventHub, SubscriberOverflow
+from homing.sim.scheduler import LoadStats, RequestFinished, RequestOutput, SimRequest
+from homing.sim.timing import EngineLimits, TimingModel
+
+log = logging.getLogger(__name__)
+
+SIM_VERSION = "homing-sim"
+"""What GetServerInfo / GetLoads report as the SGLang version."""
+
+DEFAULT_MAX_NEW_TOKENS = 128
+"""SGLang's SamplingParams default when a request leaves max_new_tokens unset."""
+
+TOKENIZER_CHUNK_BYTES = 512 * 1024
+"""GetTokenizer chunk size (bytes); keeps every message far below gRPC's 4 MiB default."""
+
+LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+"""GetLoads `include` values SGLang accepts."""
+
+
+class InvalidRequest(ValueError):
+    """A Generate request the worker refuses (INVALID_ARGUMENT)."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the worker serves: the tokenizer's facts and the zip GetTokenizer streams."""
+
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    pad_token_id: int | None
+    tokenizer_zip: bytes
+
+
+class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
+    """The SglangScheduler service over one `EngineLoop` (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        engine: EngineLoop,
+        hub: KvEventHub,
+        planner: OutputPlanner,
+        served: ServedModel,
+        timing: TimingModel,
+        limits: EngineLimits,
+        port: int = 0,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.hub = hub
+        self.planner = planner
+        self.served = served
+        self.timing = timing
+        self.limits = limits
+        self.port = port
+        self.start_time = time.time()
+        self.last_receive_time = 0.0
+        self._tokenizer_sha256 = hashlib.sha256(served.tokenizer_zip).hexdigest()
+
+    # ---- limits ----
+
+    @property
+    def max_req_input_len(self) -> int:
+        """SGLang: min(context_len - 1, max_total_num_tokens - 1)."""
+        return min(self.limits.max_context_length - 1, self.limits.kv_capacity_tokens - 1)
+
+    # ---- Generate ----
+
+    def build_request(self, request: pb.GenerateRequest) -> SimRequest:
+        """Validate a GenerateRequest and turn it into a scheduler request.
+        Raises InvalidRequest with a message for the client."""
+        if not request.HasField("tokenized"):
+            raise InvalidRequest("Tokenized input must be provided")
+        input_ids = tuple(request.tokenized.input_ids)
+        if not input_ids:
+            raise InvalidRequest("input_ids is empty")
+        vocab = self.served.vocab_size
+        bad = next((t for t in input_ids if t >= vocab), None)
+        if bad is not None:
+            raise InvalidRequest(f"token id {bad} is out of range for vocab_size {vocab}")
+        context = self.limits.max_context_length
+        if len(input_ids) >= context:
+            raise InvalidRequest(
+                f"The input ({len(input_ids)} tokens) is longer than the model's context "
+                f"length ({context} tokens)."
+            )
+        if len(input_ids) > self.max_req_input_len:
+            raise InvalidRequest(
+                f"The input ({len(input_ids)} tokens) is longer than the maximum allowed "
+                f"request input length ({self.max_req_input_len} tokens)."
+            )
+        params = request.sampling_params
+        if params.n > 1:
+            raise InvalidRequest("n > 1 is not supported by the simulated worker")
+        if params.temperature < 0:
+            raise InvalidRequest(f"temperature must be non-negative, got {params.temperature}")
+        if params.HasField("max_new_tokens"):
+            max_new_tokens = params.max_new_tokens
+            if len(input_ids) + max_new_tokens > context:
+                raise InvalidRequest(
+                    f"Requested token count exceeds the model's maximum context length of "
+                    f"{context} tokens. You requested a total of "
+                    f"{len(input_ids) + max_new_tokens} tokens: {len(input_ids)} tokens from "
+                    f"the input messages and {max_new_tokens} tokens for the completion. "
+                    "Please reduce the number of tokens in the input messages or the "
+                    "completion to fit within the limit."
+                )
+        else:
+            max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, context - len(input_ids))
+        request_id = request.request_id or uuid.uuid4().hex
+        seed: int | str | None = None
+        if "seed" in params.custom_params.fields:
+            value = params.custom_params["seed"]
+            seed = int(value) if isinstance(value, float) else str(value)
+        output = self.planner.plan(
+            input_ids,
+            temperature=params.temperature,
+            seed=seed,
+            request_id=request_id,
+            ignore_eos=params.ignore_eos,
+        )
+        return SimRequest(
+            request_id=request_id,
+            input_ids=input_ids,
+            max_new_tokens=max_new_tokens,
+            output=output,
+            stop_token_ids=frozenset(params.stop_token_ids),
+            ignore_eos=params.ignore_eos,
+        )
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        self.last_receive_time = time.time()
+        try:
+            sim_request = self.build_request(request)
+            stream = self.engine.submit(sim_request)
+        except (InvalidRequest, ValueError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        except RuntimeError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            return
+        rid = sim_request.request_id
+        output_ids: list[int] = []
+        try:
+            async for item in stream.items():
+                if isinstance(item, RequestOutput):
+                    if request.stream:
+                        yield pb.GenerateResponse(request_id=rid, chunk=_chunk(item))
+                    else:
+                        output_ids.extend(item.token_ids)
+                else:
+                    yield pb.GenerateResponse(request_id=rid, complete=_complete(item, output_ids))
+        finally:
+            if not stream.finished:  # the client went away (or the handler was cancelled)
+                self.engine.abort(rid)
+
+    async def Abort(
+        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortResponse:
+        found = self.engine.abort(request.request_id)
+        return pb.AbortResponse(
+            success=found,
+            message=f"Request {request.request_id} {'aborted' if found else 'not found'}",
+        )
+
+    # ---- health and info ----
+
+    async def HealthCheck(
+        self, request: pb.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HealthCheckResponse:
+        if not self.engine.running:
+            return pb.HealthCheckResponse(healthy=False, message="Server is shutting down")
+        return pb.HealthCheckResponse(healthy=True, message="Health check passed")
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetModelInfoResponse:
+        served = self.served
+        model = self.timing.model
+        return pb.GetModelInfoResponse(
+            model_path=model.hf_path,
+            tokenizer_path=model.hf_path,
+            is_generation=True,
+            preferred_sampling_params="",
+            weight_version="default",
+            served_model_name=self.config.model_name,
+            max_context_length=self.limits.max_context_length,
+            vocab_size=served.vocab_size,
+            supports_vision=False,
+            model_type="llama",
+            eos_token_ids=list(served.eos_token_ids),
+            pad_token_id=_or_zero(served.pad_token_id),
+            bos_token_id=_or_zero(served.bos_token_id),
+            max_req_input_len=self.max_req_input_len,
+            architectures=["LlamaForCausalLM"],
+        )
+
+    def server_args(self) -> dict[str, Any]:
+        """The worker's settings under SGLang's ServerArgs names (plus `sim_*` extras)."""
+        cfg, limits = self.config, self.limits
+        return {
+            "model_path": self.timing.model.hf_path,
+            "tokenizer_path": self.timing.model.hf_path,
+            "served_model_name": cfg.model_name,
+            "host": "127.0.0.1",
+            "port": self.port,
+            "grpc_mode": True,
+            "tp_size": cfg.tp,
+            "dp_size": 1,
+            "page_size": cfg.page_size,
+            "chunked_prefill_size": cfg.chunked_prefill_size,
+            "max_running_requests": limits.max_running_requests,
+            "max_total_tokens": limits.kv_capacity_tokens,
+            "context_length": limits.max_context_length,
+            "mem_fraction_static": limits.mem_fraction_static,
+            "schedule_policy": "fcfs",
+            "enable_mixed_chunk": True,
+            "disable_radix_cache": False,
+            "kv_events_config": '{"publisher": "zmq"}',  # events on, as a real worker
+            "device": "cuda",
+            "sim_model": cfg.model,
+            "sim_gpu": self.timing.gpu.name,
+            "sim_speedup": cfg.speedup,
+            "sim_seed": cfg.seed,
+        }
+
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetServerInfoResponse:
+        server_args = Struct()
+        server_args.update(self.server_args())
+        scheduler_info = Struct()
+        scheduler_info.update(
+            {
+                "max_total_num_tokens": self.limits.kv_capacity_tokens,
+                "max_running_requests": self.limits.max_running_requests,
+                "max_req_input_len": self.max_req_input_len,
+                "is_generation": True,
+            }
+        )
+        start = Timestamp()
+        start.FromSeconds(int(self.start_time))
+        load = self.engine.load()
+        return pb.GetServerInfoResponse(
+            server_args=server_args,
+            scheduler_info=scheduler_info,
+            active_requests=load.num_running + load.num_waiting,
+            is_paused=False,
+            last_receive_timestamp=self.last_receive_time,
+            uptime_seconds=time.time() - self.start_time,
+            sglang_version=SIM_VERSION,
+            server_type="grpc",
+            start_time=start,
+            max_total_num_tokens=self.limits.kv_capacity_tokens,
+        )
+
+    async def GetLoads(
+        self, request: pb.GetLoadsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetLoadsResponse:
+        include = set(request.include) or {"all"}
+        unknown = include - LOAD_SECTIONS
+        if unknown:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unknown GetLoads sections {sorted(unknown)}; valid: {sorted(LOAD_SECTIONS)}",
+            )
+        stats = self.engine.load()
+        loads = []
+        if not request.HasField("dp_rank") or request.dp_rank == 0:
+            loads.append(self._scheduler_load(stats, include))
+        aggregate = pb.AggregateMetrics(
+            total_running_reqs=stats.num_running,
+            total_waiting_reqs=stats.num_waiting,
+            total_reqs=stats.num_running + stats.num_waiting,
+            avg_token_usage=round(stats.token_usage, 4),
+            avg_throughput=round(stats.gen_throughput, 2),
+            avg_utilization=round(_utilization(stats), 4),
+        )
+        return pb.GetLoadsResponse(
+            timestamp=datetime.now(UTC).isoformat(),
+            version=SIM_VERSION,
+            dp_rank_count=1,
+            loads=loads,
+            aggregate=aggregate,
+        )
+
+    def _scheduler_load(self, stats: LoadStats, include: set[str]) -> pb.SchedulerLoad:
+        load = pb.SchedulerLoad(
+            dp_rank=0,
+            num_running_reqs=stats.num_running,
+            num_waiting_reqs=stats.num_waiting,
+            num_total_reqs=stats.num_running + stats.num_waiting,
+            num_used_tokens=stats.num_used_tokens,
+            max_total_num_tokens=stats.max_total_num_tokens,
+            token_usage=stats.token_usage,
+            gen_throughput=stats.gen_throughput,
+            cache_hit_rate=stats.cache_hit_rate,
+            utilization=_utilization(stats),
+            max_running_requests=stats.max_running_requests,
+            num_waiting_uncached_tokens=stats.waiting_uncached_tokens,
+        )
+        if include & {"all", "memory"}:
+            load.memory.CopyFrom(
+                pb.MemoryMetrics(
+                    weight_gb=self.timing.model.weight_bytes / self.config.tp / 1e9,
+                    kv_cache_gb=self.limits.kv_capacity_tokens
+                    * self.timing.kv_bytes_per_token
+                    / self.config.tp
+                    / 1e9,
+                    graph_gb=0.0,
+                    token_capacity=self.limits.kv_capacity_tokens,
+                )
+            )
+        if include & {"all", "queues"}:
+            load.queues.CopyFrom(pb.QueueMetrics(waiting=stats.num_waiting))
+        return load
+
+    # ---- tokenizer, events, cache ----
+
+    async def GetTokenizer(
+        self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        data = self.served.tokenizer_zip
+        step = TOKENIZER_CHUNK_BYTES
+        starts = list(range(0, len(data), step)) or [0]
+        for i, start in enumerate(starts):
+            last = i == len(starts) - 1
+            yield common_pb2.GetTokenizerChunk(
+                data=data[start : start + step],
+                sha256=self._tokenizer_sha256 if last else "",
+            )
+
+    async def SubscribeKvEvents(
+        self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        if request.start_sequence_number != 0:
+            await context.abort(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"start_sequence_number {request.start_sequence_number} is not available: "
+                f"the simulated worker keeps no event history (last sequence "
+                f"{self.hub.last_sequence_number}); subscribe from 0",
+            )
+        subscription = self.hub.subscribe(
+            load_records_before_first_batch=request.load_records_before_first_batch
+        )
+        await context.send_initial_metadata(())
+        try:
+            async for batch in subscription.batches():
+                yield batch
+        except SubscriberOverflow as exc:
+            await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+        finally:
+            subscription.close()
+
+    async def FlushCache(
+        self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.FlushCacheResponse:
+        try:
+            success, message = await asyncio.wait_for(
+                self.engine.flush_cache(request.timeout_s),
+                timeout=max(request.timeout_s, 0.0) + 5.0,
+            )
+        except TimeoutError:
+            success, message = False, "Cache not flushed: timed out"
+        return common_pb2.FlushCacheResponse(success=success, message=message)
+
+
+def _chunk(output: RequestOutput) -> pb.GenerateStreamChunk:
+    return pb.GenerateStreamChunk(
+        token_ids=output.token_ids,
+        prompt_tokens=output.prompt_tokens,
+        completion_tokens=output.completion_tokens,
+        cached_tokens=output.cached_tokens,
+        index=0,
+    )
+
+
+def _complete(finished: RequestFinished, output_ids: list[int]) -> pb.GenerateComplete:
+    complete = pb.GenerateComplete(
+        output_ids=output_ids,
+        finish_reason=finished.finish_reason,
+        prompt_tokens=finished.prompt_tokens,
+        completion_tokens=finished.completion_tokens,
+        cached_tokens=finished.cached_tokens,
+        index=0,
+    )
+    if finished.matched_token_id is not None:
+        complete.matched_token_id = finished.matched_token_id
+    return complete
+
+
+def _utilization(stats: LoadStats) -> float:
+    """Running requests over the admission window."""
+    return stats.num_running / stats.max_running_requests if stats.max_running_requests else 0.0
+
+
+def _or_zero(value: int | None) -> int:
+    return 0 if value is None else value

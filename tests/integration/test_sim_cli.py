@@ -1,0 +1,80 @@
+"""`homing sim` as a real process: one ready line, serving workers, clean exit on signals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+
+import grpc
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+ENTRY = (
+    "import argparse, sys\n"
+    "from homing.sim.main import add_sim_arguments, run_sim\n"
+    "p = argparse.ArgumentParser()\n"
+    "add_sim_arguments(p)\n"
+    "sys.exit(run_sim(p.parse_args(sys.argv[1:])))\n"
+)
+
+
+async def start(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        ENTRY,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+
+
+async def test_sim_prints_one_ready_line_serves_and_exits_cleanly_on_sigterm() -> None:
+    """Two workers on free ports announce themselves in one JSON line, answer HealthCheck,
+    and the process exits 0 on SIGTERM."""
+    process = await start("--workers", "2", "--port", "0", "--speedup", "10")
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), timeout=30)
+        ready = json.loads(line)
+        assert ready["event"] == "ready"
+        ports = [w["port"] for w in ready["workers"]]
+        assert len(set(ports)) == 2
+        for worker in ready["workers"]:
+            assert worker["url"] == f"grpc://127.0.0.1:{worker['port']}"
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{worker['port']}") as channel:
+                stub = pb_grpc.SglangSchedulerStub(channel)
+                assert (await stub.HealthCheck(pb.HealthCheckRequest(), timeout=5)).healthy
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+        assert await process.stdout.read() == b""  # nothing but the ready line on stdout
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_sim_exits_on_sigint_too() -> None:
+    """Ctrl-C stops a worker process with exit status 0."""
+    process = await start("--workers", "1")
+    try:
+        assert process.stdout is not None
+        json.loads(await asyncio.wait_for(process.stdout.readline(), timeout=30))
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_a_bad_option_exits_2_with_a_message() -> None:
+    """An unknown model preset is reported on stderr, before any ready line."""
+    process = await start("--model", "gpt-5")
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode == 2
+    assert stdout == b""
+    assert b"unknown model" in stderr

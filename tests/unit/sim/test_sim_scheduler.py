@@ -1,0 +1,336 @@
+"""The pure scheduler: continuous batching, chunked prefill, KV admission, finish rules, abort."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from homing.sim.radix_cache import BlockStored
+from homing.sim.scheduler import (
+    RequestFinished,
+    Scheduler,
+    SchedulerConfig,
+    SimRequest,
+    StepResult,
+)
+from homing.sim.timing import TimingModel
+
+EOS = 1
+PAGE = 16
+TIMING = TimingModel.from_names("llama-3.1-8b", "H100", 1)
+
+
+@dataclass(frozen=True)
+class Counting:
+    """Output token i is `start + i`; token `eos_at` (if set) is the EOS id."""
+
+    start: int = 1000
+    eos_at: int | None = None
+
+    def token_at(self, index: int) -> int:
+        return EOS if index == self.eos_at else self.start + index
+
+
+def make(
+    kv_tokens: int = 16 * 1024, max_running: int = 64, chunk: int = 8192, clip: int = 4096
+) -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(
+            kv_capacity_tokens=kv_tokens,
+            max_running_requests=max_running,
+            page_size=PAGE,
+            chunked_prefill_size=chunk,
+            eos_token_ids=frozenset({EOS}),
+            clip_max_new_tokens=clip,
+        ),
+        TIMING,
+    )
+
+
+def request(
+    rid: str,
+    prompt_len: int = 40,
+    max_new: int = 10,
+    *,
+    base: int = 10_000,
+    output: Counting | None = None,
+    stop: frozenset[int] = frozenset(),
+    ignore_eos: bool = False,
+) -> SimRequest:
+    return SimRequest(
+        request_id=rid,
+        input_ids=tuple(range(base, base + prompt_len)),
+        max_new_tokens=max_new,
+        output=output or Counting(),
+        stop_token_ids=stop,
+        ignore_eos=ignore_eos,
+    )
+
+
+def run(sched: Scheduler, now: float = 0.0, limit: int = 100_000) -> tuple[list[StepResult], float]:
+    """Step until idle; returns the steps and the final time."""
+    steps = []
+    while sched.has_work and len(steps) < limit:
+        result = sched.step(now)
+        assert result.did_work or result.finished, "a step with work pending must progress"
+        now += result.duration_s
+        steps.append(result)
+    return steps, now
+
+
+def finished_by_id(steps: list[StepResult]) -> dict[str, RequestFinished]:
+    return {f.request_id: f for s in steps for f in s.finished}
+
+
+def tokens_by_id(steps: list[StepResult]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for step in steps:
+        for o in step.outputs:
+            out.setdefault(o.request_id, []).extend(o.token_ids)
+    return out
+
+
+class TestBatching:
+    def test_chunked_prefill_runs_alongside_decode(self) -> None:
+        """A long prompt is prefilled in page-aligned chunks within the step budget while a
+        running request keeps decoding one token per step."""
+        sched = make(chunk=256)
+        sched.add_request(request("short", prompt_len=20, max_new=50), 0.0)
+        first = sched.step(0.0)
+        assert [o.request_id for o in first.outputs] == ["short"]
+        sched.add_request(request("long", prompt_len=1000, max_new=5, base=50_000), 0.0)
+        mixed = []
+        now = first.duration_s
+        while not any(o.request_id == "long" for s in mixed for o in s.outputs):
+            step = sched.step(now)
+            now += step.duration_s
+            mixed.append(step)
+        assert len(mixed) >= 4  # 1000 tokens at < 256 per step
+        for step in mixed:
+            assert step.decode_tokens == 1
+            assert "short" in {o.request_id for o in step.outputs}
+            assert step.prefill_tokens <= 256 - step.decode_tokens
+        assert all(s.prefill_tokens % PAGE == 0 for s in mixed[:-1])
+        assert sum(s.prefill_tokens for s in mixed) == 1000
+
+    def test_max_running_requests_caps_the_batch(self) -> None:
+        """No more than max_running_requests run at once; the rest wait and finish later."""
+        sched = make(max_running=2)
+        for i in range(5):
+            sched.add_request(request(f"r{i}", base=10_000 * (i + 1)), 0.0)
+        sched.step(0.0)
+        assert (sched.num_running, sched.num_waiting) == (2, 3)
+        steps, _ = run(sched)
+        assert len(finished_by_id(steps)) == 5
+
+    def test_step_duration_comes_from_the_timing_model(self) -> None:
+        """A decode-only step lasts what the roofline says for that batch and context."""
+        sched = make()
+        sched.add_request(request("a", prompt_len=100, max_new=5), 0.0)
+        sched.step(0.0)
+        decode = sched.step(1.0)
+        assert decode.prefill_tokens == 0
+        assert decode.duration_s == pytest.approx(TIMING.decode_step_time_s(1, 101))
+
+
+class TestKvAdmission:
+    def test_requests_queue_while_the_pool_is_full_and_complete_later(self) -> None:
+        """With room for one request's prompt plus reserved output, the second waits in the
+        queue (not an error) and completes after the first frees its pages."""
+        sched = make(kv_tokens=16 * 12)  # 12 pages
+        sched.add_request(request("a", prompt_len=100, max_new=60, base=10_000), 0.0)
+        sched.add_request(request("b", prompt_len=100, max_new=60, base=20_000), 0.0)
+        sched.step(0.0)
+        assert (sched.num_running, sched.num_waiting) == (1, 1)
+        assert sched.load(0.0).waiting_uncached_tokens == 100
+        steps, _ = run(sched)
+        done = finished_by_id(steps)
+        assert {r: f.finish_reason for r, f in done.items()} == {"a": "length", "b": "length"}
+        assert done["b"].completion_tokens == 60
+
+    def test_decode_beyond_the_reservation_retracts_the_newest_and_all_finish(self) -> None:
+        """When outputs outgrow their admission reservation and the pool runs dry, the newest
+        request is retracted, re-queued, and still produces exactly its answer."""
+        sched = make(kv_tokens=512, clip=32)
+        for i in range(2):
+            sched.add_request(
+                request(f"r{i}", prompt_len=32, max_new=300, base=1000 * (i + 1)), 0.0
+            )
+        steps, _ = run(sched)
+        assert sum(s.retracted for s in steps) >= 1
+        assert sched.load(0.0).num_retracted >= 1
+        outputs = tokens_by_id(steps)
+        for i in range(2):
+            assert outputs[f"r{i}"] == [1000 + k for k in range(300)]
+        assert sched.cache.used_pages == 0
+
+    def test_a_repeated_prompt_reports_cached_tokens(self) -> None:
+        """The second request with the same prompt matches the cached full pages (at most
+        prompt length - 1), and its prefill is shorter."""
+        sched = make()
+        sched.add_request(request("a", prompt_len=2000, max_new=3), 0.0)
+        first, now = run(sched)
+        sched.add_request(request("b", prompt_len=2000, max_new=3), now)
+        second, _ = run(sched, now)
+        assert finished_by_id(first)["a"].cached_tokens == 0
+        assert finished_by_id(second)["b"].cached_tokens == 1984
+        assert second[0].prefill_tokens == 16
+        assert second[0].duration_s < first[0].duration_s
+        assert sched.load(now).cache_hit_rate == pytest.approx(1984 / 4000)
+
+    def test_kv_pages_enter_the_cache_after_prefill_and_at_finish(self) -> None:
+        """Prompt pages are stored when prefill completes; output pages when the request ends."""
+        sched = make()
+        sched.add_request(request("a", prompt_len=40, max_new=30), 0.0)
+        steps, _ = run(sched)
+        stored_per_step = [sum(isinstance(e, BlockStored) for e in s.kv_events) for s in steps]
+        assert stored_per_step[0] == 2  # 40 prompt tokens -> 2 full pages
+        assert stored_per_step[-1] == 2  # 40 + 30 - 1 = 69 tokens with KV -> 4 pages in all
+        assert sum(stored_per_step) == 4
+
+
+class TestFinishRules:
+    def test_max_new_tokens_ends_with_length(self) -> None:
+        """Exactly max_new_tokens tokens, finish_reason "length"."""
+        sched = make()
+        sched.add_request(request("a", max_new=7), 0.0)
+        steps, _ = run(sched)
+        assert tokens_by_id(steps)["a"] == [1000 + i for i in range(7)]
+        done = finished_by_id(steps)["a"]
+        assert (done.finish_reason, done.completion_tokens, done.matched_token_id) == (
+            "length",
+            7,
+            None,
+        )
+
+    def test_eos_ends_with_stop_and_the_matched_token(self) -> None:
+        """The EOS token is emitted, then the request stops with matched_token_id = EOS."""
+        sched = make()
+        sched.add_request(request("a", max_new=50, output=Counting(eos_at=4)), 0.0)
+        steps, _ = run(sched)
+        assert tokens_by_id(steps)["a"] == [1000, 1001, 1002, 1003, EOS]
+        done = finished_by_id(steps)["a"]
+        assert (done.finish_reason, done.matched_token_id) == ("stop", EOS)
+
+    def test_stop_token_ids_end_with_stop(self) -> None:
+        """A token listed in stop_token_ids stops the request with that token matched."""
+        sched = make()
+        sched.add_request(request("a", max_new=50, stop=frozenset({1003})), 0.0)
+        steps, _ = run(sched)
+        done = finished_by_id(steps)["a"]
+        assert (done.finish_reason, done.matched_token_id, done.completion_tokens) == (
+            "stop",
+            1003,
+            4,
+        )
+
+    def test_ignore_eos_runs_to_max_new_tokens(self) -> None:
+        """Under ignore_eos neither EOS nor stop_token_ids end the request (as SGLang)."""
+        sched = make()
+        sched.add_request(
+            request(
+                "a",
+                max_new=12,
+                output=Counting(eos_at=3),
+                stop=frozenset({1005}),
+                ignore_eos=True,
+            ),
+            0.0,
+        )
+        steps, _ = run(sched)
+        done = finished_by_id(steps)["a"]
+        assert (done.finish_reason, done.completion_tokens) == ("length", 12)
+
+    def test_max_new_tokens_zero_prefills_and_ends_without_tokens(self) -> None:
+        """max_new_tokens=0 runs the prefill and finishes with "length" and no output."""
+        sched = make()
+        sched.add_request(request("a", max_new=0), 0.0)
+        steps, _ = run(sched)
+        assert tokens_by_id(steps) == {}
+        assert finished_by_id(steps)["a"].finish_reason == "length"
+
+
+class TestAbort:
+    def test_abort_of_a_running_request_frees_its_pages_at_once(self) -> None:
+        """An aborted running request leaves the batch immediately and holds no KV pages;
+        its computed full pages stay cached but unreferenced."""
+        sched = make()
+        sched.add_request(request("a", prompt_len=100, max_new=1000), 0.0)
+        for i in range(5):
+            sched.step(float(i))
+        assert sched.cache.used_pages > 0
+        done, _events = sched.abort("a", 5.0)
+        assert done is not None
+        assert (done.finish_reason, done.completion_tokens) == ("abort", 5)
+        assert sched.num_running == 0
+        assert sched.cache.used_pages == 0
+        assert sched.cache.evictable_pages == 6  # 100 + 4 tokens with KV -> 6 full pages
+        assert not sched.has_work
+
+    def test_abort_of_a_waiting_request_and_of_an_unknown_id(self) -> None:
+        """A queued request is simply dropped; an unknown id is reported as None."""
+        sched = make(max_running=1)
+        sched.add_request(request("a"), 0.0)
+        sched.add_request(request("b", base=30_000), 0.0)
+        sched.step(0.0)
+        done, events = sched.abort("b", 0.1)
+        assert done is not None and done.finish_reason == "abort"
+        assert events == []
+        assert sched.num_waiting == 0
+        assert sched.abort("nope", 0.1) == (None, [])
+
+    def test_duplicate_request_ids_are_refused(self) -> None:
+        """A request id already in the scheduler cannot be added again."""
+        sched = make()
+        sched.add_request(request("a"), 0.0)
+        with pytest.raises(ValueError):
+            sched.add_request(request("a"), 0.0)
+
+
+class TestEventStream:
+    def test_events_replayed_in_order_mirror_the_cache_exactly(self) -> None:
+        """Under eviction pressure every stored block's parent is live when it is stored, every
+        removed block was stored and is a leaf, and the replayed set equals the cache's pages."""
+        sched = make(kv_tokens=16 * 64, max_running=4, chunk=128)
+        live: dict[int, int | None] = {}
+        removed = 0
+        now = 0.0
+        for i in range(40):
+            shared = list(range(7000, 7000 + 16 * (i % 5)))
+            prompt = shared + list(range(100_000 + 97 * i, 100_000 + 97 * i + 30 + i % 7))
+            sched.add_request(
+                SimRequest(
+                    request_id=f"r{i}",
+                    input_ids=tuple(prompt),
+                    max_new_tokens=20 + i % 13,
+                    output=Counting(start=50_000 + i * 100),
+                ),
+                now,
+            )
+            for _ in range(3):
+                if sched.has_work:
+                    step = sched.step(now)
+                    now += step.duration_s
+                    for event in step.kv_events:
+                        if isinstance(event, BlockStored):
+                            assert event.block_hash not in live
+                            assert (
+                                event.parent_block_hash is None or event.parent_block_hash in live
+                            )
+                            live[event.block_hash] = event.parent_block_hash
+                        else:
+                            assert event.block_hash in live
+                            assert event.block_hash not in live.values()  # a leaf
+                            del live[event.block_hash]
+                            removed += 1
+        steps, _ = run(sched, now)
+        for step in steps:
+            for event in step.kv_events:
+                if isinstance(event, BlockStored):
+                    live[event.block_hash] = event.parent_block_hash
+                else:
+                    del live[event.block_hash]
+        assert removed > 0
+        assert len(live) == sched.cache.tree_pages
+        assert sched.cache.tree_pages <= 64
