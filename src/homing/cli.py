@@ -32,7 +32,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--sim-workers", type=int, help="number of simulated workers (default 2)")
     p.add_argument("--model", help="simulated model preset (default llama-3.1-8b)")
     p.add_argument("--gpu", help="simulated GPU (default H100)")
-    p.add_argument("--tp", type=int, help="simulated tensor-parallel size (default 1)")
+    p.add_argument("--tp", type=int, help="simulated tensor-parallel size (default: the preset's)")
     p.add_argument("--speedup", type=float, help="simulated clock speedup (default 1.0)")
     p.add_argument("--log-level", default="info")
 

@@ -64,7 +64,7 @@ class SimSettings(_Section):
     workers: int = Field(default=2, ge=1, le=64)
     model: str = "llama-3.1-8b"
     gpu: str = "H100"
-    tp: int = Field(default=1, ge=1)
+    tp: int | None = Field(default=None, ge=1)  # None: the preset's TP (8 for 70b)
     speedup: float = Field(default=1.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
 

@@ -63,10 +63,9 @@ class SimLauncher:
             s.model,
             "--gpu",
             s.gpu,
-            "--tp",
-            str(s.tp),
             "--speedup",
             str(s.speedup),
+            *(["--tp", str(s.tp)] if s.tp is not None else []),
             *s.extra_args,
         ]
 

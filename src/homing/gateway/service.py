@@ -33,7 +33,7 @@ from homing.engines.client import EngineError, GenerateDone, GenerateParams, Tok
 from homing.engines.pool import WorkerPool
 from homing.gateway.errors import APIError, invalid, model_not_found, no_capacity
 from homing.gateway.requests import ChatRequest, CompletionRequest
-from homing.router import NoWorkerAvailable, Router, RouteRequest, WorkerSnapshot
+from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
 from homing.text.detokenizer import IncrementalDetokenizer
 from homing.text.stops import StopMatcher
 from homing.text.tokenizer import TextTokenizer
@@ -242,16 +242,7 @@ class InferenceService:
         """Pick a healthy worker for the request; raises `APIError` 503 when none can serve."""
         pool = prepared.model.pool
         snapshots = [
-            WorkerSnapshot(
-                worker_id=w.worker_id,
-                in_flight=w.in_flight,
-                running=w.load.running if w.load else 0,
-                waiting=w.load.waiting if w.load else 0,
-                token_usage=w.load.token_usage if w.load else 0.0,
-                max_running_requests=w.load.max_running_requests if w.load else 0,
-            )
-            for w in pool.healthy_workers()
-            if w.worker_id not in exclude
+            snapshot_from_state(w) for w in pool.healthy_workers() if w.worker_id not in exclude
         ]
         try:
             decision = prepared.model.router.select(
