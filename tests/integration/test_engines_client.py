@@ -36,12 +36,8 @@ PROMPT = list(range(1000, 1100))
 @pytest_asyncio.fixture
 async def worker() -> AsyncIterator[SimWorker]:
     """One simulated worker at 10x speed on a free loopback port."""
-    sim = SimWorker(SimConfig(speedup=10.0))
-    await sim.start()
-    try:
+    async with SimWorker(SimConfig(speedup=10.0)) as sim:
         yield sim
-    finally:
-        await sim.stop(grace_s=0.1)
 
 
 @pytest_asyncio.fixture

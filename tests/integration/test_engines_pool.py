@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest_asyncio
+from helpers import eventually
 
 from homing.engines.client import GenerateParams
 from homing.engines.pool import PoolConfig, WorkerPool
@@ -22,17 +22,6 @@ FAST = PoolConfig(
     kv_backoff_max_s=0.2,
 )
 CONFIG = SimConfig(speedup=10.0, heartbeat_idle_s=0.2, heartbeat_busy_s=0.05)
-
-
-async def eventually(check: Callable[[], bool], within_s: float) -> bool:
-    """Poll `check` every 10 ms until it holds or `within_s` passes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while loop.time() < deadline:
-        if check():
-            return True
-        await asyncio.sleep(0.01)
-    return check()
 
 
 @pytest_asyncio.fixture

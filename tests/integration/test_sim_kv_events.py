@@ -36,12 +36,10 @@ def sglang_hashes(token_ids: list[int]) -> list[int]:
 @pytest_asyncio.fixture
 async def worker() -> AsyncIterator[SimWorker]:
     """A worker at 20x speed with fast heartbeats."""
-    sim = SimWorker(SimConfig(speedup=20.0, heartbeat_busy_s=0.1, heartbeat_idle_s=0.2))
-    await sim.start()
-    try:
+    async with SimWorker(
+        SimConfig(speedup=20.0, heartbeat_busy_s=0.1, heartbeat_idle_s=0.2)
+    ) as sim:
         yield sim
-    finally:
-        await sim.stop(grace_s=0.1)
 
 
 @pytest_asyncio.fixture

@@ -27,12 +27,8 @@ PROMPT = TOKENIZER.encode("Say hello in Chinese, please. " * 4)
 @pytest_asyncio.fixture
 async def worker() -> AsyncIterator[SimWorker]:
     """One worker at 20x speed with a small context window for the limit checks."""
-    sim = SimWorker(SimConfig(speedup=20.0, max_context_length=4096))
-    await sim.start()
-    try:
+    async with SimWorker(SimConfig(speedup=20.0, max_context_length=4096)) as sim:
         yield sim
-    finally:
-        await sim.stop(grace_s=0.1)
 
 
 @pytest_asyncio.fixture

@@ -11,7 +11,7 @@ standard health service are enabled; health is SERVING while a worker is healthy
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -104,29 +104,37 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def ChatCompletion(
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        request_id = _request_id(context)
-        try:
-            prepared = self.service.prepare_chat(
+        def prepare(request_id: str) -> PreparedRequest:
+            return self.service.prepare_chat(
                 parse_chat(chat_body(request)),
                 request_id=request_id,
                 session_key=request.user or None,
             )
-        except APIError as err:
-            await _abort(context, err, request_id)
-            return
-        async for chunk in self._serve(prepared, context):
+
+        async for chunk in self._handle(prepare, context):
             yield chunk
 
     async def Completion(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        request_id = _request_id(context)
-        try:
-            prepared = self.service.prepare_completion(
+        def prepare(request_id: str) -> PreparedRequest:
+            return self.service.prepare_completion(
                 parse_completion(completion_body(request)),
                 request_id=request_id,
                 session_key=request.user or None,
             )
+
+        async for chunk in self._handle(prepare, context):
+            yield chunk
+
+    async def _handle(
+        self,
+        prepare: Callable[[str], PreparedRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.CompletionChunk]:
+        request_id = _request_id(context)
+        try:
+            prepared = prepare(request_id)
         except APIError as err:
             await _abort(context, err, request_id)
             return

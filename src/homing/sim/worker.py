@@ -151,6 +151,13 @@ class SimWorker:
         self._server, self._engine, self._hub, self._health = server, engine, hub, health_servicer
         return port
 
+    async def __aenter__(self) -> SimWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(grace_s=0.1)
+
     async def stop(self, grace_s: float = 0.5) -> None:
         """Stop serving: health NOT_SERVING, open streams end ("abort"), event streams close,
         then the server stops after `grace_s` seconds at most. Idempotent."""
