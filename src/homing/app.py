@@ -11,15 +11,15 @@ simulated workers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
+import socket
 
 import structlog
 from aiohttp import web
 
 from homing.config import HomingConfig
 from homing.embedded import SimLauncher
-from homing.engines.pool import PoolConfig, WorkerPool
+from homing.engines.pool import PoolConfig, WorkerPool, WorkerState
 from homing.gateway.grpc_api import GrpcApi
 from homing.gateway.http import HttpApi
 from homing.gateway.service import InferenceService, ModelEntry
@@ -43,6 +43,8 @@ class App:
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
+        self._stopping = False
+        self._background: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> App:
         await self.start()
@@ -54,6 +56,9 @@ class App:
     async def start(self) -> None:
         """Bring everything up; raises on a worker or listener that cannot start."""
         cfg = self.config
+        gw = cfg.gateway
+        for host, port in ((gw.host, gw.port), (gw.grpc_host, gw.grpc_port)):
+            _ensure_bindable(host, port)  # fail fast, before any worker is started
         try:
             urls = list(cfg.engines.workers)
             if cfg.embedded:
@@ -63,6 +68,7 @@ class App:
             self.pool = WorkerPool(
                 urls,
                 router=self.router,
+                on_health_change=self._on_health_change,
                 config=PoolConfig(
                     health_interval_s=cfg.engines.health_interval_s,
                     health_timeout_s=cfg.engines.health_timeout_s,
@@ -93,7 +99,10 @@ class App:
             await site.start()
             self.http_port = _bound_port(self._runner)
             self.grpc = GrpcApi(
-                self.service, host=cfg.gateway.grpc_host, port=cfg.gateway.grpc_port
+                self.service,
+                host=cfg.gateway.grpc_host,
+                port=cfg.gateway.grpc_port,
+                max_message_bytes=cfg.gateway.max_body_bytes,
             )
             self.grpc_port = self.grpc.port
             await self.grpc.start()
@@ -109,22 +118,33 @@ class App:
             policy=cfg.router.policy,
         )
 
+    def _on_health_change(self, state: WorkerState) -> None:
+        """Keep the gRPC health service in step with the pool (SERVING iff a worker is)."""
+        if self.grpc is None or self.pool is None or self._stopping:
+            return
+        serving = bool(self.pool.healthy_workers())
+        task = asyncio.get_running_loop().create_task(self.grpc.set_serving(serving))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def stop(self) -> None:
         """Drain and stop; safe to call more than once and after a failed start."""
+        self._stopping = True
         drain = self.config.gateway.drain_timeout_s
+        # Stop accepting on both listeners at once; open HTTP streams and gRPC calls go on
+        # until they finish or the drain timeout passes.
+        grpc_stopped = None
+        if self.grpc is not None:
+            grpc_stopped = asyncio.get_running_loop().create_task(self.grpc.stop(grace_s=drain))
         if self._runner is not None:
-            # Stop accepting connections first; open streams keep running.
             for site in list(self._runner.sites):
                 await site.stop()
-        if self.grpc is not None:
-            with contextlib.suppress(Exception):
-                await self.grpc.set_serving(False)
         if self.service is not None and self.service.in_flight:
             log.info("draining", in_flight=self.service.in_flight, timeout_s=drain)
             if not await self.service.drained(drain):
                 log.warning("drain_timeout", in_flight=self.service.in_flight)
-        if self.grpc is not None:
-            await self.grpc.stop(grace_s=1.0)
+        if grpc_stopped is not None:
+            await grpc_stopped
             self.grpc = None
         if self._runner is not None:
             await self._runner.cleanup()
@@ -149,6 +169,18 @@ class App:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             await self.stop()
+
+
+def _ensure_bindable(host: str, port: int) -> None:
+    """Raise OSError naming the address when `host:port` cannot be listened on."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise OSError(err.errno, f"cannot listen on {host}:{port}: {err.strerror}") from None
 
 
 def _bound_port(runner: web.AppRunner) -> int:

@@ -75,7 +75,11 @@ def _serve(args: argparse.Namespace) -> int:
         await app.start()
         await app.run_until_signal()
 
-    _run(main())
+    try:
+        _run(main())
+    except OSError as err:
+        print(f"homing: {err.strerror or err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -262,6 +262,62 @@ async def test_unknown_route_is_404_json(gateway: App) -> None:
     assert body == _err("Not Found", None, "not_found")
 
 
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ('{"model": "m", "max_tokens": ' + "9" * 5000 + "}", "The request body is not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "The request body is not valid JSON"),
+        (
+            '{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+            "The request body contains an unpaired UTF-16 surrogate escape.",
+        ),
+    ],
+)
+async def test_hostile_json_is_400_not_500(gateway: App, raw: str, message: str) -> None:
+    """Huge integers, deep nesting and lone surrogates are client errors (400 invalid_json)."""
+    status, body, _ = await _post(gateway, "/v1/chat/completions", raw)
+    assert status == 400
+    assert body["error"]["code"] == "invalid_json"
+    assert body["error"]["message"].startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": -7}, "top_k"),
+        ({"top_k": 99_999_999_999}, "top_k"),
+        ({"stop_token_ids": [99_999_999_999]}, "stop_token_ids"),
+        ({"stop_token_ids": [4_000_000_000]}, "stop_token_ids"),
+        ({"seed": 2**70}, "seed"),
+    ],
+)
+async def test_out_of_range_engine_parameters_are_400(
+    gateway: App, fields: dict[str, Any], param: str
+) -> None:
+    """Values the engine cannot take (int32/vocab ranges) are refused with the param named."""
+    status, body, _ = await _post(
+        gateway, "/v1/chat/completions", json.dumps(_chat(gateway, **fields))
+    )
+    assert status == 400
+    assert body["error"]["param"] == param
+
+
+async def test_rejected_request_writes_one_log_line(gateway: App) -> None:
+    """A request refused before routing still gets its `request_done` line with the outcome."""
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        status, _, headers = await _post(
+            gateway, "/v1/chat/completions", json.dumps(_chat(gateway, n=0))
+        )
+    assert status == 400
+    lines = [entry for entry in logs if entry["event"] == "request_done"]
+    assert len(lines) == 1
+    assert lines[0]["outcome"] == "error_400"
+    assert lines[0]["request_id"] == headers["x-request-id"]
+
+
 async def test_client_errors_never_mark_a_worker(gateway: App) -> None:
     """After all the bad requests above, every worker is healthy with no failures counted."""
     assert all(w.healthy and w.consecutive_failures == 0 for w in gateway.pool.workers())

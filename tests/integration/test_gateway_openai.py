@@ -250,3 +250,66 @@ async def test_models_health_and_ready(gateway: App) -> None:
     assert models["data"][0]["id"] == gateway.service.model.model_id
     assert models["data"][0]["max_model_len"] == gateway.service.model.max_context_length
     assert ready == {"ready": True, "healthy_workers": 2, "workers": 2}
+
+
+async def test_repeated_client_request_id_never_aborts_another_request(gateway: App) -> None:
+    """Four concurrent requests sharing one x-request-id all complete in full: the engine-side
+    ids are the gateway's own."""
+    model = await _model(gateway)
+    body = {
+        "model": model,
+        "prompt": "Once",
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    async with aiohttp.ClientSession() as session:
+
+        async def one() -> dict:
+            async with session.post(
+                _base(gateway) + "/v1/completions", json=body, headers={"x-request-id": "retry-1"}
+            ) as resp:
+                assert resp.status == 200
+                return await resp.json()
+
+        results = await asyncio.gather(*(one() for _ in range(4)))
+    assert [r["choices"][0]["finish_reason"] for r in results] == ["length"] * 4
+    assert [r["usage"]["completion_tokens"] for r in results] == [40] * 4
+    assert len({r["choices"][0]["text"] for r in results}) == 1
+
+
+async def test_burst_of_cold_requests_spreads_across_workers(gateway: App) -> None:
+    """16 concurrent requests without a shared prefix are split evenly: each dispatch is
+    counted in flight before the next routing decision."""
+    model = await _model(gateway)
+    async with aiohttp.ClientSession() as session:
+
+        async def one(i: int) -> str:
+            prompt = [3000 + i * 97 + j for j in range(64)]
+            body = {"model": model, "prompt": prompt, "max_tokens": 30, "ignore_eos": True}
+            async with session.post(_base(gateway) + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                await resp.read()
+                return resp.headers["x-homing-worker"]
+
+        workers = await asyncio.gather(*(one(i) for i in range(16)))
+    counts = sorted(workers.count(w) for w in set(workers))
+    assert counts == [8, 8]
+
+
+async def test_gateway_deadline_does_not_mark_workers_unhealthy(gateway: App) -> None:
+    """A request that outlives the gateway's own deadline gets 504, and the worker that was
+    serving it keeps its health."""
+    model = await _model(gateway)
+    saved = gateway.service.request_timeout_s
+    gateway.service.request_timeout_s = 0.3
+    try:
+        body = {"model": model, "prompt": "Tell", "max_tokens": 100000, "ignore_eos": True}
+        async with aiohttp.ClientSession() as session:
+            for _ in range(4):
+                async with session.post(_base(gateway) + "/v1/completions", json=body) as resp:
+                    assert resp.status == 504
+                    assert (await resp.json())["error"]["code"] == "timeout"
+    finally:
+        gateway.service.request_timeout_s = saved
+    assert all(w.healthy and w.consecutive_failures == 0 for w in gateway.pool.workers())

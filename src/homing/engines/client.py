@@ -99,6 +99,7 @@ class GenerateParams:
     `input_ids`: prompt token ids. `max_new_tokens`: completion budget (tokens).
     `temperature` (0 = greedy), `top_p` in (0, 1], `top_k` (-1 = off): SGLang semantics.
     `stop_token_ids`: single-token stops (string stops are matched in the gateway).
+    `frequency_penalty`/`presence_penalty` in [-2, 2] (OpenAI semantics, 0 = off).
     `seed`: sampling seed, sent as `custom_params["seed"]`. `stream`: chunks as they are
     generated (False: only the complete message, carrying every token).
     """
@@ -114,6 +115,8 @@ class GenerateParams:
     seed: int | None = None
     stream: bool = True
     skip_special_tokens: bool = True
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -151,8 +154,8 @@ def build_sampling_params(params: GenerateParams) -> pb.SamplingParams:
         top_p=params.top_p,
         top_k=params.top_k,
         min_p=0.0,
-        frequency_penalty=0.0,
-        presence_penalty=0.0,
+        frequency_penalty=params.frequency_penalty,
+        presence_penalty=params.presence_penalty,
         repetition_penalty=1.0,
         max_new_tokens=params.max_new_tokens,
         stop_token_ids=list(params.stop_token_ids),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -129,7 +129,8 @@ class WorkerPool:
     """All workers of one model: `urls` in order get ids "w0", "w1", ...
 
     `router`: receives KV-event batches and flushes (`KvEventSink`; a `Router`).
-    `clock`: stamps load records. Raises ValueError for duplicate or malformed urls.
+    `clock`: stamps load records. `on_health_change`: called with a worker's state each
+    time it turns healthy or unhealthy. Raises ValueError for duplicate or malformed urls.
     """
 
     def __init__(
@@ -139,11 +140,13 @@ class WorkerPool:
         router: KvEventSink,
         clock: Clock | None = None,
         config: PoolConfig | None = None,
+        on_health_change: Callable[[WorkerState], None] | None = None,
     ) -> None:
         if len(set(urls)) != len(urls):
             raise ValueError(f"duplicate worker urls in {list(urls)}")
         self.config = config or PoolConfig()
         self._router = router
+        self._on_health_change = on_health_change
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._thresholds = HealthThresholds(
             unhealthy_threshold=self.config.unhealthy_threshold,
@@ -332,10 +335,13 @@ class WorkerPool:
             )
 
     def _set_status(self, w: _Worker, status: HealthStatus) -> None:
+        flipped = w.state.healthy != status.healthy
         w.state.healthy = status.healthy
         w.state.consecutive_failures = status.consecutive_failures
         w.state.consecutive_successes = status.consecutive_successes
         self._changed.set()
+        if flipped and self._on_health_change is not None:
+            self._on_health_change(w.state)
 
     def _apply_load(self, w: _Worker, rank: int | None, load: common_pb2.EngineLoad) -> None:
         now = self._clock.now()

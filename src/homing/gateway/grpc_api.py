@@ -11,7 +11,7 @@ standard health service are enabled; health is SERVING while a worker is healthy
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -26,6 +26,7 @@ from homing.gateway.service import (
     InferenceService,
     PreparedRequest,
     TextDelta,
+    log_rejection,
     new_request_id,
 )
 from homing.v1 import inference_pb2 as pb
@@ -104,8 +105,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def ChatCompletion(
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        def prepare(request_id: str) -> PreparedRequest:
-            return self.service.prepare_chat(
+        async def prepare(request_id: str) -> PreparedRequest:
+            return await self.service.prepare_chat(
                 parse_chat(chat_body(request)),
                 request_id=request_id,
                 session_key=request.user or None,
@@ -117,8 +118,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def Completion(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        def prepare(request_id: str) -> PreparedRequest:
-            return self.service.prepare_completion(
+        async def prepare(request_id: str) -> PreparedRequest:
+            return await self.service.prepare_completion(
                 parse_completion(completion_body(request)),
                 request_id=request_id,
                 session_key=request.user or None,
@@ -129,13 +130,14 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     async def _handle(
         self,
-        prepare: Callable[[str], PreparedRequest],
+        prepare: Callable[[str], Awaitable[PreparedRequest]],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.CompletionChunk]:
         request_id = _request_id(context)
         try:
-            prepared = prepare(request_id)
+            prepared = await prepare(request_id)
         except APIError as err:
+            log_rejection(request_id, err, api="grpc")
             await _abort(context, err, request_id)
             return
         async for chunk in self._serve(prepared, context):
@@ -241,11 +243,14 @@ async def _abort(context: grpc.aio.ServicerContext, err: APIError, request_id: s
 class GrpcApi:
     """The gRPC server: `homing.v1.Inference`, health and reflection."""
 
-    def __init__(self, service: InferenceService, *, host: str, port: int) -> None:
+    def __init__(
+        self, service: InferenceService, *, host: str, port: int, max_message_bytes: int
+    ) -> None:
         self.service = service
         self.server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                # The same cap as the HTTP body limit: a larger message is refused unread.
+                ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.so_reuseport", 0),
             ]
         )

@@ -18,6 +18,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from homing.gateway.errors import APIError
@@ -28,8 +29,11 @@ from homing.gateway.service import (
     InferenceService,
     PreparedRequest,
     TextDelta,
+    log_rejection,
     new_request_id,
 )
+
+log = structlog.get_logger("homing.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -55,21 +59,29 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
     try:
         response = await handler(request)
     except APIError as err:
+        log_rejection(request_id, err, api="http", path=request.path)
         return error_response(err, request_id)
     except web.HTTPRequestEntityTooLarge:
-        return error_response(
-            APIError(
-                413,
-                f"The request body is too large (limit {request.client_max_size} bytes).",
-                code="request_too_large",
-            ),
-            request_id,
+        err = APIError(
+            413,
+            f"The request body is too large (limit {request.client_max_size} bytes).",
+            code="request_too_large",
         )
+        log_rejection(request_id, err, api="http", path=request.path)
+        return error_response(err, request_id)
     except web.HTTPException as err:
         if err.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(err.status, "invalid_request")
-        return error_response(APIError(err.status, err.reason, code=code), request_id)
+        api_err = APIError(err.status, err.reason, code=code)
+        log_rejection(request_id, api_err, api="http", path=request.path)
+        return error_response(api_err, request_id)
+    except Exception:
+        log.exception("internal_error", request_id=request_id, path=request.path)
+        err = APIError(
+            500, "Internal error in the gateway.", code="internal_error", type="server_error"
+        )
+        return error_response(err, request_id)
     if not response.prepared:
         response.headers["x-request-id"] = request_id
     return response
@@ -78,13 +90,23 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
 async def _read_json(request: web.Request) -> Any:
     raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, huge ints, deep nesting
         raise APIError(
             400,
             f"The request body is not valid JSON: {err}",
             code="invalid_json",
         ) from None
+    if b"\\ud" in raw or b"\\uD" in raw:  # escapes may encode lone surrogates
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(
+                400,
+                "The request body contains an unpaired UTF-16 surrogate escape.",
+                code="invalid_json",
+            ) from None
+    return body
 
 
 def _session_key(request: web.Request) -> str | None:
@@ -139,7 +161,7 @@ class HttpApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/chat/completions`."""
         req = parse_chat(await _read_json(request))
-        prepared = self.service.prepare_chat(
+        prepared = await self.service.prepare_chat(
             req, request_id=request[REQUEST_ID], session_key=_session_key(request)
         )
         return await self._serve(request, prepared)
@@ -147,7 +169,7 @@ class HttpApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/completions` (prompt as a string or a list of token ids)."""
         req = parse_completion(await _read_json(request))
-        prepared = self.service.prepare_completion(
+        prepared = await self.service.prepare_completion(
             req, request_id=request[REQUEST_ID], session_key=_session_key(request)
         )
         return await self._serve(request, prepared)

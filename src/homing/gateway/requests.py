@@ -26,6 +26,7 @@ from pydantic import (
 from homing.gateway.errors import APIError, invalid
 
 MAX_N = 16
+MAX_INT32 = 2**31 - 1
 MAX_STOP_SEQUENCES = 4
 
 Role = Literal["system", "user", "assistant", "tool", "developer"]
@@ -69,7 +70,7 @@ class _Common(_Strict):
     stop: str | list[str] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    seed: StrictInt | None = None
+    seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None = None
     user: str | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
@@ -77,6 +78,13 @@ class _Common(_Strict):
     ignore_eos: StrictBool = False
     stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list)
     skip_special_tokens: StrictBool = True
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value != -1 and not 1 <= value <= MAX_INT32:
+            raise ValueError(f"top_k must be -1 (off) or between 1 and {MAX_INT32}")
+        return value
 
     @field_validator("stop")
     @classmethod

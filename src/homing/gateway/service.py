@@ -19,6 +19,7 @@ never counts against a worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -44,6 +45,8 @@ Kind = Literal["chat", "text"]
 
 # A transport failure before the first token is retried on another replica this many times.
 MAX_ROUTE_ATTEMPTS = 2
+# Prompts longer than this (characters) are tokenized in a worker thread.
+THREADED_ENCODE_CHARS = 8192
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class PreparedRequest:
     top_p: float
     top_k: int
     seed: int | None
+    frequency_penalty: float
+    presence_penalty: float
     stop_strings: list[str]
     stop_token_ids: list[int]
     ignore_eos: bool
@@ -146,7 +151,20 @@ class InferenceService:
             raise model_not_found(name)
         return self.model
 
-    def prepare_chat(
+    async def _encode(self, text: str, param: str) -> list[int]:
+        """Token ids of `text`; long texts are encoded off the event loop (the `tokenizers`
+        library releases the GIL), so one large prompt does not stall other requests."""
+        tokenizer = self.model.tokenizer
+        try:
+            if len(text) > THREADED_ENCODE_CHARS:
+                return await asyncio.to_thread(tokenizer.encode, text)
+            return tokenizer.encode(text)
+        except (TypeError, ValueError) as err:  # e.g. a lone surrogate in the text
+            raise invalid(
+                f"'{param}' contains text that cannot be tokenized: {err}", param
+            ) from None
+
+    async def prepare_chat(
         self, req: ChatRequest, *, request_id: str, session_key: str | None = None
     ) -> PreparedRequest:
         """Apply the chat template and tokenize; raises `APIError` (404 model, 400 context)."""
@@ -156,18 +174,18 @@ class InferenceService:
             prompt_text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except ValueError as err:
             raise invalid(f"Invalid messages: {err}", "messages") from err
-        prompt_ids = model.tokenizer.encode(prompt_text)
+        prompt_ids = await self._encode(prompt_text, "messages")
         return self._prepared(
             "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key
         )
 
-    def prepare_completion(
+    async def prepare_completion(
         self, req: CompletionRequest, *, request_id: str, session_key: str | None = None
     ) -> PreparedRequest:
         """Tokenize a text prompt or check a token-id prompt; raises `APIError` 400/404."""
         model = self._model(req.model)
         if isinstance(req.prompt, str):
-            prompt_ids = model.tokenizer.encode(req.prompt)
+            prompt_ids = await self._encode(req.prompt, "prompt")
             if not prompt_ids:
                 raise invalid("The prompt must not be empty.", "prompt")
         else:
@@ -207,6 +225,14 @@ class InferenceService:
                 param="messages" if kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )
+        vocab = model.tokenizer.vocab_size
+        bad_stop = next((t for t in req.stop_token_ids if t >= vocab), None)
+        if bad_stop is not None:
+            raise invalid(
+                f"Token id {bad_stop} in 'stop_token_ids' is out of range for the vocabulary "
+                f"(size {vocab}).",
+                "stop_token_ids",
+            )
         stop_token_ids = list(req.stop_token_ids)
         for stop in req.stop_strings:
             ids = model.tokenizer.encode(stop)
@@ -223,6 +249,8 @@ class InferenceService:
             top_p=req.top_p,
             top_k=req.top_k,
             seed=req.seed,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
             stop_strings=req.stop_strings,
             stop_token_ids=stop_token_ids,
             ignore_eos=req.ignore_eos,
@@ -295,6 +323,10 @@ class Generation:
         self._completion_by_choice: dict[int, int] = {}
         self._cached_by_choice: dict[int, int] = {}
         self._open_choices = prepared.n
+        self._slots = contextlib.ExitStack()
+        self._failure: str | None = None
+        # Engine-side ids are ours alone: a client's x-request-id may repeat across requests.
+        self._engine_id = uuid.uuid4().hex
 
     # -- lifecycle --
 
@@ -314,7 +346,9 @@ class Generation:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None:
+        if self._failure is not None:
+            self.outcome = self._failure
+        elif exc is not None:
             self.outcome = _outcome_of(exc)
         elif self._open_choices > 0:
             self.outcome = "client_closed"
@@ -342,15 +376,23 @@ class Generation:
             return
 
     def _launch(self, worker_id: str) -> None:
+        # Count the request as in flight on the worker before any await, so the next routing
+        # decision (even within the same burst) already sees it.
+        pool = self.prepared.model.pool
+        for _ in range(self.prepared.n):
+            self._slots.enter_context(pool.track(worker_id))
         for index in range(self.prepared.n):
             self._tasks.append(asyncio.create_task(self._run_choice(index, worker_id)))
 
     async def _cancel_tasks(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        try:
+            for task in self._tasks:
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks.clear()
+        finally:
+            self._slots.close()
 
     async def _close(self) -> None:
         try:
@@ -372,7 +414,9 @@ class Generation:
             if item is None:
                 continue
             if isinstance(item, BaseException):
-                raise _as_api_error(item)
+                error = _as_api_error(item)
+                self._failure = f"error_{error.status}"
+                raise error
             yield self._take(item)
 
     def _take(self, event: Event) -> Event:
@@ -391,7 +435,7 @@ class Generation:
         stops = StopMatcher(p.stop_strings)
         seed = None if p.seed is None else p.seed + index
         params = GenerateParams(
-            request_id=p.request_id if p.n == 1 else f"{p.request_id}-{index}",
+            request_id=f"{self._engine_id}-{index}",
             input_ids=p.prompt_ids,
             max_new_tokens=p.max_new_tokens,
             temperature=p.temperature,
@@ -400,21 +444,30 @@ class Generation:
             stop_token_ids=p.stop_token_ids,
             ignore_eos=p.ignore_eos,
             seed=seed,
+            frequency_penalty=p.frequency_penalty,
+            presence_penalty=p.presence_penalty,
+            skip_special_tokens=p.skip_special_tokens,
             stream=True,
         )
         produced = False
         try:
-            with pool.track(worker_id):
-                stream = client.generate(params, timeout_s=self.service.request_timeout_s)
-                try:
-                    async for item in stream:
-                        reason = self._on_engine_item(index, item, detok, stops)
-                        produced = True
-                        if reason is not None:
-                            self._queue.put_nowait(ChoiceFinished(index, reason))
-                            return
-                finally:
-                    await stream.aclose()  # early exit: the client sends Abort
+            stream = client.generate(params, timeout_s=self.service.request_timeout_s)
+            try:
+                async for item in stream:
+                    reason = self._on_engine_item(index, item, detok, stops)
+                    produced = True
+                    if reason == "abort":
+                        # The worker ended the request itself (flush, restart, its own limits).
+                        raise EngineError(
+                            code=grpc.StatusCode.ABORTED,
+                            message="the worker aborted the request",
+                            transport=False,
+                        )
+                    if reason is not None:
+                        self._queue.put_nowait(ChoiceFinished(index, reason))
+                        return
+            finally:
+                await stream.aclose()  # early exit: the client sends Abort
             # The stream ended without a complete message: a protocol violation.
             raise EngineError(
                 code=grpc.StatusCode.INTERNAL,
@@ -422,7 +475,8 @@ class Generation:
                 transport=True,
             )
         except EngineError as err:
-            if err.transport:
+            # Our own whole-request deadline says nothing about the worker's health.
+            if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
                 pool.report_failure(worker_id, err)
             if err.transport and not produced and not self._emitted:
                 self._queue.put_nowait(_Retry(worker_id, err))
@@ -431,6 +485,7 @@ class Generation:
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
+            log.exception("choice_failed", request_id=p.request_id, worker=worker_id)
             self._queue.put_nowait(err)
 
     def _on_engine_item(
@@ -521,6 +576,17 @@ class Generation:
         )
 
 
+def log_rejection(request_id: str, err: APIError, **fields: object) -> None:
+    """The one log line of a request refused before it reached a worker."""
+    log.info(
+        "request_done",
+        request_id=request_id,
+        outcome=f"error_{err.status}",
+        error_code=err.code,
+        **fields,
+    )
+
+
 def new_request_id(supplied: str | None = None) -> str:
     """The client's `x-request-id` when it is sane (<= 128 printable chars), else a new one."""
     if supplied and len(supplied) <= 128 and supplied.isprintable() and " " not in supplied:
@@ -555,6 +621,8 @@ def _as_api_error(err: BaseException) -> APIError:
             return APIError(429, f"The worker is out of capacity: {err.message}", retry_after_s=1)
         if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return APIError(504, "The request timed out at the worker.", code="timeout")
+        if err.code == grpc.StatusCode.ABORTED:
+            return no_capacity("The worker aborted the request; retry it.")
         return no_capacity(f"The worker failed: {err.message}")
     return APIError(
         500, "Internal error in the gateway.", code="internal_error", type="server_error"
