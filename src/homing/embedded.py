@@ -2,16 +2,17 @@
 
 Each worker is its own `python -m homing sim --workers 1 --port 0` process (so one can be
 killed or restarted alone). A child prints one JSON line `{"event": "ready", "workers": [...]}`
-when it serves; its stderr goes to ours. Children are asked to die with their parent
-(Linux `PR_SET_PDEATHSIG`), and `stop()` sends SIGTERM, then SIGKILL after a grace period.
+when it serves; its stderr goes to ours. Children die with their parent (`--parent-pid`: the
+child sets Linux `PR_SET_PDEATHSIG` itself), and `stop()` sends SIGTERM, then SIGKILL after a
+grace period.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -21,14 +22,6 @@ import structlog
 from homing.config import SimSettings
 
 log = structlog.get_logger("homing.embedded")
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -66,6 +59,8 @@ class SimLauncher:
             "--speedup",
             str(s.speedup),
             *(["--tp", str(s.tp)] if s.tp is not None else []),
+            "--parent-pid",
+            str(os.getpid()),
             *s.extra_args,
         ]
 
@@ -89,7 +84,6 @@ class SimLauncher:
             *self._argv(),
             stdout=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
         )
         assert process.stdout is not None
         while True:

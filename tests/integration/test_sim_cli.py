@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 
+import aiohttp
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
@@ -78,3 +79,72 @@ async def test_a_bad_option_exits_2_with_a_message() -> None:
     assert process.returncode == 2
     assert stdout == b""
     assert b"unknown model" in stderr
+
+
+async def test_the_ready_line_names_each_workers_sidecar_port() -> None:
+    """Each worker's entry carries metrics_port = port + 1, and that port serves /metrics."""
+    process = await start("--workers", "2", "--port", "0")
+    try:
+        assert process.stdout is not None
+        ready = json.loads(await asyncio.wait_for(process.stdout.readline(), timeout=30))
+        for worker in ready["workers"]:
+            assert worker["metrics_port"] == worker["port"] + 1
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{worker['metrics_port']}/metrics"
+                async with http.get(url) as response:
+                    assert "sglang:num_running_reqs" in await response.text()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), timeout=10)
+
+
+async def test_the_process_exits_1_when_its_only_worker_crashes() -> None:
+    """An injected crash of the last worker ends the process with status 1 within seconds."""
+    process = await start("--workers", "1")
+    try:
+        assert process.stdout is not None
+        ready = json.loads(await asyncio.wait_for(process.stdout.readline(), timeout=30))
+        port = ready["workers"][0]["metrics_port"]
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{port}/fault"
+            async with http.post(url, json={"crash": True}) as response:
+                assert response.status == 202
+        assert await asyncio.wait_for(process.wait(), timeout=5) == 1
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_perf_prints_one_json_object_with_the_calibrated_figures() -> None:
+    """`homing sim perf` for 70B on 8x H100 prints prefill_ms, decode_step_ms and
+    kv_capacity_tokens inside issue 3's bands."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "homing",
+        "sim",
+        "perf",
+        "--model",
+        "llama-3.1-70b",
+        "--gpu",
+        "H100",
+        "--tp",
+        "8",
+        "--prefill",
+        "8192",
+        "--batch",
+        "80",
+        "--context",
+        "1800",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode == 0
+    lines = stdout.decode().splitlines()
+    assert len(lines) == 1
+    figures = json.loads(lines[0])
+    assert 14_000 <= 8192 / (figures["prefill_ms"] / 1e3) <= 20_000
+    assert 30 <= figures["decode_step_ms"] <= 50
+    assert 1_100_000 < figures["kv_capacity_tokens"] < 1_400_000

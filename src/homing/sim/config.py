@@ -8,6 +8,8 @@ preset" (model x GPU x TP, see `homing.sim.timing`); the derivation happens in
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -30,6 +32,11 @@ class SimConfig(BaseModel):
         heartbeat_busy_s / heartbeat_idle_s: KV-event `load_only` heartbeat period (s)
             while the engine has requests / while it is idle.
         max_context_length: context window in tokens; None = the preset's (131072).
+        schedule_policy: SGLang `--schedule-policy`, "fcfs" (default) or "lpm".
+        max_queued_requests: waiting-queue bound; beyond it Generate answers UNAVAILABLE;
+            None = unbounded (SGLang's default).
+        stream_interval: tokens per streamed chunk (SGLang `--stream-interval`, default 1).
+        jitter: each step's time is scaled by U(1 - jitter, 1 + jitter) (0 = exact model).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -48,6 +55,10 @@ class SimConfig(BaseModel):
     heartbeat_busy_s: float = Field(default=1.0, gt=0.0)
     heartbeat_idle_s: float = Field(default=5.0, gt=0.0)
     max_context_length: int | None = Field(default=None, ge=2)
+    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    max_queued_requests: int | None = Field(default=None, ge=0)
+    stream_interval: int = Field(default=1, ge=1)
+    jitter: float = Field(default=0.0, ge=0.0, lt=1.0)
 
     @property
     def model_name(self) -> str:

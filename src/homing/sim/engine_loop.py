@@ -11,6 +11,13 @@ Rule of this file: all waiting and all delivery happen here; no scheduling decis
   the cache recorded them) to `on_kv_events`, then `on_load_changed` is called.
 - `abort` takes a request out at once (its stream gets a "abort" finish); `stop` ends every
   open stream the same way.
+- Faults (`homing.sim.faults.FaultState`, read before every step): a slowdown K makes each
+  step last K times its modelled duration; a stall holds the next step until it is over.
+- Keeping up: each step's wall deadline is the previous deadline plus duration / speedup, so
+  a step that ends late is caught up by the next ones (`stats.lag_*`: how late steps end).
+  A backlog beyond CATCH_UP_WALL_S is forgiven rather than caught up: that wall time is lost
+  simulated progress (`stats.slip_wall_s`). A process keeps up with its own clock while its
+  slip stays a small share of the wall time.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from homing.clock import Clock, SystemClock
+from homing.sim.faults import FaultState
 from homing.sim.radix_cache import KvEvent
 from homing.sim.scheduler import (
     LoadStats,
@@ -54,12 +62,44 @@ class RequestStream:
             if isinstance(item, RequestFinished):
                 return
 
+    async def batches(self) -> AsyncIterator[list[StreamItem]]:
+        """Like `items`, but each wake-up yields everything queued by then (a consumer that fell
+        behind sends fewer, larger messages); ends after the batch with `RequestFinished`."""
+        queue = self.queue
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            yield batch
+            if isinstance(batch[-1], RequestFinished):
+                return
+
+
+CATCH_UP_WALL_S = 0.2
+"""Largest backlog (wall seconds) the loop catches up; beyond it the rest is forgiven (slip).
+A shared machine deschedules a process for tens of milliseconds now and then; the loop runs
+the steps it owes back to back until it is on schedule again."""
+
+
+@dataclass
+class LoopStats:
+    """How the loop kept pace (wall seconds): modelled step time at this speedup, the sum and
+    maximum of how late steps ended against their deadlines, the backlog forgiven (slip), and
+    steps run."""
+
+    modeled_wall_s: float = 0.0
+    lag_wall_s: float = 0.0
+    max_lag_wall_s: float = 0.0
+    slip_wall_s: float = 0.0
+    steps: int = 0
+
 
 class EngineLoop:
     """Runs `scheduler` on `clock` x `speedup` (see the module docstring).
 
     on_kv_events(events): called with each non-empty list of KV events, in cache order.
     on_load_changed(): called after anything that can change the engine's load.
+    faults: the worker's fault state (None: no faults).
     """
 
     def __init__(
@@ -70,6 +110,7 @@ class EngineLoop:
         clock: Clock | None = None,
         on_kv_events: Callable[[Sequence[KvEvent]], object] | None = None,
         on_load_changed: Callable[[], object] | None = None,
+        faults: FaultState | None = None,
     ) -> None:
         if speedup <= 0:
             raise ValueError(f"speedup must be > 0, got {speedup}")
@@ -88,6 +129,8 @@ class EngineLoop:
         self._stopping = False
         self.steps = 0
         self.last_step: StepResult | None = None
+        self.faults = faults or FaultState()
+        self.stats = LoopStats()
 
     def set_listeners(
         self,
@@ -102,6 +145,10 @@ class EngineLoop:
             self._on_load_changed = on_load_changed
 
     # ---- time ----
+
+    def wall_now(self) -> float:
+        """The loop clock's time (seconds; the base of fault stall deadlines)."""
+        return self._clock.now()
 
     def sim_now(self) -> float:
         """Simulated seconds since the loop was created."""
@@ -188,6 +235,21 @@ class EngineLoop:
 
     # ---- the loop ----
 
+    def fault_changed(self) -> None:
+        """Wake the loop so it re-reads the fault state (a stall was lifted)."""
+        self._wake.set()
+
+    async def _wait_stall(self) -> bool:
+        """Hold while a stall is in force; True when the loop waited."""
+        waited = False
+        while self.faults.stalled(self._clock.now()):
+            waited = True
+            self._wake.clear()
+            remaining = self.faults.stall_until - self._clock.now()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(remaining, 0.0))
+        return waited
+
     async def _run(self) -> None:
         loop_deadline = self._clock.now()
         while True:
@@ -196,7 +258,14 @@ class EngineLoop:
                 await self._wake.wait()
                 loop_deadline = self._clock.now()
                 continue
-            start_wall = max(loop_deadline, self._clock.now() - 0.05)
+            if await self._wait_stall():
+                loop_deadline = self._clock.now()
+                continue
+            now_wall = self._clock.now()
+            start_wall = loop_deadline
+            if now_wall - loop_deadline > CATCH_UP_WALL_S:
+                start_wall = now_wall - CATCH_UP_WALL_S
+                self.stats.slip_wall_s += start_wall - loop_deadline
             result = self.scheduler.step(self.sim_now())
             self.steps += 1
             self.last_step = result
@@ -210,7 +279,8 @@ class EngineLoop:
                 continue
             self._in_step = True
             try:
-                loop_deadline = start_wall + result.duration_s / self.speedup
+                wall = result.duration_s * self.faults.slowdown / self.speedup
+                loop_deadline = start_wall + wall
                 delay = loop_deadline - self._clock.now()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -218,6 +288,11 @@ class EngineLoop:
                     await asyncio.sleep(0)  # let handlers run even when behind
             finally:
                 self._in_step = False
+            lag = max(self._clock.now() - loop_deadline, 0.0)
+            self.stats.steps += 1
+            self.stats.modeled_wall_s += wall
+            self.stats.lag_wall_s += lag
+            self.stats.max_lag_wall_s = max(self.stats.max_lag_wall_s, lag)
             self._deliver(result)
 
     def _deliver(self, result: StepResult) -> None:

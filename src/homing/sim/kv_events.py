@@ -53,48 +53,53 @@ class EngineMemoryInfo:
     token_capacity: int
 
 
-def to_proto_event(event: KvEvent, event_id: int) -> common_pb2.KvCacheEvent:
-    """One cache event as the wire's `KvCacheEvent`."""
+def fill_proto_event(dest: common_pb2.KvCacheEvent, event: KvEvent, event_id: int) -> None:
+    """Write one cache event into `dest` (an empty wire `KvCacheEvent`, e.g. from
+    `batch.events.add()`, which avoids building and copying a separate message)."""
+    dest.event_id = event_id
     if isinstance(event, BlockStored):
-        stored = common_pb2.KvBlocksStored(
-            blocks=[
-                common_pb2.KvBlock(
-                    block_hash=event.block_hash,
-                    token_ids=event.token_ids,
-                    block_size=event.block_size,
-                )
-            ],
-            tier=common_pb2.KV_CACHE_TIER_DEVICE,
-            medium=MEDIUM_GPU,
-        )
+        stored = dest.stored
+        block = stored.blocks.add()
+        block.block_hash = event.block_hash
+        block.token_ids.extend(event.token_ids)
+        block.block_size = event.block_size
+        stored.tier = common_pb2.KV_CACHE_TIER_DEVICE
+        stored.medium = MEDIUM_GPU
         if event.parent_block_hash is not None:
             stored.parent_block_hash = event.parent_block_hash
-        return common_pb2.KvCacheEvent(event_id=event_id, stored=stored)
-    if isinstance(event, BlockRemoved):
-        return common_pb2.KvCacheEvent(
-            event_id=event_id,
-            removed=common_pb2.KvBlocksRemoved(
-                block_hashes=[event.block_hash],
-                tier=common_pb2.KV_CACHE_TIER_DEVICE,
-                medium=MEDIUM_GPU,
-            ),
-        )
-    if isinstance(event, AllBlocksCleared):
-        return common_pb2.KvCacheEvent(event_id=event_id, cleared=common_pb2.KvCacheCleared())
-    raise TypeError(f"not a KV event: {event!r}")
+    elif isinstance(event, BlockRemoved):
+        removed = dest.removed
+        removed.block_hashes.append(event.block_hash)
+        removed.tier = common_pb2.KV_CACHE_TIER_DEVICE
+        removed.medium = MEDIUM_GPU
+    elif isinstance(event, AllBlocksCleared):
+        dest.cleared.SetInParent()
+    else:
+        raise TypeError(f"not a KV event: {event!r}")
+
+
+def to_proto_event(event: KvEvent, event_id: int) -> common_pb2.KvCacheEvent:
+    """One cache event as the wire's `KvCacheEvent`."""
+    message = common_pb2.KvCacheEvent()
+    fill_proto_event(message, event, event_id)
+    return message
 
 
 @dataclass(frozen=True)
 class _Published:
+    """A numbered batch: `template` holds its sequence number, timestamp, dp_rank and events;
+    each subscriber sends a copy with its own load record."""
+
     sequence_number: int
-    timestamp: float
-    events: tuple[common_pb2.KvCacheEvent, ...]
+    template: common_pb2.KvEventBatch
 
 
 class KvEventHub:
     """Numbers published event lists into batches and streams them to subscribers.
 
     load_source: the engine's current load (called at every send).
+    core_source: (running, waiting, waiting uncached tokens) now, cheaper than a whole load
+        (None: taken from load_source).
     memory: static telemetry figures.
     wall_time: seconds since the epoch for batch timestamps (default `time.time`).
     clock: monotonic clock for heartbeat timing.
@@ -110,8 +115,10 @@ class KvEventHub:
         max_pending: int = 100_000,
         wall_time: Callable[[], float] = time.time,
         clock: Clock | None = None,
+        core_source: Callable[[], tuple[int, int, int]] | None = None,
     ) -> None:
         self._load_source = load_source
+        self._core_source = core_source
         self._memory = memory
         self.heartbeat_busy_s = heartbeat_busy_s
         self.heartbeat_idle_s = heartbeat_idle_s
@@ -128,15 +135,22 @@ class KvEventHub:
         return len(self._subscribers)
 
     def publish(self, events: Sequence[KvEvent]) -> int | None:
-        """Send `events` as the next batch; returns its sequence number (None when empty)."""
+        """Send `events` as the next batch; returns its sequence number (None when empty).
+        With no subscriber the batch is numbered (and its events counted) but not built."""
         if not events:
             return None
-        protos = []
+        self.last_sequence_number += 1
+        if not self._subscribers:
+            self._event_ids += len(events)
+            return self.last_sequence_number
+        template = common_pb2.KvEventBatch(
+            sequence_number=self.last_sequence_number, timestamp=self._wall_time(), dp_rank=0
+        )
+        add = template.events.add
         for event in events:
             self._event_ids += 1
-            protos.append(to_proto_event(event, self._event_ids))
-        self.last_sequence_number += 1
-        published = _Published(self.last_sequence_number, self._wall_time(), tuple(protos))
+            fill_proto_event(add(), event, self._event_ids)
+        published = _Published(self.last_sequence_number, template)
         for subscriber in list(self._subscribers):
             subscriber._offer(published)
         return self.last_sequence_number
@@ -146,7 +160,7 @@ class KvEventHub:
         running / waiting / waiting-uncached figures sends a `load_only` record."""
         if not self._subscribers:
             return
-        core = _core(self._load_source())
+        core = self._core_source() if self._core_source is not None else _core(self._load_source())
         for subscriber in self._subscribers:
             if subscriber._last_core != core:
                 subscriber._mark_load_dirty()
@@ -246,32 +260,25 @@ class KvSubscription:
     def _may_send_load_only(self) -> bool:
         return self._load_before_first or self._last_sent is not None
 
-    def _record(
-        self,
-        sequence_number: int,
-        timestamp: float,
-        events: Sequence[common_pb2.KvCacheEvent],
-        load_only: bool,
-    ) -> common_pb2.KvEventBatch:
+    def _record(self, batch: common_pb2.KvEventBatch, load_only: bool) -> common_pb2.KvEventBatch:
         self._sample += 1
         telemetry = load_only or self._sample == 1
         stats = self._hub._load_source()
         self._last_core = _core(stats)
-        batch = common_pb2.KvEventBatch(
-            sequence_number=sequence_number,
-            timestamp=timestamp,
-            events=events,
-            dp_rank=0,
-            load=self._hub.engine_load(
+        batch.load.CopyFrom(
+            self._hub.engine_load(
                 stats, sample=self._sample, load_only=load_only, telemetry=telemetry
-            ),
+            )
         )
         self._last_send_at = self._hub._clock.now()
         self._load_dirty = False
         return batch
 
     def _load_only(self) -> common_pb2.KvEventBatch:
-        return self._record(self._last_sent or 0, self._hub._wall_time(), (), load_only=True)
+        batch = common_pb2.KvEventBatch(
+            sequence_number=self._last_sent or 0, timestamp=self._hub._wall_time(), dp_rank=0
+        )
+        return self._record(batch, load_only=True)
 
     async def batches(self) -> AsyncIterator[common_pb2.KvEventBatch]:
         """The stream's batches until it is closed. Raises SubscriberOverflow when the
@@ -285,12 +292,9 @@ class KvSubscription:
                 if self._pending:
                     published = self._pending.popleft()
                     self._last_sent = published.sequence_number
-                    yield self._record(
-                        published.sequence_number,
-                        published.timestamp,
-                        published.events,
-                        load_only=False,
-                    )
+                    batch = common_pb2.KvEventBatch()
+                    batch.CopyFrom(published.template)
+                    yield self._record(batch, load_only=False)
                     continue
                 if self._load_dirty and self._may_send_load_only():
                     yield self._load_only()

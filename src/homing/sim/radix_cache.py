@@ -31,15 +31,16 @@ import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # --------------------------------------------------------------------------------------------
 # Events and the block-hash chain
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class BlockStored:
-    """One page entered the cache: `token_ids` has exactly `block_size` ids."""
+class BlockStored(NamedTuple):
+    """One page entered the cache: `token_ids` has exactly `block_size` ids. (Events are
+    NamedTuples: immutable and cheap to create, one per page on the hot path.)"""
 
     block_hash: int
     parent_block_hash: int | None
@@ -47,15 +48,13 @@ class BlockStored:
     block_size: int
 
 
-@dataclass(frozen=True)
-class BlockRemoved:
+class BlockRemoved(NamedTuple):
     """One page left the cache (evicted)."""
 
     block_hash: int
 
 
-@dataclass(frozen=True)
-class AllBlocksCleared:
+class AllBlocksCleared(NamedTuple):
     """The whole cache was dropped (FlushCache)."""
 
 
@@ -168,6 +167,7 @@ class RadixCache:
             raise ValueError(f"total_pages must be >= 1, got {total_pages}")
         self.page_size = page_size
         self.total_pages = total_pages
+        self._pack = struct.Struct(f"<{page_size}I").pack  # page_digest's encoding, compiled
         self._ids = itertools.count(1)
         self._seq = itertools.count(1)
         self._events: list[KvEvent] = []
@@ -219,18 +219,30 @@ class RadixCache:
     ) -> PrefixMatch:
         """Longest page-aligned prefix of `token_ids` (at most `max_tokens`) in the tree.
         With `touch`, the matched pages count as used at `now` for LRU."""
+        match = self._match(token_ids, now, max_tokens, touch)
+        if touch and self._is_evictable_leaf(match.node):
+            self._push(match.node)  # its LRU position moved (only the last page can be a leaf)
+        return match
+
+    def _match(
+        self, token_ids: Sequence[int], now: float, max_tokens: int | None, touch: bool
+    ) -> PrefixMatch:
+        """`match_prefix` without re-queueing the last page for eviction (for callers that
+        lock the path at once; unlocking queues it)."""
         limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
+        page = self.page_size
         node = self.root
         matched = 0
         seq = next(self._seq) if touch else 0
-        for start in range(0, limit // self.page_size * self.page_size, self.page_size):
-            child = node.children.get(tuple(token_ids[start : start + self.page_size]))
+        for start in range(0, limit // page * page, page):
+            child = node.children.get(tuple(token_ids[start : start + page]))
             if child is None:
                 break
             node = child
-            matched += self.page_size
+            matched += page
             if touch:
-                self._touch(node, now, seq)
+                node.last_access = now
+                node.access_seq = seq
         return PrefixMatch(matched, node)
 
     # ---- the scheduler's interface ----
@@ -238,7 +250,7 @@ class RadixCache:
     def acquire(self, token_ids: Sequence[int], now: float, *, max_tokens: int) -> KvHandle:
         """Match the longest cached prefix (at most `max_tokens` tokens) and lock it for a
         request. The handle's `shared_pages` x page_size is the request's cached tokens."""
-        match = self.match_prefix(token_ids, now, max_tokens=max_tokens)
+        match = self._match(token_ids, now, max_tokens, True)
         handle = KvHandle(node=self.root)
         self._lock_path(match.node, stop=self.root)
         handle.node = match.node
@@ -281,12 +293,15 @@ class RadixCache:
         seq = next(self._seq)
         node = handle.node
         old_last = node
-        for index in range(handle.shared_pages, num_pages):
-            start = index * self.page_size
-            key = tuple(token_ids[start : start + self.page_size])
+        page = self.page_size
+        pack = self._pack
+        for start in range(handle.shared_pages * page, num_pages * page, page):
+            key = tuple(token_ids[start : start + page])
             child = node.children.get(key)
             if child is None:
-                child = _Page(next(self._ids), key, node, page_digest(key, node.digest))
+                parent = node.digest
+                digest = hashlib.sha256(parent + pack(*key) if parent else pack(*key)).digest()
+                child = _Page(next(self._ids), key, node, digest)
                 node.children[key] = child
                 self.tree_pages += 1
                 self._events.append(
@@ -297,10 +312,12 @@ class RadixCache:
                         block_size=self.page_size,
                     )
                 )
-            self.private_pages -= 1
-            handle.private_pages -= 1
-            self._touch(child, now, seq)
+            child.last_access = now  # locked just below; unlocking queues it for eviction
+            child.access_seq = seq
             node = child
+        moved = num_pages - handle.shared_pages
+        self.private_pages -= moved
+        handle.private_pages -= moved
         self._lock_path(node, stop=old_last)
         handle.node = node
         handle.shared_pages = num_pages
@@ -362,12 +379,6 @@ class RadixCache:
         return events
 
     # ---- internals ----
-
-    def _touch(self, page: _Page, now: float, seq: int) -> None:
-        page.last_access = now
-        page.access_seq = seq
-        if self._is_evictable_leaf(page):
-            self._push(page)
 
     def _is_evictable_leaf(self, page: _Page) -> bool:
         return page.alive and page.lock_ref == 0 and not page.children and page is not self.root

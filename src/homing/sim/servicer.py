@@ -6,11 +6,18 @@ registered, so other engines' services answer UNIMPLEMENTED, as do Embed, LoRA a
 
 Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
 - Generate, stream=True: one `chunk` per scheduler step that produced tokens (its new
-  `token_ids`, cumulative prompt/completion/cached counts, index 0), then always a `complete`
+  `token_ids`, cumulative prompt/completion/cached counts, index 0; a handler that fell behind
+  sends the steps it missed as one chunk, as a busy SGLang tokenizer manager batches outputs),
+  then always a `complete`
   (finish_reason "stop" | "length" | "abort", counts, matched_token_id on an EOS/stop token).
   Every token travels in exactly one chunk, so the streamed `complete` has no output_ids.
   stream=False: a single `complete` carrying all output_ids. A client that goes away aborts
   its request.
+- A full waiting queue (`max_queued_requests`) -> UNAVAILABLE ("The request queue is full",
+  SGLang's 503); an injected `reject` fault -> that status for every Generate.
+- HealthCheck: unhealthy while an injected `health: false` fault is in force; during an
+  injected stall it waits, as SGLang's one-token probe request would, and answers unhealthy
+  after HEALTH_CHECK_TIMEOUT_S.
 - Invalid input -> INVALID_ARGUMENT: no tokenized input, empty input_ids, an id >= vocab_size,
   a prompt at or beyond the context window (or the KV pool), prompt + max_new_tokens beyond
   the context window, temperature < 0, n > 1, a request id already in flight. max_new_tokens
@@ -48,7 +55,13 @@ from homing.sim.config import SimConfig
 from homing.sim.engine_loop import EngineLoop
 from homing.sim.generation import OutputPlanner
 from homing.sim.kv_events import KvEventHub, SubscriberOverflow
-from homing.sim.scheduler import LoadStats, RequestFinished, RequestOutput, SimRequest
+from homing.sim.scheduler import (
+    LoadStats,
+    QueueFull,
+    RequestFinished,
+    RequestOutput,
+    SimRequest,
+)
 from homing.sim.timing import EngineLimits, TimingModel
 
 log = logging.getLogger(__name__)
@@ -61,6 +74,9 @@ DEFAULT_MAX_NEW_TOKENS = 128
 
 TOKENIZER_CHUNK_BYTES = 512 * 1024
 """GetTokenizer chunk size (bytes); keeps every message far below gRPC's 4 MiB default."""
+
+HEALTH_CHECK_TIMEOUT_S = 20.0
+"""How long HealthCheck waits for a stalled engine (SGLang's SGLANG_HEALTH_CHECK_TIMEOUT)."""
 
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 """GetLoads `include` values SGLang accepts."""
@@ -126,8 +142,9 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         if not input_ids:
             raise InvalidRequest("input_ids is empty")
         vocab = self.served.vocab_size
-        bad = next((t for t in input_ids if t >= vocab), None)
-        if bad is not None:
+        largest = max(input_ids)
+        if largest >= vocab:
+            bad = next(t for t in input_ids if t >= vocab)
             raise InvalidRequest(f"token id {bad} is out of range for vocab_size {vocab}")
         context = self.limits.max_context_length
         if len(input_ids) >= context:
@@ -177,15 +194,26 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             output=output,
             stop_token_ids=frozenset(params.stop_token_ids),
             ignore_eos=params.ignore_eos,
+            stream=request.stream,
+            stream_interval=params.stream_interval or None,
         )
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         self.last_receive_time = time.time()
+        reject = self.engine.faults.reject
+        if reject is not None:
+            await context.abort(
+                grpc.StatusCode[reject], f"injected fault: this worker answers {reject}"
+            )
+            return
         try:
             sim_request = self.build_request(request)
             stream = self.engine.submit(sim_request)
+        except QueueFull as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            return
         except (InvalidRequest, ValueError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
@@ -195,14 +223,23 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         rid = sim_request.request_id
         output_ids: list[int] = []
         try:
-            async for item in stream.items():
-                if isinstance(item, RequestOutput):
-                    if request.stream:
-                        yield pb.GenerateResponse(request_id=rid, chunk=_chunk(item))
-                    else:
-                        output_ids.extend(item.token_ids)
-                else:
+            async for batch in stream.batches():
+                tokens: list[int] = []
+                last: RequestOutput | None = None
+                for item in batch:
+                    if isinstance(item, RequestOutput):
+                        if request.stream:
+                            tokens.extend(item.token_ids)
+                            last = item
+                        else:
+                            output_ids.extend(item.token_ids)
+                        continue
+                    if last is not None:
+                        yield _chunk_response(rid, tokens, last)
+                        last = None
                     yield pb.GenerateResponse(request_id=rid, complete=_complete(item, output_ids))
+                if last is not None:
+                    yield _chunk_response(rid, tokens, last)
         finally:
             if not stream.finished:  # the client went away (or the handler was cancelled)
                 self.engine.abort(rid)
@@ -223,6 +260,18 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
     ) -> pb.HealthCheckResponse:
         if not self.engine.running:
             return pb.HealthCheckResponse(healthy=False, message="Server is shutting down")
+        faults = self.engine.faults
+        if not faults.healthy:
+            return pb.HealthCheckResponse(healthy=False, message="Health check failed (injected)")
+        now = self.engine.wall_now
+        deadline = now() + HEALTH_CHECK_TIMEOUT_S
+        while faults.stalled(now()):
+            if now() >= deadline:
+                return pb.HealthCheckResponse(
+                    healthy=False,
+                    message=f"Health check timeout after {HEALTH_CHECK_TIMEOUT_S:g}s",
+                )
+            await asyncio.sleep(min(0.05, max(deadline - now(), 0.0)))
         return pb.HealthCheckResponse(healthy=True, message="Health check passed")
 
     async def GetModelInfo(
@@ -266,7 +315,9 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             "max_total_tokens": limits.kv_capacity_tokens,
             "context_length": limits.max_context_length,
             "mem_fraction_static": limits.mem_fraction_static,
-            "schedule_policy": "fcfs",
+            "schedule_policy": cfg.schedule_policy,
+            "max_queued_requests": cfg.max_queued_requests,
+            "stream_interval": cfg.stream_interval,
             "enable_mixed_chunk": True,
             "disable_radix_cache": False,
             "kv_events_config": '{"publisher": "zmq"}',  # events on, as a real worker
@@ -418,14 +469,18 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         return common_pb2.FlushCacheResponse(success=success, message=message)
 
 
-def _chunk(output: RequestOutput) -> pb.GenerateStreamChunk:
-    return pb.GenerateStreamChunk(
-        token_ids=output.token_ids,
-        prompt_tokens=output.prompt_tokens,
-        completion_tokens=output.completion_tokens,
-        cached_tokens=output.cached_tokens,
-        index=0,
-    )
+def _chunk_response(
+    request_id: str, token_ids: list[int], last: RequestOutput
+) -> pb.GenerateResponse:
+    """A `chunk` message with `token_ids` and the counts of `last` (built in place)."""
+    response = pb.GenerateResponse(request_id=request_id)
+    chunk = response.chunk
+    chunk.token_ids.extend(token_ids)
+    chunk.prompt_tokens = last.prompt_tokens
+    chunk.completion_tokens = last.completion_tokens
+    chunk.cached_tokens = last.cached_tokens
+    chunk.index = 0
+    return response
 
 
 def _complete(finished: RequestFinished, output_ids: list[int]) -> pb.GenerateComplete:

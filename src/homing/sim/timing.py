@@ -1,32 +1,59 @@
-"""Roofline timing model of one SGLang worker (model x GPU x TP): how long a scheduler step takes.
+"""Timing model of one SGLang worker (model x GPU x TP): how long a scheduler step takes.
 
 Rule of this file: pure arithmetic over published hardware and model figures; every constant
-names its source. No clock, no I/O, no randomness.
+names its source. No clock, no I/O; the optional jitter draws from a `random.Random` the caller
+passes in.
 
 A scheduler step runs a batch that mixes prefill chunks (compute-bound) and decode tokens
-(memory-bound). Its time is the roofline of the whole batch plus fixed costs:
+(memory-bound). Its time is a roofline of the whole batch plus the costs a roofline misses:
 
-    step_s    = max(compute_s, memory_s) + allreduce_s + step_overhead_s
-    compute_s = FLOPs / (tp x peak_bf16_dense_flops x mfu)
-    memory_s  = bytes / (tp x hbm_bandwidth x bandwidth_efficiency)
+    step_s     = max(compute_s, memory_s) + allreduce_s + overhead_s
+    compute_s  = FLOPs / (tp x peak_bf16_dense_flops x prefill_mfu)
+    memory_s   = weight_bytes / (tp x hbm_bandwidth x weight_bandwidth_efficiency)
+               + kv_bytes_read / (tp x hbm_bandwidth x attention_bandwidth_efficiency)
+    allreduce_s = 2 x layers x (allreduce_latency_s + message x 2 (tp - 1) / tp / busbw)
+                  (tp > 1 only; two all-reduces per layer, Shoeybi et al. 2019, "Megatron-LM",
+                  sec. 3; NCCL's bus-bandwidth convention for the size term)
+    overhead_s = step_overhead_s + seq_layer_overhead_s x layers x sequences in the batch
 
-FLOPs (the usual dense-transformer count, e.g. Kaplan et al. 2020, "Scaling Laws", sec. 2.1;
-Chowdhery et al. 2022, "PaLM", appendix B for the attention term):
+FLOPs (the usual dense-transformer count, Kaplan et al. 2020, "Scaling Laws", sec. 2.1; Chowdhery
+et al. 2022, "PaLM", appendix B for the attention term):
     - 2 x params per token processed (prefill new tokens and decode tokens);
-    - attention: 4 x layers x (heads x head_dim) per (query, key) pair; a prefill chunk of n
-      new tokens after c cached ones has n x c + n (n + 1) / 2 pairs (causal), a decode token
-      at context ctx has ctx pairs.
+    - attention: 4 x layers x (heads x head_dim) per (query, key) pair; a prefill chunk of n new
+      tokens after c cached ones has n x c + n (n + 1) / 2 pairs (causal), a decode token at
+      context ctx has ctx pairs.
 
-Bytes moved per step (decode is bandwidth-bound, e.g. Pope et al. 2022, "Efficiently Scaling
+Bytes moved per step (decode is bandwidth-bound, Pope et al. 2022, "Efficiently Scaling
 Transformer Inference", sec. 2): the weights once (2 bytes/param, bf16) plus the KV cache of
-every sequence in the batch (context tokens x kv_bytes_per_token).
+every sequence in the batch (context tokens x kv_bytes_per_token, where kv_bytes_per_token =
+2 (K and V) x layers x kv_heads x head_dim x 2 bytes).
 
-KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x 2 bytes (bf16).
-
-Tensor parallelism splits FLOPs and bytes over `tp` GPUs and adds two all-reduces per layer
-(after attention and after the MLP, Shoeybi et al. 2019, "Megatron-LM", sec. 3) of
-tokens x hidden x 2 bytes each, costed with NCCL's bus-bandwidth convention
-(time = size x 2 (tp - 1) / tp / busbw) plus a fixed latency per all-reduce.
+Why a pure roofline is not enough (calibration, see `TimingParams` for each constant):
+- weights stream at ~60% of HBM peak in real decode steps, not 100%: vLLM's nightly latency
+  benchmark (buildkite vllm/performance-benchmark, batch 8, 32 in / 128 out, H200) takes
+  833 ms for llama-3.1-8b TP1 (6.5 ms per step; weights alone at peak: 3.3 ms) and 2,078 ms for
+  llama-3-70b TP4 (16.2 ms per step; weights at peak: 7.3 ms); NVIDIA NIM's published
+  llama-3.3-70b FP8 TP2 on 2x H100 runs 18.6 ms per token at concurrency 1 (weights at peak:
+  10.5 ms). All three give 55-60% achieved bandwidth once fixed costs are taken out;
+- every decode step pays per-layer latencies that do not shrink with bandwidth: at TP8 two
+  all-reduces per layer (160 for a 70B model) at ~20 us each on NVLink for decode-sized
+  messages (NCCL all_reduce_perf latency floor on 8x H100), and per (sequence, layer) work that
+  is not weight streaming -- paged decode attention over 16-token pages (page-table walk,
+  split-KV merge), the KV write, RoPE and norms for the new token, logits and sampling, and
+  host-side batch bookkeeping that overlap scheduling does not fully hide (vLLM v0.6.0
+  performance blog, 2024-09-05: in v0.5.3 only 38% of a llama-3-8b H100 serving step was GPU
+  time). A pure roofline (peak bandwidth) puts llama-3.1-70b TP8 on H100 at ~8 ms for a decode
+  step of batch 80 x 1,800 tokens, ~17 ms with the achieved bandwidths and all-reduce latency
+  above, but production serving stacks are slower than that: NIM's llama-3.3-70b FP8 TP2
+  inter-token latency doubles from 18.6 ms at concurrency 1 to 38.8 ms at concurrency 25 with
+  5,000-token prompts; the extra KV bytes account for ~6 ms of that at peak bandwidth, the rest
+  is chunked-prefill interference and per-request work (the latter is what
+  `seq_layer_overhead_s` charges).
+  `seq_layer_overhead_s` is fitted so the 70B TP8 H100 step at batch 80 x 1,800 tokens is
+  ~43 ms and a chat workload's p95 TPOT crosses 50 ms at a running batch of ~85, the seed's
+  planning figure for 8x H100 (p95 TPOT 50 ms at a running batch of 64-96, DESIGN.md sizing
+  chain); with it the two vLLM H200 points above come out at +9% (7.1 ms) and +15%
+  (18.6 ms), and the 8B TP1 H100 step at batch 8 x 2,000 tokens at ~11 ms.
 
 KV pool capacity follows SGLang's memory split: GPU memory x tp x mem_fraction_static, minus
 the weights, divided by KV bytes per token.
@@ -34,6 +61,7 @@ the weights, divided by KV bytes per token.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -154,27 +182,47 @@ LLAMA_31_70B = ModelSpec(
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in (LLAMA_31_8B, LLAMA_31_70B)}
 
+PRESETS: tuple[tuple[str, str, int], ...] = (
+    ("llama-3.1-8b", "H100", 1),
+    ("llama-3.1-8b", "H200", 1),
+    ("llama-3.1-70b", "H100", 8),
+    ("llama-3.1-70b", "H200", 8),
+    ("llama-3.1-70b", "H100", 4),
+    ("llama-3.1-70b", "H200", 4),
+)
+"""The calibrated (model, GPU, TP) combinations; any other TP that fits the weights also runs."""
+
 
 @dataclass(frozen=True)
 class TimingParams:
-    """Efficiency constants of the roofline (dimensionless unless stated).
+    """Efficiency constants of the step model (dimensionless unless stated; sources in the
+    module docstring).
 
     prefill_mfu: achieved share of dense BF16 peak in GEMM-heavy steps. 0.40 is the usual
-        figure for large-batch bf16 transformer forward passes on H100 (e.g. the Llama 3
-        paper, Dubey et al. 2024, Table 4, reports 38-43% BF16 MFU in pre-training); it puts
-        llama-3.1-70b on 8x H100 at ~16k prefill tokens/s at 8k tokens.
-    bandwidth_efficiency: achieved share of HBM bandwidth in decode (GEMV + paged attention
-        kernels reach 70-85% of peak on H100); 0.75 puts llama-3.1-8b at ~6.9 ms per token
-        at batch 1, in line with published single-stream figures (~145 tokens/s).
-    allreduce_latency_s: fixed cost of one small all-reduce over NVLink (s); SGLang's custom
-        all-reduce takes ~10 us for decode-sized messages.
-    step_overhead_s: scheduler + kernel-launch cost per step with CUDA graphs (s).
+        figure for large-batch bf16 transformer forward passes on H100 (the Llama 3 paper,
+        Dubey et al. 2024, Table 4, reports 38-43% BF16 MFU); it puts llama-3.1-70b on 8x H100
+        at ~16k prefill tokens/s at 8k tokens (issue 3's calibration point).
+    weight_bandwidth_efficiency: achieved share of HBM bandwidth while streaming the weights
+        in a decode step; 0.60 from vLLM's H200 latency benchmark and NIM's H100 figures
+        (55-60% once fixed costs are taken out).
+    attention_bandwidth_efficiency: achieved share of HBM bandwidth reading the paged KV
+        cache in decode attention (16-token pages, GQA); 0.50.
+    allreduce_latency_s: fixed cost of one all-reduce on NVLink at decode message sizes (s);
+        20 us, the latency floor of NCCL all_reduce_perf on 8x H100.
+    step_overhead_s: fixed cost per scheduler step (s): scheduling, CUDA-graph launch and
+        the step's synchronisation; 0.5 ms.
+    seq_layer_overhead_s: cost per (sequence in the batch, layer) beyond the roofline (s):
+        paged-attention per-request work, KV write, RoPE and norms for the new token, logits,
+        sampling and host bookkeeping; 4.0 us, fitted to the seed's 8x H100 planning figure
+        (70B TP8 decode step at batch 80 x 1,800 tokens ~43 ms).
     """
 
     prefill_mfu: float = 0.40
-    bandwidth_efficiency: float = 0.75
-    allreduce_latency_s: float = 10e-6
+    weight_bandwidth_efficiency: float = 0.60
+    attention_bandwidth_efficiency: float = 0.50
+    allreduce_latency_s: float = 20e-6
     step_overhead_s: float = 0.5e-3
+    seq_layer_overhead_s: float = 4.0e-6
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,29 +307,35 @@ class TimingModel:
         decode_context_tokens: int = 0,
     ) -> StepCost:
         """Cost of one step running `prefill` chunks plus `decode_batch` decode tokens whose
-        contexts sum to `decode_context_tokens`. An empty step costs 0."""
+        contexts sum to `decode_context_tokens` (see the module docstring). An empty step
+        costs 0."""
         m, p = self.model, self.params
-        new_tokens = sum(c.new_tokens for c in prefill)
+        new_tokens = 0
+        attn_pairs = decode_context_tokens
+        kv_read_tokens = decode_context_tokens
+        for chunk in prefill:
+            n, c = chunk.new_tokens, chunk.cached_tokens
+            new_tokens += n
+            attn_pairs += n * c + n * (n + 1) // 2
+            kv_read_tokens += c + n
         tokens = new_tokens + decode_batch
         if tokens == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0)
-        attn_pairs = decode_context_tokens + sum(
-            c.new_tokens * c.cached_tokens + c.new_tokens * (c.new_tokens + 1) // 2 for c in prefill
-        )
         flops = 2.0 * m.num_params * tokens + 4.0 * m.num_layers * m.attention_width * attn_pairs
-        kv_read_tokens = decode_context_tokens + sum(
-            c.cached_tokens + c.new_tokens for c in prefill
-        )
-        bytes_moved = m.weight_bytes + kv_read_tokens * m.kv_bytes_per_token
         compute_s = flops / (self.tp * self.gpu.peak_bf16_flops * p.prefill_mfu)
-        memory_s = bytes_moved / (self.tp * self.gpu.hbm_bandwidth * p.bandwidth_efficiency)
+        bandwidth = self.tp * self.gpu.hbm_bandwidth
+        memory_s = m.weight_bytes / (bandwidth * p.weight_bandwidth_efficiency) + (
+            kv_read_tokens * m.kv_bytes_per_token
+        ) / (bandwidth * p.attention_bandwidth_efficiency)
         allreduce_s = 0.0
         if self.tp > 1:
             calls = 2 * m.num_layers
             size = tokens * m.hidden_size * 2
             ring = 2.0 * (self.tp - 1) / self.tp
             allreduce_s = calls * (p.allreduce_latency_s + size * ring / self.gpu.allreduce_busbw)
-        return StepCost(compute_s, memory_s, allreduce_s, p.step_overhead_s)
+        sequences = decode_batch + len(prefill)
+        overhead_s = p.step_overhead_s + p.seq_layer_overhead_s * m.num_layers * sequences
+        return StepCost(compute_s, memory_s, allreduce_s, overhead_s)
 
     def step_time_s(
         self,
@@ -292,13 +346,53 @@ class TimingModel:
         """Seconds for one step (see `step_cost`)."""
         return self.step_cost(prefill, decode_batch, decode_context_tokens).total_s
 
-    def prefill_time_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
-        """Seconds to prefill `new_tokens` after `cached_tokens` in one step (no decode)."""
-        return self.step_time_s([PrefillChunk(new_tokens, cached_tokens)])
+    def prefill_time_s(
+        self, new_tokens: int, cached_tokens: int = 0, chunk_tokens: int | None = None
+    ) -> float:
+        """Seconds to prefill `new_tokens` after `cached_tokens`, alone on the worker: one step,
+        or steps of at most `chunk_tokens` new tokens each (SGLang's chunked prefill) when
+        given. Raises ValueError when chunk_tokens < 1."""
+        if chunk_tokens is None:
+            return self.step_time_s([PrefillChunk(new_tokens, cached_tokens)])
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        total, done = 0.0, 0
+        while done < new_tokens:
+            size = min(chunk_tokens, new_tokens - done)
+            total += self.step_time_s([PrefillChunk(size, cached_tokens + done)])
+            done += size
+        return total
 
     def decode_step_time_s(self, batch: int, context_tokens: int) -> float:
         """Seconds for a decode-only step of `batch` sequences of `context_tokens` each."""
         return self.step_time_s(decode_batch=batch, decode_context_tokens=batch * context_tokens)
+
+
+class JitteredTimer:
+    """A `TimingModel` whose step times are scaled by a uniform factor in [1 - jitter,
+    1 + jitter], drawn from the `rng` the caller owns (seed it for reproducible runs).
+
+    Raises ValueError unless 0 <= jitter < 1.
+    """
+
+    def __init__(self, timing: TimingModel, jitter: float, rng: random.Random) -> None:
+        if not 0.0 <= jitter < 1.0:
+            raise ValueError(f"jitter must be in [0, 1), got {jitter}")
+        self.timing = timing
+        self.jitter = jitter
+        self._rng = rng
+
+    def step_time_s(
+        self,
+        prefill: Sequence[PrefillChunk] = (),
+        decode_batch: int = 0,
+        decode_context_tokens: int = 0,
+    ) -> float:
+        """The model's step time times 1 + U(-jitter, jitter)."""
+        base = self.timing.step_time_s(prefill, decode_batch, decode_context_tokens)
+        if self.jitter == 0.0 or base == 0.0:
+            return base
+        return base * (1.0 + self._rng.uniform(-self.jitter, self.jitter))
 
 
 # --------------------------------------------------------------------------------------------

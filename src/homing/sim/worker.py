@@ -1,25 +1,41 @@
-"""One simulated SGLang worker: a grpc.aio server on a loopback port around an `EngineLoop`.
+"""One simulated SGLang worker: a grpc.aio server on a loopback port around an `EngineLoop`,
+with its HTTP sidecar (metrics, faults) on the next port.
 
-Rule of this file: composition only. It resolves the preset (timing model and limits), wires
-tokenizer -> planner, scheduler -> engine loop -> KV-event hub, registers
-`SglangScheduler` and `grpc.health.v1` (SERVING) and nothing else, and owns start/stop.
+Rule of this file: composition and lifecycle only. It resolves the preset (timing model and
+limits), wires tokenizer -> planner, scheduler -> engine loop -> KV-event hub, registers
+`SglangScheduler` and `grpc.health.v1` (SERVING) and nothing else, and owns start, stop and
+the fault actions:
+- ports: the gRPC server on `port` and the sidecar on `port + 1`; with port 0 a free pair
+  (P, P + 1) is chosen;
+- restart: the gRPC server and engine go away at once (open streams are cut, as when a process
+  dies) and come back on the same port with an empty cache, a new KV-event sequence (starting
+  at 1 again) and no faults; the sidecar stays up;
+- crash: gRPC server, engine and sidecar stop at once, without ending any stream cleanly; then
+  `on_crash` is called (the `homing sim` process exits when all its workers crashed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
+import socket
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from homing.sim.config import SimConfig
-from homing.sim.engine_loop import EngineLoop
+from homing.sim.engine_loop import EngineLoop, LoopStats
+from homing.sim.faults import Fault, FaultState
 from homing.sim.generation import OutputPlanner
 from homing.sim.kv_events import EngineMemoryInfo, KvEventHub
-from homing.sim.scheduler import Scheduler, SchedulerConfig
+from homing.sim.metrics import WorkerSnapshot, worker_registry
+from homing.sim.scheduler import Scheduler, SchedulerConfig, StepTimer
 from homing.sim.servicer import ServedModel, SimSchedulerServicer
-from homing.sim.timing import EngineLimits, TimingModel, resolve_limits
+from homing.sim.sidecar import Sidecar
+from homing.sim.timing import EngineLimits, JitteredTimer, TimingModel, resolve_limits
 
 SERVICE_NAME = "sglang.grpc.scheduler.SglangScheduler"
 """Full name of the served service (grpc.health.v1 reports it SERVING)."""
@@ -46,22 +62,86 @@ def resolve_worker(config: SimConfig) -> tuple[TimingModel, EngineLimits]:
     return timing, limits
 
 
+def free_port_pair(host: str, attempts: int = 50) -> int:
+    """A port P such that P and P + 1 are both free on `host` now (TCP). Raises RuntimeError
+    when none is found in `attempts` tries."""
+    for _ in range(attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
+            first.bind((host, 0))
+            port = first.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
+                try:
+                    second.bind((host, port + 1))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError(f"no free pair of consecutive ports on {host}")
+
+
+class _Engine:
+    """One incarnation of the worker's engine (a restart builds a new one)."""
+
+    def __init__(
+        self,
+        engine: EngineLoop,
+        hub: KvEventHub,
+        server: grpc.aio.Server,
+        health_servicer: health.aio.HealthServicer,
+    ) -> None:
+        self.engine = engine
+        self.hub = hub
+        self.server = server
+        self.health = health_servicer
+
+    async def stop(self, grace_s: float | None) -> None:
+        """Stop this incarnation; `grace_s` None cuts every open RPC at once."""
+        if grace_s is not None:
+            await self.health.enter_graceful_shutdown()
+            await self.engine.stop()
+            self.hub.close()
+            await self.server.stop(grace_s)
+        else:
+            await self.server.stop(None)
+            await self.engine.stop()
+            self.hub.close()
+
+
 class SimWorker:
-    """A simulated worker serving on `host:port` (port 0 = a free port).
+    """A simulated worker serving gRPC on `host:port` and its sidecar on port + 1 (port 0 = a
+    free pair); see the module docstring.
 
     Raises ValueError at construction for an unknown preset or a model that does not fit.
     """
 
-    def __init__(self, config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        sidecar: bool = True,
+        on_crash: Callable[[SimWorker], object] | None = None,
+    ) -> None:
         self.config = config
         self.host = host
         self._requested_port = port
         self.port = 0
+        self.metrics_port: int | None = None
         self.timing, self.limits = resolve_worker(config)
-        self._server: grpc.aio.Server | None = None
-        self._engine: EngineLoop | None = None
-        self._hub: KvEventHub | None = None
-        self._health: health.aio.HealthServicer | None = None
+        self.faults = FaultState()
+        self.restarts = 0
+        self.crashed = False
+        self._with_sidecar = sidecar
+        self._on_crash = on_crash
+        self._current: _Engine | None = None
+        self._sidecar: Sidecar | None = None
+        self._served: ServedModel | None = None
+        self._planner: OutputPlanner | None = None
+        self._eos: frozenset[int] = frozenset()
+        self._last_stats = LoopStats()
+        self._rng = random.Random(config.seed)
 
     @property
     def url(self) -> str:
@@ -71,39 +151,98 @@ class SimWorker:
     @property
     def engine(self) -> EngineLoop:
         """The engine loop (after `start`)."""
-        if self._engine is None:
+        if self._current is None:
             raise RuntimeError("the worker is not started")
-        return self._engine
+        return self._current.engine
+
+    @property
+    def hub(self) -> KvEventHub:
+        """The KV-event hub (after `start`)."""
+        if self._current is None:
+            raise RuntimeError("the worker is not started")
+        return self._current.hub
 
     @property
     def num_running(self) -> int:
-        """Requests the scheduler is running now (0 before start)."""
-        return self._engine.scheduler.num_running if self._engine else 0
+        """Requests the scheduler is running now (0 when not serving)."""
+        return self._current.engine.scheduler.num_running if self._current else 0
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued in the scheduler now (0 before start)."""
-        return self._engine.scheduler.num_waiting if self._engine else 0
+        """Requests queued in the scheduler now (0 when not serving)."""
+        return self._current.engine.scheduler.num_waiting if self._current else 0
+
+    # ---- lifecycle ----
 
     async def start(self) -> int:
-        """Build the engine, bind the port and serve; returns the bound port.
-        Raises RuntimeError when the port cannot be bound."""
+        """Build the engine, bind the ports and serve; returns the gRPC port.
+        Raises RuntimeError when a port cannot be bound."""
         from homing.text.served import load_served_tokenizer, served_tokenizer_zip
 
         tokenizer = await asyncio.to_thread(load_served_tokenizer)
         tokenizer_zip = await asyncio.to_thread(served_tokenizer_zip)
+        self._served = ServedModel(
+            vocab_size=tokenizer.vocab_size,
+            eos_token_ids=tokenizer.eos_token_ids,
+            bos_token_id=tokenizer.bos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tokenizer_zip=tokenizer_zip,
+        )
+        self._planner = OutputPlanner(tokenizer, worker_seed=self.config.seed)
+        self._eos = frozenset(tokenizer.eos_token_ids)
+        # With port 0 another process may take the pair between the check and the binds:
+        # try a few fresh pairs before giving up.
+        attempts = 5 if self._requested_port == 0 else 1
+        for attempt in range(attempts):
+            port = self._requested_port
+            if port == 0 and self._with_sidecar:
+                port = free_port_pair(self.host)
+            try:
+                await self._bind_and_serve(port)
+                return self.port
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _bind_and_serve(self, port: int) -> None:
+        """Serve gRPC on `port` and the sidecar on the next port; RuntimeError when either
+        cannot be bound (nothing is left running then)."""
+        self._current = await self._build(port)
+        self.port = self._current_port
+        if not self._with_sidecar:
+            return
+        sidecar = Sidecar(self, worker_registry(self.snapshot))
+        try:
+            self.metrics_port = await sidecar.start(self.host, self.port + 1)
+        except OSError as exc:
+            await self._current.stop(None)
+            self._current = None
+            raise RuntimeError(
+                f"cannot bind the sidecar on {self.host}:{self.port + 1}: {exc}"
+            ) from exc
+        self._sidecar = sidecar
+
+    async def _build(self, port: int) -> _Engine:
+        assert self._served is not None and self._planner is not None
         cfg, timing, limits = self.config, self.timing, self.limits
+        timer: StepTimer = (
+            JitteredTimer(timing, cfg.jitter, self._rng) if cfg.jitter > 0 else timing
+        )
         scheduler = Scheduler(
             SchedulerConfig(
                 kv_capacity_tokens=limits.kv_capacity_tokens,
                 max_running_requests=limits.max_running_requests,
                 page_size=cfg.page_size,
                 chunked_prefill_size=cfg.chunked_prefill_size,
-                eos_token_ids=frozenset(tokenizer.eos_token_ids),
+                eos_token_ids=self._eos,
+                schedule_policy=cfg.schedule_policy,
+                max_queued_requests=cfg.max_queued_requests,
+                stream_interval=cfg.stream_interval,
             ),
-            timing,
+            timer,
         )
-        engine = EngineLoop(scheduler, speedup=cfg.speedup)
+        engine = EngineLoop(scheduler, speedup=cfg.speedup, faults=self.faults)
         hub = KvEventHub(
             engine.load,
             EngineMemoryInfo(
@@ -113,22 +252,15 @@ class SimWorker:
             ),
             heartbeat_busy_s=cfg.heartbeat_busy_s,
             heartbeat_idle_s=cfg.heartbeat_idle_s,
+            core_source=scheduler.core_load,
         )
         engine_callbacks(engine, hub)
-        served = ServedModel(
-            vocab_size=tokenizer.vocab_size,
-            eos_token_ids=tokenizer.eos_token_ids,
-            bos_token_id=tokenizer.bos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            tokenizer_zip=tokenizer_zip,
-        )
-        planner = OutputPlanner(tokenizer, worker_seed=cfg.seed)
         servicer = SimSchedulerServicer(
             cfg,
             engine=engine,
             hub=hub,
-            planner=planner,
-            served=served,
+            planner=self._planner,
+            served=self._served,
             timing=timing,
             limits=limits,
         )
@@ -137,19 +269,18 @@ class SimWorker:
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         try:
-            port = server.add_insecure_port(f"{self.host}:{self._requested_port}")
+            bound = server.add_insecure_port(f"{self.host}:{port}")
         except RuntimeError as exc:
-            raise RuntimeError(f"cannot bind {self.host}:{self._requested_port}: {exc}") from exc
-        if port == 0:
-            raise RuntimeError(f"cannot bind {self.host}:{self._requested_port}")
-        self.port = servicer.port = port
+            raise RuntimeError(f"cannot bind {self.host}:{port}: {exc}") from exc
+        if bound == 0:
+            raise RuntimeError(f"cannot bind {self.host}:{port}")
+        self._current_port = servicer.port = bound
         engine.start()
         await server.start()
-        serving = health_pb2.HealthCheckResponse.SERVING
-        await health_servicer.set("", serving)
-        await health_servicer.set(SERVICE_NAME, serving)
-        self._server, self._engine, self._hub, self._health = server, engine, hub, health_servicer
-        return port
+        status = health_pb2.HealthCheckResponse.SERVING
+        await health_servicer.set("", status)
+        await health_servicer.set(SERVICE_NAME, status)
+        return _Engine(engine, hub, server, health_servicer)
 
     async def __aenter__(self) -> SimWorker:
         await self.start()
@@ -160,17 +291,85 @@ class SimWorker:
 
     async def stop(self, grace_s: float = 0.5) -> None:
         """Stop serving: health NOT_SERVING, open streams end ("abort"), event streams close,
-        then the server stops after `grace_s` seconds at most. Idempotent."""
-        if self._server is None:
+        then the server stops after `grace_s` seconds at most; the sidecar stops. Idempotent."""
+        current, self._current = self._current, None
+        if current is not None:
+            self._last_stats = current.engine.stats
+            await current.stop(grace_s)
+        sidecar, self._sidecar = self._sidecar, None
+        if sidecar is not None:
+            await sidecar.stop()
+
+    # ---- faults ----
+
+    def snapshot(self) -> WorkerSnapshot:
+        """The figures /metrics reports now."""
+        current = self._current
+        return WorkerSnapshot(
+            model_name=self.config.model_name,
+            load=current.engine.load() if current is not None else None,
+            loop=current.engine.stats if current is not None else self._last_stats,
+            speedup=self.config.speedup,
+            faults=self.faults,
+            restarts=self.restarts,
+        )
+
+    def fault_state(self) -> dict[str, object]:
+        """The faults in force (for the sidecar)."""
+        now = self._current.engine.wall_now() if self._current else 0.0
+        return self.faults.as_dict(now)
+
+    async def apply_fault(self, fault: Fault) -> None:
+        """Put a state fault (slowdown, stall, health, reject, or `{}` reset) in force."""
+        current = self._current
+        if current is None:
             return
-        server, self._server = self._server, None
-        if self._health is not None:
-            await self._health.enter_graceful_shutdown()
-        if self._engine is not None:
-            await self._engine.stop()
-        if self._hub is not None:
-            self._hub.close()
-        await server.stop(grace_s)
+        self.faults.apply(fault, current.engine.wall_now())
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.faults.healthy
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        current.engine.fault_changed()
+        await current.health.set("", status)
+        await current.health.set(SERVICE_NAME, status)
+
+    async def restart(self) -> None:
+        """Come back on the same port with an empty cache, a new event sequence and no faults.
+        Raises RuntimeError when the port cannot be bound again within ~5 s."""
+        current, self._current = self._current, None
+        if current is not None:
+            await current.stop(None)
+        self.faults.reset()
+        self.restarts += 1
+        for attempt in range(50):
+            try:
+                self._current = await self._build(self.port)
+                return
+            except RuntimeError:
+                if attempt == 49:
+                    raise
+                await asyncio.sleep(0.1)
+
+    async def crash(self) -> None:
+        """Die at once: gRPC server, engine and sidecar stop without a goodbye."""
+        self.crashed = True
+        current, self._current = self._current, None
+        if current is not None:
+            self._last_stats = current.engine.stats
+            await current.stop(None)
+        sidecar, self._sidecar = self._sidecar, None
+        if sidecar is not None:
+            with contextlib.suppress(Exception):
+                await sidecar.stop()
+        if self._on_crash is not None:
+            self._on_crash(self)
+
+    async def clear_cache(self, timeout_s: float) -> tuple[bool, str]:
+        """Flush the prefix cache once the engine is idle (up to `timeout_s` wall seconds)."""
+        if self._current is None:
+            return False, "the worker is not serving"
+        return await self._current.engine.flush_cache(timeout_s)
 
 
 def engine_callbacks(engine: EngineLoop, hub: KvEventHub) -> None:

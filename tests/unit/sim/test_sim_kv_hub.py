@@ -115,3 +115,31 @@ async def test_closing_the_hub_ends_every_stream() -> None:
     hub.close()
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(anext(stream), 1.0)
+
+
+async def test_heartbeats_come_at_the_busy_period_while_busy_and_the_idle_one_when_idle() -> None:
+    """load_only heartbeats follow heartbeat_busy_s while requests run and heartbeat_idle_s
+    when idle (the defaults are SGLang's 1 s and 5 s)."""
+    from homing.clock import SystemClock
+    from homing.sim.config import SimConfig
+
+    assert (SimConfig().heartbeat_busy_s, SimConfig().heartbeat_idle_s) == (1.0, 5.0)
+    engine = Engine()
+    hub = KvEventHub(
+        lambda: engine.load,
+        EngineMemoryInfo(weight_gb=16.0, kv_cache_gb=59.0, token_capacity=1024),
+        heartbeat_busy_s=0.05,
+        heartbeat_idle_s=10.0,
+        clock=SystemClock(),
+    )
+    engine.load = stats(running=1)
+    stream = hub.subscribe(load_records_before_first_batch=True).batches()
+    await take(stream, 1)  # the record on subscribing
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await take(stream, 4)
+    assert loop.time() - started < 0.5  # four busy heartbeats ~50 ms apart
+    engine.load = stats()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(anext(stream), 0.3)  # idle: next heartbeat only after 10 s
+    hub.close()

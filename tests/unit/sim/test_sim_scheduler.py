@@ -1,4 +1,5 @@
-"""The pure scheduler: continuous batching, chunked prefill, KV admission, finish rules, abort."""
+"""The pure scheduler: continuous batching, chunked prefill, KV admission, schedule policies,
+the queue bound, retraction, stream_interval, finish rules, abort."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from homing.sim.radix_cache import BlockStored
 from homing.sim.scheduler import (
+    QueueFull,
     RequestFinished,
     Scheduler,
     SchedulerConfig,
@@ -33,7 +35,11 @@ class Counting:
 
 
 def make(
-    kv_tokens: int = 16 * 1024, max_running: int = 64, chunk: int = 8192, clip: int = 4096
+    kv_tokens: int = 16 * 1024,
+    max_running: int = 64,
+    chunk: int = 8192,
+    clip: int = 4096,
+    **options: object,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
@@ -43,6 +49,7 @@ def make(
             chunked_prefill_size=chunk,
             eos_token_ids=frozenset({EOS}),
             clip_max_new_tokens=clip,
+            **options,  # type: ignore[arg-type]
         ),
         TIMING,
     )
@@ -57,14 +64,19 @@ def request(
     output: Counting | None = None,
     stop: frozenset[int] = frozenset(),
     ignore_eos: bool = False,
+    prefix: tuple[int, ...] = (),
+    stream: bool = True,
+    stream_interval: int | None = None,
 ) -> SimRequest:
     return SimRequest(
         request_id=rid,
-        input_ids=tuple(range(base, base + prompt_len)),
+        input_ids=prefix + tuple(range(base, base + prompt_len)),
         max_new_tokens=max_new,
         output=output or Counting(),
         stop_token_ids=stop,
         ignore_eos=ignore_eos,
+        stream=stream,
+        stream_interval=stream_interval,
     )
 
 
@@ -334,3 +346,145 @@ class TestEventStream:
         assert removed > 0
         assert len(live) == sched.cache.tree_pages
         assert sched.cache.tree_pages <= 64
+
+
+def admitted_order(sched: Scheduler, now: float = 0.0) -> list[str]:
+    """Step with one running slot until idle; the order in which requests produced output."""
+    order: list[str] = []
+    steps, _ = run(sched, now)
+    for step in steps:
+        for output in step.outputs:
+            if output.request_id not in order:
+                order.append(output.request_id)
+    return order
+
+
+class TestSchedulePolicy:
+    def test_lpm_admits_the_longest_cached_prefix_first_and_fcfs_does_not(self) -> None:
+        """With a 640-token prefix cached, lpm runs the request that reuses it before an older
+        one that does not; fcfs keeps arrival order."""
+        prefix = tuple(range(500_000, 500_640))
+        orders = {}
+        for policy in ("fcfs", "lpm"):
+            sched = make(max_running=1, schedule_policy=policy)
+            sched.add_request(request("warm", prompt_len=16, max_new=2, prefix=prefix), 0.0)
+            _, now = run(sched)
+            sched.add_request(request("other", prompt_len=400, max_new=2, base=70_000), now)
+            sched.add_request(request("reuse", prompt_len=16, max_new=2, prefix=prefix), now)
+            orders[policy] = admitted_order(sched, now)
+        assert orders == {"fcfs": ["other", "reuse"], "lpm": ["reuse", "other"]}
+
+    def test_lpm_holds_back_a_request_sharing_an_uncached_prefix_with_an_earlier_one(
+        self,
+    ) -> None:
+        """SGLang's in-batch prefix caching: of two waiting requests that share 64 uncached
+        tokens, the second waits behind an unrelated one (two slots: first and unrelated run)
+        and then reuses the first's KV."""
+        shared = tuple(range(600_000, 600_064))
+        sched = make(max_running=2, schedule_policy="lpm")
+        sched.add_request(request("first", prompt_len=16, max_new=2, prefix=shared), 0.0)
+        sched.add_request(request("second", prompt_len=16, max_new=2, prefix=shared, base=1), 0.0)
+        sched.add_request(request("unrelated", prompt_len=16, max_new=2, base=90_000), 0.0)
+        step = sched.step(0.0)
+        assert {o.request_id for o in step.outputs} == {"first", "unrelated"}
+        steps, _ = run(sched, step.duration_s)
+        assert finished_by_id(steps)["second"].cached_tokens == 64
+
+    def test_lpm_falls_back_to_fcfs_above_128_waiting_requests(self) -> None:
+        """With 129 requests waiting, lpm stops sorting: the queue head is admitted first."""
+        prefix = tuple(range(500_000, 500_640))
+        sched = make(max_running=1, schedule_policy="lpm")
+        sched.add_request(request("warm", prompt_len=16, max_new=1, prefix=prefix), 0.0)
+        _, now = run(sched)
+        for i in range(128):
+            sched.add_request(request(f"q{i}", prompt_len=16, max_new=1, base=100 * (i + 1)), now)
+        sched.add_request(request("reuse", prompt_len=16, max_new=1, prefix=prefix), now)
+        first = sched.step(now)
+        assert [o.request_id for o in first.outputs] == ["q0"]
+
+    def test_an_unknown_policy_is_refused(self) -> None:
+        """Only fcfs and lpm are simulated."""
+        with pytest.raises(ValueError, match="lpm"):
+            make(schedule_policy="dfs-weight")
+
+
+class TestQueueBound:
+    def test_a_full_waiting_queue_refuses_new_requests_until_it_drains(self) -> None:
+        """Beyond max_queued_requests waiting, add_request raises QueueFull (counted); once the
+        queue moves, requests are accepted again."""
+        sched = make(max_running=1, max_queued_requests=2)
+        for i in range(3):  # one will run, two wait
+            sched.add_request(request(f"r{i}", base=1000 * (i + 1)), 0.0)
+            if i == 0:
+                sched.step(0.0)
+        with pytest.raises(QueueFull, match="queue is full"):
+            sched.add_request(request("late", base=50_000), 0.0)
+        assert sched.load(0.0).requests_rejected_total == 1
+        assert "late" not in sched
+        run(sched)
+        sched.add_request(request("late", base=50_000), 10.0)
+        assert "late" in sched
+
+
+class TestRetraction:
+    def test_optimistic_admission_retracts_under_pressure_and_everyone_finishes(self) -> None:
+        """Admission reserves running requests' output at new_token_ratio (< 1), so a small
+        pool over-admits, decode runs out, the newest requests are retracted and counted, and
+        every request still produces exactly its answer."""
+        sched = make(kv_tokens=16 * 48)
+        for i in range(6):
+            sched.add_request(
+                request(f"r{i}", prompt_len=64, max_new=200, base=10_000 * (i + 1)), 0.0
+            )
+        steps, _ = run(sched)
+        assert sum(s.retracted for s in steps) >= 1
+        assert sched.load(0.0).num_retracted == sum(s.retracted for s in steps)
+        outputs = tokens_by_id(steps)
+        assert all(outputs[f"r{i}"] == [1000 + k for k in range(200)] for i in range(6))
+        assert sched.cache.used_pages == 0
+
+    def test_new_token_ratio_decays_per_decode_step_and_jumps_after_a_retraction(self) -> None:
+        """The reserve ratio starts at 0.7, falls by (0.7 - 0.098) / 600 per decode step, and a
+        retraction resets it to SGLang's estimate from the survivors' progress."""
+        sched = make()
+        sched.add_request(request("a", prompt_len=40, max_new=50), 0.0)
+        sched.step(0.0)
+        before = sched.new_token_ratio
+        sched.step(1.0)
+        assert before - sched.new_token_ratio == pytest.approx((0.7 - 0.7 * 0.14) / 600)
+        small = make(kv_tokens=16 * 48)
+        for i in range(6):
+            small.add_request(request(f"r{i}", prompt_len=64, max_new=200, base=1000 * i), 0.0)
+        now = 0.0
+        while True:
+            step = small.step(now)
+            now += step.duration_s
+            if step.retracted:
+                break
+        assert small.new_token_ratio > small.min_new_token_ratio
+        assert small.new_token_ratio <= 1.0
+
+
+class TestStreamInterval:
+    def test_tokens_leave_every_interval_with_the_first_at_once(self) -> None:
+        """stream_interval 4: outputs after tokens 1, 5, 9 and at finish (SGLang's rule), and
+        together they are the whole answer."""
+        sched = make(stream_interval=4)
+        sched.add_request(request("a", max_new=11), 0.0)
+        steps, _ = run(sched)
+        counts = [o.completion_tokens for s in steps for o in s.outputs]
+        assert counts == [1, 5, 9, 11]
+        assert tokens_by_id(steps)["a"] == [1000 + i for i in range(11)]
+
+    def test_a_request_can_ask_for_its_own_interval_and_non_streaming_waits(self) -> None:
+        """A per-request interval overrides the worker's; a non-streaming request's tokens
+        leave every 50 and at finish."""
+        sched = make()
+        sched.add_request(request("own", max_new=7, stream_interval=3), 0.0)
+        sched.add_request(request("bulk", max_new=120, stream=False, base=40_000), 0.0)
+        steps, _ = run(sched)
+        by_id: dict[str, list[int]] = {}
+        for step in steps:
+            for o in step.outputs:
+                by_id.setdefault(o.request_id, []).append(o.completion_tokens)
+        assert by_id == {"own": [1, 4, 7], "bulk": [50, 100, 120]}
