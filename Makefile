@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test proto bench lint format clean
+.PHONY: run test proto bench bench-sim bench-gateway bench-router bench-routers lint format clean redis-server
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,14 +24,55 @@ proto: src/homing/v1/.generated
 run: proto
 	$(VENV)/bin/homing serve
 
-## make test: the whole suite (unit + integration over loopback)
-test: proto
+# The quota tests start their own redis-server on a free loopback port: install Debian's
+# package when the binary is missing (CI runs as root on a fresh Debian machine).
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "make: installing redis-server (Debian package)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  export DEBIAN_FRONTEND=noninteractive; log=$$(mktemp); \
+	  if $$SUDO apt-get update -qq >$$log 2>&1 && \
+	     $$SUDO apt-get install -y -qq --no-install-recommends redis-server >>$$log 2>&1; \
+	  then rm -f $$log; else cat $$log; rm -f $$log; exit 1; fi; \
+	}
+
+## make test: the whole suite (unit + integration over loopback; installs redis-server if missing)
+test: proto redis-server
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 ## make bench: replay 300 Mooncake requests against a running gateway (start `make run` first)
 bench: proto
 	$(VENV)/bin/homing bench --trace ../shared/traces/mooncake/conversation_trace.jsonl \
 	    --limit 300 --speed 20 --json bench-out/bench.json
+
+## make bench-sim: largest --speedup at which one process of 8 simulated 70B TP8 workers keeps
+## up with the Mooncake trace (from 8x, x1.25 per trial until one falls behind; ~70 s a trial)
+bench-sim: proto
+	mkdir -p bench-out
+	$(PY) -m homing.sim.throughput --trace ../shared/traces/mooncake/conversation_trace.jsonl \
+	    --workers 8 --model llama-3.1-70b --speedup 8 --search \
+	    --duration-s 60 --warmup-s 10 --json bench-out/bench-sim.json
+
+## make bench-gateway: latency auth + Redis quotas add per request (p50/p99 and the ratio to
+## the same requests without tenants), 2000 requests each; starts its own worker and redis-server
+bench-gateway: proto redis-server
+	mkdir -p bench-out
+	$(PY) -m homing.bench.gateway_overhead --requests 2000 --json bench-out/bench-gateway.json
+
+## make bench-router: router microbenchmarks (decision latency at 2k/16k tokens x 8/64/256
+## workers with 1M blocks indexed, event ingestion, bytes per block, 1M-prompt churn)
+bench-router: proto
+	mkdir -p bench-out
+	$(PY) -m homing.bench.router_micro --blocks 1000000 --churn 1000000 \
+	    --json bench-out/router-micro.json
+
+## make bench-routers: homing's four policies and smg cache_aware on the first 2,000 Mooncake
+## requests, 8 simulated 70B TP8 workers at 3x speed, ~70% load under round robin (~20 min)
+bench-routers: proto
+	mkdir -p bench-out
+	$(PY) -m homing.bench.routers --trace ../shared/traces/mooncake/conversation_trace.jsonl \
+	    --limit 2000 --workers 8 --model llama-3.1-70b --gpu H100 --tp 8 --speedup 3 \
+	    --target-load 0.70 --json bench-out/routers.json
 
 lint: proto
 	$(VENV)/bin/ruff check src tests

@@ -20,10 +20,17 @@ from aiohttp import web
 from homing.config import HomingConfig
 from homing.embedded import SimLauncher
 from homing.engines.pool import PoolConfig, WorkerPool, WorkerState
+from homing.gateway.admission import AdmissionController
+from homing.gateway.auth import KeyRing
 from homing.gateway.grpc_api import GrpcApi
 from homing.gateway.http import HttpApi
+from homing.gateway.metrics import GatewayMetrics
+from homing.gateway.quotas import QuotaGuard, QuotaStoreError, build_store
 from homing.gateway.service import InferenceService, ModelEntry
-from homing.router import Router
+from homing.gateway.tls import read_pem_pair, server_ssl_context
+from homing.obs.metrics import RouterMetrics
+from homing.router import Router, snapshot_from_state
+from homing.router.settings import apply_model_settings, policy_configs, router_from_settings
 from homing.text.tokenizer import TextTokenizer
 
 log = structlog.get_logger("homing.app")
@@ -40,6 +47,10 @@ class App:
         self.service: InferenceService | None = None
         self.http: HttpApi | None = None
         self.grpc: GrpcApi | None = None
+        self.gateway_metrics = GatewayMetrics()
+        self.router_metrics: RouterMetrics | None = None
+        self.quotas: QuotaGuard | None = None
+        self.admission: AdmissionController | None = None
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -64,7 +75,7 @@ class App:
             if cfg.embedded:
                 self.sims = SimLauncher(cfg.sim)
                 urls = await self.sims.start(timeout_s=cfg.engines.startup_timeout_s)
-            self.router = Router(cfg.router.policy, block_size=cfg.router.block_size)
+            self.router = router_from_settings(cfg.router)
             self.pool = WorkerPool(
                 urls,
                 router=self.router,
@@ -82,6 +93,7 @@ class App:
                 tokenizer = TextTokenizer.from_dir(cfg.engines.tokenizer_path)
             else:
                 tokenizer = TextTokenizer.from_bundle(await self.pool.tokenizer_bundle())
+            self._attach_router_metrics(self.pool, self.router)
             model = ModelEntry(
                 model_id=self.pool.served_model_name,
                 tokenizer=tokenizer,
@@ -89,23 +101,7 @@ class App:
                 pool=self.pool,
                 router=self.router,
             )
-            self.service = InferenceService(model, request_timeout_s=cfg.gateway.request_timeout_s)
-            self.http = HttpApi(self.service, max_body_bytes=cfg.gateway.max_body_bytes)
-            self._runner = web.AppRunner(
-                self.http.app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
-            )
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, cfg.gateway.host, cfg.gateway.port)
-            await site.start()
-            self.http_port = _bound_port(self._runner)
-            self.grpc = GrpcApi(
-                self.service,
-                host=cfg.gateway.grpc_host,
-                port=cfg.gateway.grpc_port,
-                max_message_bytes=cfg.gateway.max_body_bytes,
-            )
-            self.grpc_port = self.grpc.port
-            await self.grpc.start()
+            await self._start_gateway(model)
         except BaseException:
             await self.stop()
             raise
@@ -116,7 +112,101 @@ class App:
             grpc=f"{cfg.gateway.grpc_host}:{self.grpc_port}",
             workers=urls,
             policy=cfg.router.policy,
+            auth="on" if cfg.tenants else "off",
+            tenants=len(cfg.tenants),
+            quota_backend=cfg.quotas.backend if cfg.tenants else None,
+            tls=cfg.gateway.tls_cert_file is not None,
         )
+
+    async def _start_gateway(self, model: ModelEntry) -> None:
+        """Keys, quotas, admission, the inference service and both listeners."""
+        cfg = self.config
+        gw = cfg.gateway
+        metrics = self.gateway_metrics
+        keyring = KeyRing(cfg.tenants, metrics)
+        if cfg.tenants:
+            self.quotas = QuotaGuard(build_store(cfg.quotas), settings=cfg.quotas, metrics=metrics)
+            self.quotas.start()
+            await self._check_quota_store()
+        pool = model.pool
+        self.admission = AdmissionController(
+            cfg.admission,
+            model_id=model.model_id,
+            snapshots=lambda: [snapshot_from_state(w) for w in pool.healthy_workers()],
+            metrics=metrics,
+            # The router's own overload thresholds: admission queues exactly when the router
+            # would find no replica it is willing to load further.
+            thresholds=policy_configs(cfg.router, model.model_id)[1].overload,
+        )
+        self.service = InferenceService(
+            model,
+            request_timeout_s=gw.request_timeout_s,
+            max_messages=gw.max_messages,
+            quotas=self.quotas,
+            admission=self.admission,
+        )
+        self.http = HttpApi(
+            self.service,
+            max_body_bytes=gw.max_body_bytes,
+            keyring=keyring,
+            max_header_bytes=gw.max_header_bytes,
+            header_timeout_s=gw.header_timeout_s,
+            body_timeout_s=gw.body_timeout_s,
+        )
+        self.http.metrics_registry = metrics.registry
+        ssl_context = None
+        tls = None
+        if gw.tls_cert_file is not None and gw.tls_key_file is not None:
+            ssl_context = server_ssl_context(gw.tls_cert_file, gw.tls_key_file)
+            tls = read_pem_pair(gw.tls_cert_file, gw.tls_key_file)
+        self._runner = web.AppRunner(
+            self.http.app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=1.0,
+            **self.http.runner_kwargs(),
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, gw.host, gw.port, ssl_context=ssl_context)
+        await site.start()
+        self.http_port = _bound_port(self._runner)
+        self.grpc = GrpcApi(
+            self.service,
+            host=gw.grpc_host,
+            port=gw.grpc_port,
+            max_message_bytes=gw.max_body_bytes,
+            keyring=keyring,
+            max_metadata_bytes=gw.max_header_bytes,
+            idle_timeout_s=gw.header_timeout_s,
+            tls=tls,
+        )
+        self.grpc_port = self.grpc.port
+        await self.grpc.start()
+
+    async def _check_quota_store(self) -> None:
+        """Log whether the quota store answers; serving starts either way (requests get
+        503 or pass uncounted, per `quotas.on_store_error`, until it does)."""
+        assert self.quotas is not None
+        q = self.config.quotas
+        try:
+            await self.quotas.store.ping()
+        except QuotaStoreError as err:
+            log.warning("quota_store_unavailable", operation="start", error=str(err))
+        else:
+            log.info("quota_store", backend=q.backend, on_store_error=q.on_store_error)
+
+    def _attach_router_metrics(self, pool: WorkerPool, router: Router) -> None:
+        """Per-model router settings and router metrics, once the model name is known
+        (the metrics share the gateway's registry, served on `GET /metrics`)."""
+        model_id = pool.served_model_name
+        apply_model_settings(router, self.config.router, model_id)
+        self.router_metrics = RouterMetrics(
+            router,
+            model=model_id,
+            registry=self.gateway_metrics.registry,
+            workers=lambda: [w.worker_id for w in pool.workers()],
+            streams=lambda: {w.worker_id: w.kv_stream for w in pool.workers()},
+        ).attach()
 
     def _on_health_change(self, state: WorkerState) -> None:
         """Keep the gRPC health service in step with the pool (SERVING iff a worker is)."""
@@ -149,6 +239,11 @@ class App:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.admission is not None:
+            await self.admission.stop()
+        if self.quotas is not None:
+            await self.quotas.stop()
+            self.quotas = None
         if self.pool is not None:
             await self.pool.stop()
             self.pool = None

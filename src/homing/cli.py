@@ -21,7 +21,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--host", help="HTTP listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8080)")
     p.add_argument("--grpc-port", type=int, help="gRPC API port (default 50051)")
-    p.add_argument("--policy", choices=["cache_aware", "round_robin", "least_load"])
+    p.add_argument(
+        "--policy",
+        choices=["cache_aware", "round_robin", "least_load", "consistent_hash"],
+        help="routing policy for the served model (default cache_aware)",
+    )
     p.add_argument(
         "--worker",
         action="append",

@@ -12,7 +12,14 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class _Section(BaseModel):
@@ -29,13 +36,72 @@ class GatewaySettings(_Section):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     request_timeout_s: float = Field(default=600.0, gt=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    # Input limits (see homing.gateway.http): all request header bytes together (431 past
+    # it), chat messages per request (400), time to receive a request head after connecting
+    # or after the previous response (the connection is closed), time to receive the body
+    # once the head is in (408).
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
+    max_messages: int = Field(default=2048, ge=1)
+    header_timeout_s: float = Field(default=30.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    # TLS for both listeners: PEM certificate chain and private key (both or neither).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GatewaySettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+        return self
+
+
+RoutingPolicy = Literal["cache_aware", "round_robin", "least_load", "consistent_hash"]
+
+
+class CostWeightSettings(_Section):
+    """Weights of the router's scoring rule `cost = a*U + b*Q + d*L` (homing.router.cost):
+    `prefill` a per uncached prompt token, `queue` b per queued prefill token, `decode` d in
+    tokens per request on the worker, `lower_tier_worth` h: share of a recompute that a
+    host/remote-tier hit saves."""
+
+    prefill: float = Field(default=3.0, ge=0)
+    queue: float = Field(default=1.0, ge=0)
+    decode: float = Field(default=128.0, ge=0)
+    lower_tier_worth: float = Field(default=0.8, ge=0, le=1)
+
+
+class RouterModelSettings(_Section):
+    """Per-model overrides of `RouterSettings` (keyed by served model name); unset fields
+    take the router-wide value."""
+
+    policy: RoutingPolicy | None = None
+    weights: CostWeightSettings | None = None
+    load_factor: float | None = Field(default=None, ge=1)
+    min_match_ratio: float | None = Field(default=None, ge=0, le=1)
 
 
 class RouterSettings(_Section):
-    """Routing policy for the model's pool."""
+    """Routing for the model's pool (homing.router): the policy, the scoring rule's weights,
+    the bounded-load factors (c for the ring, c_hit for affinity) and their floors, the
+    overload veto, and the affinity index's global budget, approximate-mode TTL and
+    exact-mode booking TTL. `models` overrides policy and weights per served model name."""
 
-    policy: Literal["cache_aware", "round_robin", "least_load"] = "cache_aware"
+    policy: RoutingPolicy = "cache_aware"
     block_size: int = Field(default=16, ge=1)
+    weights: CostWeightSettings = Field(default_factory=CostWeightSettings)
+    load_factor: float = Field(default=1.25, ge=1)
+    min_bound: int = Field(default=4, ge=1)
+    hit_load_factor: float = Field(default=1.5, ge=1)
+    hit_min_bound: int = Field(default=8, ge=1)
+    ring_choices: int = Field(default=3, ge=1)
+    vnodes: int = Field(default=160, ge=1)
+    min_match_ratio: float = Field(default=0.05, ge=0, le=1)
+    max_token_usage: float = Field(default=0.95, gt=0, le=1)
+    max_waiting: int = Field(default=32, ge=1)
+    index_budget_mb: float = Field(default=160.0, gt=0)
+    approx_ttl_s: float = Field(default=120.0, gt=0)
+    booking_ttl_s: float = Field(default=30.0, gt=0)
+    models: dict[str, RouterModelSettings] = Field(default_factory=dict)
 
 
 class EngineSettings(_Section):
@@ -69,6 +135,124 @@ class SimSettings(_Section):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class QuotaLimits(_Section):
+    """Limits of one tenant or one API key; None (absent) = unlimited.
+
+    `requests_per_minute` and `tokens_per_minute` count over a sliding window of
+    `quotas.window_s` (60 s: the names' meaning); tokens are prompt + completion, reserved
+    at admission as prompt + n * max_tokens and reconciled with the engine's counts at the
+    end. `concurrent_streams`: requests in flight at once (streamed or not).
+    """
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    concurrent_streams: int | None = Field(default=None, ge=1)
+
+    @property
+    def unlimited(self) -> bool:
+        """True when no limit is set."""
+        return (
+            self.requests_per_minute is None
+            and self.tokens_per_minute is None
+            and self.concurrent_streams is None
+        )
+
+
+class ApiKeySettings(_Section):
+    """One API key of a tenant, stored as the SHA-256 hex digest of the key (never the key).
+
+    `id`: a name for logs and errors. `models`: narrows the tenant's models for this key
+    (None = the tenant's). `quota`: limits of this key on top of the tenant's.
+    Make a hash with `printf %s "$KEY" | sha256sum`.
+    """
+
+    id: str = Field(min_length=1, max_length=128)
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+    disabled: bool = False
+    models: list[str] | None = None
+    quota: QuotaLimits | None = None
+
+    @field_validator("sha256")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.lower()
+
+
+class TenantSettings(_Section):
+    """A tenant: its API keys, the models it may use (None = all served), its quota and its
+    admission priority (higher is served first from the admission queue)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    keys: list[ApiKeySettings] = Field(min_length=1)
+    models: list[str] | None = None
+    priority: int = Field(default=0, ge=0, le=100)
+    quota: QuotaLimits = Field(default_factory=QuotaLimits)
+
+
+class QuotaSettings(_Section):
+    """Where quota state lives and what happens when that store fails.
+
+    `backend`: "memory" (this process only) or "redis" (shared by every instance using the
+    same `redis_url` and `key_prefix`). `on_store_error`: "fail_closed" answers 503,
+    "fail_open" admits without counting; either way a metric and a log line.
+    `store_timeout_s`: per store call. `window_s`: the sliding window of the per-minute
+    limits. `stream_lease_s`: a stream slot's lease, renewed every third of it while the
+    request runs, so a crashed instance's slots free themselves after at most this long.
+    `streams_retry_after_s`: the `Retry-After` given when only the stream limit is hit
+    (when a stream ends is unknown). `default_completion_reservation`: tokens reserved for
+    the completion of a request that sets no `max_tokens` (capped at the room its context
+    leaves); the engine's real count is charged at the end either way.
+    """
+
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = Field(default="homing", min_length=1)
+    on_store_error: Literal["fail_closed", "fail_open"] = "fail_closed"
+    store_timeout_s: float = Field(default=0.5, gt=0)
+    window_s: float = Field(default=60.0, gt=0)
+    stream_lease_s: float = Field(default=30.0, gt=0)
+    streams_retry_after_s: int = Field(default=1, ge=1)
+    default_completion_reservation: int = Field(default=1024, ge=1)
+
+
+class AdmissionSettings(_Section):
+    """The per-model admission queue used when every healthy replica is overloaded.
+
+    A replica is overloaded at KV utilisation >= the router's `max_token_usage`, when its
+    load reaches the engine's `max_running_requests`, or (when set) when its load reaches
+    `max_in_flight_per_replica`. `max_queued` waiting requests at most (0 = no queue: 503 at
+    once); while other tenants also wait, one tenant may hold `max_queued_per_tenant` (None
+    = a quarter, at least 1), but a tenant alone may use the whole queue. A full queue gives
+    a higher-priority arrival the place of the newest lowest-priority waiter (which gets the
+    503). A request waits at most `queue_timeout_s` seconds, and that wait counts against
+    `gateway.request_timeout_s` (the engine gets what is left). Rejections are 503 with
+    `Retry-After: retry_after_s` (seconds).
+    """
+
+    enabled: bool = True
+    # Defaults keep an overloaded but otherwise healthy pool lossless: a request may wait as
+    # long as its whole generation may run (`gateway.request_timeout_s`, 600 s).
+    max_queued: int = Field(default=1024, ge=0)
+    max_queued_per_tenant: int | None = Field(default=None, ge=1)
+    queue_timeout_s: float = Field(default=600.0, gt=0)
+    max_in_flight_per_replica: int | None = Field(default=None, ge=1)
+    retry_after_s: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _per_tenant(self) -> AdmissionSettings:
+        cap = self.max_queued_per_tenant
+        if cap is not None and self.max_queued > 0 and cap > self.max_queued:
+            raise ValueError("max_queued_per_tenant must not exceed max_queued")
+        return self
+
+    @property
+    def tenant_cap(self) -> int:
+        """Waiting requests one tenant may hold."""
+        if self.max_queued_per_tenant is not None:
+            return self.max_queued_per_tenant
+        return max(1, self.max_queued // 4)
+
+
 class HomingConfig(_Section):
     """The whole configuration of one `homing serve` process."""
 
@@ -76,6 +260,28 @@ class HomingConfig(_Section):
     router: RouterSettings = Field(default_factory=RouterSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
     sim: SimSettings = Field(default_factory=SimSettings)
+    # No tenants (the embedded default): authentication and quotas are off.
+    tenants: list[TenantSettings] = Field(default_factory=list)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+
+    @model_validator(mode="after")
+    def _unique_tenants_and_keys(self) -> HomingConfig:
+        names: set[str] = set()
+        key_ids: set[str] = set()
+        hashes: set[str] = set()
+        for tenant in self.tenants:
+            if tenant.name in names:
+                raise ValueError(f"tenant {tenant.name!r} is defined twice")
+            names.add(tenant.name)
+            for key in tenant.keys:
+                if key.id in key_ids:
+                    raise ValueError(f"API key id {key.id!r} is used twice")
+                if key.sha256 in hashes:
+                    raise ValueError(f"API key {key.id!r} has the same hash as another key")
+                key_ids.add(key.id)
+                hashes.add(key.sha256)
+        return self
 
     @property
     def embedded(self) -> bool:

@@ -62,7 +62,7 @@ async def test_repeated_prompt_routes_to_the_worker_that_cached_it(
     assert "w0" not in router.index.match(PROMPT)
     snapshots = [snapshot_from_state(w) for w in pool.healthy_workers()]
     decision = router.select(RouteRequest(PROMPT), snapshots)
-    assert (decision.worker_id, decision.branch) == ("w1", "cache_hit")
+    assert (decision.worker_id, decision.branch) == ("w1", "exact_hit")
     assert decision.matched_tokens >= full
     again = await run_to_completion(pool, "w1", "hit")
     assert again.cached_tokens >= full

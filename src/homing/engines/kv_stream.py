@@ -8,8 +8,10 @@ index holds for the worker may be stale) and apply its events:
 - `load_only` batches (heartbeats, and the records numbered 0 sent before the first batch
   when `load_records_before_first_batch` is set) carry a load and no events: load only.
 - the first event batch of a subscription (per rank) sets the cursor; applied.
-- `sequence == last + 1`: applied. `sequence <= last`: a duplicate, skipped.
+- `sequence == last + 1`: applied. `sequence == last`: a duplicate, skipped.
 - `sequence > last + 1`: a gap of `sequence - last - 1` batches: flush, then apply.
+- `sequence < last`: the numbering went backwards, which a live worker never does: it
+  restarted behind a connection that survived (a proxy): `reset` (flush), then apply.
 
 The caller flushes the worker when it (re)subscribes, since a new subscription starts
 from the worker's current state, not from what it sent before.
@@ -27,7 +29,8 @@ class KvStep:
     """What to do with one batch: read `load` (None: none), `flush` first, `apply` events.
 
     `gap`: batches lost before this one (0 unless `flush`). `rank`: the batch's dp_rank
-    (None when the servicer does not set it).
+    (None when the servicer does not set it). `reset`: the sequence went backwards (a
+    restart); `flush` is also set.
     """
 
     load: common_pb2.EngineLoad | None
@@ -35,6 +38,7 @@ class KvStep:
     apply: bool
     gap: int = 0
     rank: int | None = None
+    reset: bool = False
 
 
 class KvStreamCursor:
@@ -54,8 +58,11 @@ class KvStreamCursor:
         if last is None:
             self._last[rank] = seq
             return KvStep(load=load, flush=False, apply=True, rank=rank)
-        if seq <= last:
+        if seq == last:
             return KvStep(load=load, flush=False, apply=False, rank=rank)
+        if seq < last:
+            self._last = {rank: seq}
+            return KvStep(load=load, flush=True, apply=True, rank=rank, reset=True)
         self._last[rank] = seq
         gap = seq - last - 1
         return KvStep(load=load, flush=gap > 0, apply=True, gap=gap, rank=rank)

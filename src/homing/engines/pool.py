@@ -12,20 +12,28 @@ Per worker the pool runs two tasks:
   Requests' transport errors (`report_failure`) count as failures too.
 - KV events: `SubscribeKvEvents(0, load_records_before_first_batch=True)`; every batch's
   `EngineLoad` updates the worker's `EngineLoadView`; event batches go to the router in
-  order. The worker's index entries are flushed on every (re)subscription and on a sequence
-  gap (the router flushes on `cleared` itself); after a stream error or end the task
-  resubscribes with exponential backoff (`kv_backoff_initial_s` doubling to
-  `kv_backoff_max_s`).
+  order, with their publish-to-receive lag. Index lifecycle: the worker's entries are
+  flushed (a new `kv_epoch`) on every (re)subscription, on a sequence gap, on a sequence
+  number going backwards (the worker restarted behind a live stream), when the stream ends
+  or fails, and when the worker is removed (the router flushes on `cleared` itself). After
+  a stream error or end the task resubscribes with exponential backoff
+  (`kv_backoff_initial_s` doubling to `kv_backoff_max_s`); a connection failure
+  (UNAVAILABLE) also counts as one failed health observation, so a killed worker leaves
+  rotation after a few failed resubscriptions (~0.7 s) rather than three probes. A worker
+  that does not implement SubscribeKvEvents (UNIMPLEMENTED) is left in the router's
+  approximate mode, retried every `kv_backoff_max_s` without further flushes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import grpc
 import structlog
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
@@ -41,12 +49,22 @@ log = structlog.get_logger(__name__)
 class KvEventSink(Protocol):
     """What the pool feeds KV events to (`homing.router.Router` is one)."""
 
-    def apply_kv_batch(self, worker_id: str, batch: common_pb2.KvEventBatch) -> None:
-        """Apply one in-order batch of `worker_id`'s events."""
+    def apply_kv_batch(
+        self, worker_id: str, batch: common_pb2.KvEventBatch, lag_s: float | None = None
+    ) -> None:
+        """Apply one in-order batch of `worker_id`'s events (`lag_s`: publish to receive)."""
         ...
 
-    def flush_worker(self, worker_id: str) -> None:
-        """Forget what is credited to `worker_id`."""
+    def flush_worker(self, worker_id: str, reason: str = "flush") -> None:
+        """Forget what is credited to `worker_id` (a new epoch), for `reason`."""
+        ...
+
+    def remove_worker(self, worker_id: str) -> None:
+        """`worker_id` left the pool."""
+        ...
+
+    def set_stream(self, worker_id: str, state: str) -> None:
+        """`worker_id`'s subscription is "open", "connecting", "down" or "unsupported"."""
         ...
 
 
@@ -78,7 +96,8 @@ class EngineLoadView:
     `running` / `waiting`: requests. `waiting_uncached_tokens`: queued prompt tokens not
     served from cache (None when the servicer cannot tell). `token_usage`: KV utilisation in
     [0, 1] (max over ranks). `max_running_requests`: admission window (0 unknown).
-    `updated_at`: pool clock time (s) of the record.
+    `updated_at`: pool clock time (s) of the record. `prefill_pending_tokens`: prompt tokens
+    still to prefill, queued or mid chunked prefill (None when not reported).
     """
 
     running: int
@@ -87,6 +106,7 @@ class EngineLoadView:
     token_usage: float
     max_running_requests: int
     updated_at: float
+    prefill_pending_tokens: int | None = None
 
 
 @dataclass
@@ -96,6 +116,8 @@ class WorkerState:
     `in_flight`: requests dispatched through `track` and not finished.
     `discovered`: GetModelInfo/GetServerInfo succeeded and agree with the pool's model.
     `last_error`: the latest failure seen (probe, discovery, stream), for logs and admin.
+    `kv_epoch`: how many times the worker's index entries were flushed by the pool.
+    `kv_stream`: "connecting", "open", "down" or "unsupported" (no SubscribeKvEvents).
     """
 
     worker_id: str
@@ -107,6 +129,8 @@ class WorkerState:
     consecutive_successes: int = 0
     discovered: bool = False
     last_error: str | None = None
+    kv_epoch: int = 0
+    kv_stream: str = "connecting"
 
 
 @dataclass
@@ -118,6 +142,9 @@ class _Worker:
     rank_loads: dict[int | None, EngineLoadView] = field(default_factory=dict)
     kv_subscriptions: int = 0
     kv_gaps: int = 0
+    kv_batches: int = 0
+    kv_resets: int = 0
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 def served_name(info: pb.GetModelInfoResponse) -> str:
@@ -129,8 +156,10 @@ class WorkerPool:
     """All workers of one model: `urls` in order get ids "w0", "w1", ...
 
     `router`: receives KV-event batches and flushes (`KvEventSink`; a `Router`).
-    `clock`: stamps load records. `on_health_change`: called with a worker's state each
-    time it turns healthy or unhealthy. Raises ValueError for duplicate or malformed urls.
+    `clock`: stamps load records. `wall_clock`: seconds since the epoch, to measure event
+    lag against batch timestamps (default `time.time`). `on_health_change`: called with a
+    worker's state each time it turns healthy or unhealthy. Raises ValueError for duplicate
+    or malformed urls.
     """
 
     def __init__(
@@ -141,6 +170,7 @@ class WorkerPool:
         clock: Clock | None = None,
         config: PoolConfig | None = None,
         on_health_change: Callable[[WorkerState], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if len(set(urls)) != len(urls):
             raise ValueError(f"duplicate worker urls in {list(urls)}")
@@ -148,6 +178,7 @@ class WorkerPool:
         self._router = router
         self._on_health_change = on_health_change
         self._clock: Clock = clock if clock is not None else SystemClock()
+        self._wall_clock = wall_clock
         self._thresholds = HealthThresholds(
             unhealthy_threshold=self.config.unhealthy_threshold,
             healthy_threshold=self.config.healthy_threshold,
@@ -186,12 +217,11 @@ class WorkerPool:
                 self._accept_discovery(w, *result)
                 self._set_status(w, HealthStatus(healthy=True))
         for w in workers:
-            self._tasks.append(
-                asyncio.create_task(self._health_loop(w), name=f"health-{w.state.worker_id}")
-            )
-            self._tasks.append(
-                asyncio.create_task(self._kv_loop(w), name=f"kv-{w.state.worker_id}")
-            )
+            w.tasks = [
+                asyncio.create_task(self._health_loop(w), name=f"health-{w.state.worker_id}"),
+                asyncio.create_task(self._kv_loop(w), name=f"kv-{w.state.worker_id}"),
+            ]
+            self._tasks.extend(w.tasks)
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Return once at least one worker is healthy; TimeoutError after `timeout_s`."""
@@ -199,6 +229,22 @@ class WorkerPool:
             while not self.healthy_workers():
                 self._changed.clear()
                 await self._changed.wait()
+
+    async def remove(self, worker_id: str) -> None:
+        """Take `worker_id` out of the pool: stop its tasks, close its channel and flush its
+        index entries (`router.remove_worker`). KeyError for an unknown id."""
+        w = self._workers.pop(worker_id)
+        for task in w.tasks:
+            task.cancel()
+        await asyncio.gather(*w.tasks, return_exceptions=True)
+        self._tasks = [t for t in self._tasks if t not in w.tasks]
+        self._router.remove_worker(worker_id)
+        w.state.healthy = False
+        w.state.kv_stream = "down"
+        if self._reference is w:
+            self._reference = next((x for x in self._workers.values() if x.model_info), None)
+        self._changed.set()
+        await w.client.close()
 
     async def stop(self) -> None:
         """Cancel the background tasks and close every channel."""
@@ -354,9 +400,13 @@ class WorkerPool:
             token_usage=load.token_usage,
             max_running_requests=load.max_running_requests,
             updated_at=now,
+            prefill_pending_tokens=(
+                load.prefill_pending_tokens if load.HasField("prefill_pending_tokens") else None
+            ),
         )
         views = list(w.rank_loads.values())
         uncached = [v.waiting_uncached_tokens for v in views]
+        pending = [v.prefill_pending_tokens for v in views]
         w.state.load = EngineLoadView(
             running=sum(v.running for v in views),
             waiting=sum(v.waiting for v in views),
@@ -366,6 +416,9 @@ class WorkerPool:
             token_usage=max(v.token_usage for v in views),
             max_running_requests=sum(v.max_running_requests for v in views),
             updated_at=now,
+            prefill_pending_tokens=(
+                None if any(p is None for p in pending) else sum(p or 0 for p in pending)
+            ),
         )
 
     def _accept_discovery(
@@ -430,34 +483,71 @@ class WorkerPool:
                 ok = result is not None and self._accept_discovery(w, *result)
             self._observe(w, ok, "probe")
 
+    def _set_stream(self, w: _Worker, state: str) -> None:
+        w.state.kv_stream = state
+        self._router.set_stream(w.state.worker_id, state)
+
+    def _flush(self, w: _Worker, reason: str) -> None:
+        """New epoch for `w`'s index entries: nothing credited before may be trusted."""
+        w.state.kv_epoch += 1
+        self._router.flush_worker(w.state.worker_id, reason)
+
+    def _batch_lag(self, batch: common_pb2.KvEventBatch) -> float | None:
+        """Seconds from the batch's publish timestamp to now (None without a timestamp)."""
+        if batch.timestamp <= 0:
+            return None
+        return max(0.0, self._wall_clock() - batch.timestamp)
+
     async def _kv_loop(self, w: _Worker) -> None:
         cfg = self.config
         worker_id = w.state.worker_id
         backoff = cfg.kv_backoff_initial_s
+        unsupported = False
         while True:
             cursor = KvStreamCursor()
             # A new subscription starts from the worker's current state: nothing credited
             # to it before may be trusted (it may have restarted or evicted meanwhile).
-            self._router.flush_worker(worker_id)
+            if not unsupported:
+                self._flush(w, "subscribe")
             w.kv_subscriptions += 1
+            self._set_stream(w, "connecting")
             try:
                 async for batch in w.client.subscribe_kv_events(start_sequence_number=0):
                     backoff = cfg.kv_backoff_initial_s
+                    unsupported = False
+                    if w.state.kv_stream != "open":
+                        self._set_stream(w, "open")
                     step = cursor.feed(batch)
                     if step.load is not None:
                         self._apply_load(w, step.rank, step.load)
-                    if step.flush:
+                    if step.reset:
+                        w.kv_resets += 1
+                        log.warning("kv_sequence_reset", worker=worker_id, rank=step.rank)
+                        self._flush(w, "restart")
+                    elif step.flush:
                         w.kv_gaps += 1
                         log.warning("kv_sequence_gap", worker=worker_id, lost_batches=step.gap)
-                        self._router.flush_worker(worker_id)
+                        self._flush(w, "gap")
                     if step.apply and len(batch.events):
-                        self._router.apply_kv_batch(worker_id, batch)
+                        w.kv_batches += 1
+                        self._router.apply_kv_batch(worker_id, batch, self._batch_lag(batch))
                 log.info("kv_stream_ended", worker=worker_id)
+                reason = "stream_end"
             except EngineError as err:
                 log.info("kv_stream_failed", worker=worker_id, error=str(err))
+                reason = "stream_error"
+                if err.code == grpc.StatusCode.UNIMPLEMENTED:
+                    unsupported = True
+                    backoff = cfg.kv_backoff_max_s
+                elif err.code == grpc.StatusCode.UNAVAILABLE:
+                    w.state.last_error = str(err)
+                    self._observe(w, False, "kv_stream")
             except Exception:  # a bug in applying events must not end the subscription
                 log.exception("kv_stream_crashed", worker=worker_id)
-            self._router.flush_worker(worker_id)
+                reason = "stream_error"
+            self._set_stream(w, "unsupported" if unsupported else "down")
+            if not unsupported:
+                self._flush(w, reason)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, cfg.kv_backoff_max_s)
 

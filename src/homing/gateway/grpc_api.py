@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError
 from homing.gateway.requests import parse_chat, parse_completion
 from homing.gateway.service import (
@@ -82,15 +83,28 @@ def completion_body(request: pb.CompletionRequest) -> dict[str, Any]:
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
-    """gRPC front of `InferenceService`."""
+    """gRPC front of `InferenceService`; the API key comes in the `authorization` metadata
+    (`Bearer KEY`), as on HTTP."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, keyring: KeyRing | None = None) -> None:
         self.service = service
+        self.keyring = keyring if keyring is not None else KeyRing(())
+
+    def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
+        value = dict(context.invocation_metadata() or ()).get("authorization")
+        return self.keyring.authenticate(value if isinstance(value, str) else None)
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
+        principal: Principal | None = None
+        try:
+            principal = self._principal(context)
+        except APIError as err:
+            await _abort(context, err, _request_id(context))  # raises
         m = self.service.model
+        if principal is not None and not principal.may_see(m.model_id):
+            return pb.ListModelsResponse()
         return pb.ListModelsResponse(
             models=[
                 pb.Model(
@@ -105,11 +119,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def ChatCompletion(
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        async def prepare(request_id: str) -> PreparedRequest:
+        async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
             return await self.service.prepare_chat(
                 parse_chat(chat_body(request)),
                 request_id=request_id,
                 session_key=request.user or None,
+                principal=principal,
             )
 
         async for chunk in self._handle(prepare, context):
@@ -118,11 +133,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def Completion(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
-        async def prepare(request_id: str) -> PreparedRequest:
+        async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
             return await self.service.prepare_completion(
                 parse_completion(completion_body(request)),
                 request_id=request_id,
                 session_key=request.user or None,
+                principal=principal,
             )
 
         async for chunk in self._handle(prepare, context):
@@ -130,12 +146,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     async def _handle(
         self,
-        prepare: Callable[[str], Awaitable[PreparedRequest]],
+        prepare: Callable[[str, Principal | None], Awaitable[PreparedRequest]],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.CompletionChunk]:
         request_id = _request_id(context)
         try:
-            prepared = await prepare(request_id)
+            prepared = await prepare(request_id, self._principal(context))
         except APIError as err:
             log_rejection(request_id, err, api="grpc")
             await _abort(context, err, request_id)
@@ -235,32 +251,59 @@ async def _abort(context: grpc.aio.ServicerContext, err: APIError, request_id: s
         ("x-request-id", request_id),
     ]
     if err.retry_after_s is not None:
+        # Seconds as on HTTP, and gRPC's own retry pushback (milliseconds) that clients with
+        # a retry policy honour.
         trailing.append(("retry-after", str(err.retry_after_s)))
+        trailing.append(("grpc-retry-pushback-ms", str(err.retry_after_s * 1000)))
     context.set_trailing_metadata(tuple(trailing))
     await context.abort(err.grpc_code, err.message)
 
 
 class GrpcApi:
-    """The gRPC server: `homing.v1.Inference`, health and reflection."""
+    """The gRPC server: `homing.v1.Inference`, health and reflection.
+
+    `keyring`: API keys (None or empty: auth off). `max_metadata_bytes`: the HTTP header
+    limit's counterpart (larger metadata is refused by gRPC itself). `idle_timeout_s`:
+    a connection with no call in progress is closed after this long.
+    `tls`: (certificate chain PEM, private key PEM) to serve TLS instead of plaintext.
+    """
 
     def __init__(
-        self, service: InferenceService, *, host: str, port: int, max_message_bytes: int
+        self,
+        service: InferenceService,
+        *,
+        host: str,
+        port: int,
+        max_message_bytes: int,
+        keyring: KeyRing | None = None,
+        max_metadata_bytes: int = 16 * 1024,
+        idle_timeout_s: float = 30.0,
+        tls: tuple[bytes, bytes] | None = None,
     ) -> None:
         self.service = service
         self.server = grpc.aio.server(
             options=[
                 # The same cap as the HTTP body limit: a larger message is refused unread.
                 ("grpc.max_receive_message_length", max_message_bytes),
+                # Soft and hard limit equal: every call above it is refused, none at random.
+                ("grpc.max_metadata_size", max_metadata_bytes),
+                ("grpc.absolute_max_metadata_size", max_metadata_bytes),
+                ("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000)),
                 ("grpc.so_reuseport", 0),
             ]
         )
-        pb_grpc.add_InferenceServicer_to_server(InferenceServicer(service), self.server)
+        pb_grpc.add_InferenceServicer_to_server(InferenceServicer(service, keyring), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if tls is not None:
+            cert, key = tls
+            credentials = grpc.ssl_server_credentials([(key, cert)])
+            self.port = self.server.add_secure_port(f"{host}:{port}", credentials)
+        else:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"cannot bind gRPC API on {host}:{port}")
 

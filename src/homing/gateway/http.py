@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API on aiohttp: chat and text completions with SSE streaming.
 
 Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-`GET /health` (the process is alive) and `GET /ready` (at least one healthy worker).
+`GET /health` (the process is alive), `GET /ready` (at least one healthy worker) and
+`GET /metrics` (Prometheus: router and gateway series).
 Every response carries `x-request-id`; inference responses also carry `x-homing-worker`
 (the replica that served them). Errors are OpenAI-shaped JSON (`homing.gateway.errors`);
 a client's mistake is never a 5xx. Streaming follows OpenAI: one `data: {chunk}\\n\\n` event
@@ -10,17 +11,24 @@ per chunk, the first delta of each choice carries the role, an optional usage ch
 as a `data: {"error": ...}` event before `[DONE]` (what vLLM and SGLang do).
 The handler is cancelled when the client disconnects (`handler_cancellation=True`), which
 closes the generation and aborts the engine requests.
+With tenants configured, `/v1/*` needs `Authorization: Bearer KEY` (`homing.gateway.auth`);
+`/health`, `/ready` and `/metrics` stay open. Input limits: body size (413), all header lines
+together (431), the time to receive a request head (the connection is closed) and a body
+(408); see `HttpApi`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError
 from homing.gateway.requests import parse_chat, parse_completion
 from homing.gateway.service import (
@@ -38,6 +46,7 @@ log = structlog.get_logger("homing.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REQUEST_ID = web.RequestKey("request_id", str)
+LINGERING_S = 1.0
 
 
 def _json_dumps(obj: Any) -> str:
@@ -45,11 +54,15 @@ def _json_dumps(obj: Any) -> str:
 
 
 def error_response(err: APIError, request_id: str) -> web.Response:
-    """The JSON error response for `err`, with `Retry-After` on 429/503."""
+    """The JSON error response for `err`, with `Retry-After` on 429/503; a 408 (body not
+    received in time) also closes the connection instead of waiting for the rest."""
     headers = {"x-request-id": request_id}
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(err.retry_after_s)
-    return web.json_response(err.body(), status=err.status, headers=headers, dumps=_json_dumps)
+    response = web.json_response(err.body(), status=err.status, headers=headers, dumps=_json_dumps)
+    if err.status == 408:
+        response.force_close()
+    return response
 
 
 @web.middleware
@@ -87,8 +100,36 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
     return response
 
 
-async def _read_json(request: web.Request) -> Any:
-    raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+def _header_limit(max_header_bytes: int) -> Callable[[web.Request, Handler], Awaitable[Any]]:
+    """Middleware: 431 when all request header lines together exceed `max_header_bytes`
+    (name + value + 4 bytes of `: ` and CRLF per line, plus the request line).
+    aiohttp's parser stops a single line past its own limit first (a plain 400)."""
+
+    @web.middleware
+    async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
+        size = len(request.method) + len(request.raw_path) + 12  # "M PATH HTTP/1.1\r\n"
+        size += sum(len(k) + len(v) + 4 for k, v in request.raw_headers)
+        if size > max_header_bytes:
+            raise APIError(
+                431,
+                f"The request headers are too large ({size} bytes; limit {max_header_bytes}).",
+                code="request_header_fields_too_large",
+            )
+        return await handler(request)
+
+    return limit
+
+
+async def _read_json(request: web.Request, timeout_s: float | None = None) -> Any:
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"The request body was not received within {timeout_s:g} s.",
+            code="request_timeout",
+        ) from None
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, huge ints, deep nesting
@@ -114,16 +155,58 @@ def _session_key(request: web.Request) -> str | None:
 
 
 class HttpApi:
-    """The aiohttp application for one `InferenceService`."""
+    """The aiohttp application for one `InferenceService`.
 
-    def __init__(self, service: InferenceService, *, max_body_bytes: int) -> None:
+    `keyring`: API keys (None or empty: auth off). `max_header_bytes`: 431 past it.
+    `header_timeout_s`: a connection must deliver a complete request head within this time
+    of connecting or of its previous response, else it is closed (slowloris); it is also the
+    idle keep-alive timeout. `body_timeout_s`: 408 when the body takes longer.
+    Pass `runner_kwargs()` to the `web.AppRunner` that serves `app`.
+    """
+
+    def __init__(
+        self,
+        service: InferenceService,
+        *,
+        max_body_bytes: int,
+        keyring: KeyRing | None = None,
+        max_header_bytes: int = 16 * 1024,
+        header_timeout_s: float = 30.0,
+        body_timeout_s: float = 30.0,
+    ) -> None:
         self.service = service
-        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_middleware])
+        self.keyring = keyring if keyring is not None else KeyRing(())
+        self.max_header_bytes = max_header_bytes
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.app = web.Application(
+            client_max_size=max_body_bytes,
+            middlewares=[_errors_middleware, _header_limit(max_header_bytes)],
+        )
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/ready", self.ready)
+        # Prometheus exposition of this registry (set by the App; 404 while None).
+        self.metrics_registry: CollectorRegistry | None = None
+        self.app.router.add_get("/metrics", self.metrics)
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        """aiohttp protocol settings: keep-alive (= head) timeout and parser line limits
+        at least as large as our own header limit, so ours answers first with 431."""
+        line = max(8190, self.max_header_bytes)
+        return {
+            "keepalive_timeout": self.header_timeout_s,
+            # After answering before a body was read in full (408, 413, auth errors), keep
+            # draining it this long so the client sees the answer, then close.
+            "lingering_time": LINGERING_S,
+            "max_line_size": line,
+            "max_field_size": line,
+        }
+
+    def _principal(self, request: web.Request) -> Principal | None:
+        return self.keyring.authenticate(request.headers.get("Authorization"))
 
     # -- simple routes --
 
@@ -138,9 +221,18 @@ class HttpApi:
         body = {"ready": healthy > 0, "healthy_workers": healthy, "workers": len(pool.workers())}
         return web.json_response(body, status=200 if healthy else 503)
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        """`GET /metrics`: Prometheus text format of `metrics_registry` (router, gateway)."""
+        if self.metrics_registry is None:
+            raise web.HTTPNotFound()
+        body = generate_latest(self.metrics_registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     async def models(self, request: web.Request) -> web.Response:
-        """`GET /v1/models`: the served model with its context window."""
+        """`GET /v1/models`: the served models the caller may use, with context windows."""
+        principal = self._principal(request)
         m = self.service.model
+        visible = principal is None or principal.may_see(m.model_id)
         return web.json_response(
             {
                 "object": "list",
@@ -152,7 +244,9 @@ class HttpApi:
                         "owned_by": "homing",
                         "max_model_len": m.max_context_length,
                     }
-                ],
+                ]
+                if visible
+                else [],
             }
         )
 
@@ -160,17 +254,25 @@ class HttpApi:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/chat/completions`."""
-        req = parse_chat(await _read_json(request))
+        principal = self._principal(request)
+        req = parse_chat(await _read_json(request, self.body_timeout_s))
         prepared = await self.service.prepare_chat(
-            req, request_id=request[REQUEST_ID], session_key=_session_key(request)
+            req,
+            request_id=request[REQUEST_ID],
+            session_key=_session_key(request),
+            principal=principal,
         )
         return await self._serve(request, prepared)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/completions` (prompt as a string or a list of token ids)."""
-        req = parse_completion(await _read_json(request))
+        principal = self._principal(request)
+        req = parse_completion(await _read_json(request, self.body_timeout_s))
         prepared = await self.service.prepare_completion(
-            req, request_id=request[REQUEST_ID], session_key=_session_key(request)
+            req,
+            request_id=request[REQUEST_ID],
+            session_key=_session_key(request),
+            principal=principal,
         )
         return await self._serve(request, prepared)
 
@@ -180,15 +282,20 @@ class HttpApi:
                 "x-request-id": prepared.request_id,
                 "x-homing-worker": generation.worker_id or "",
             }
-            if prepared.stream:
-                return await self._stream(request, prepared, generation, headers)
-            texts = ["" for _ in range(prepared.n)]
-            async for event in generation:
-                if isinstance(event, TextDelta):
-                    texts[event.index] += event.text
-            return web.json_response(
-                full_body(prepared, generation, texts), headers=headers, dumps=_json_dumps
-            )
+            if not prepared.stream:
+                texts = ["" for _ in range(prepared.n)]
+                async for event in generation:
+                    if isinstance(event, TextDelta):
+                        texts[event.index] += event.text
+                return web.json_response(
+                    full_body(prepared, generation, texts), headers=headers, dumps=_json_dumps
+                )
+            response = await self._stream(request, prepared, generation, headers)
+        # The generation is closed (quota settled, stream slot released) before the client
+        # sees the end of the stream, so its next request finds the slot free.
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     async def _stream(
         self,
@@ -225,8 +332,6 @@ class HttpApi:
         else:
             if prepared.include_usage:
                 await send(chunker.usage_chunk(generation.finalize_usage()))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
         return response
 
 

@@ -5,11 +5,14 @@ call this module, so they share semantics and validation. A request's life:
 
 1. `InferenceService.prepare_chat` / `prepare_completion` turn a validated body into a
    `PreparedRequest` (prompt token ids, limits); client mistakes raise `APIError` 4xx.
-2. `InferenceService.open` routes it to a replica and returns a `Generation`.
+2. `InferenceService.open` returns a `Generation`; entering it charges the tenant's quota
+   (`homing.gateway.quotas`, 429/503), waits for admission when every replica is overloaded
+   (`homing.gateway.admission`, 503) and routes it to a replica.
 3. `async with generation:` runs the `n` engine streams; iterating it yields `TextDelta` and
    `ChoiceFinished` events in order per choice. Leaving the block by any path (normal end,
    client disconnect, error, cancellation) cancels the engine streams, which send `Abort`,
-   releases the in-flight counts exactly once and writes the request's log line.
+   releases the in-flight counts and the quota ticket exactly once and writes the request's
+   log line.
 
 A transport failure of a worker before any token was produced is retried once on another
 replica (the failed one is reported to the pool's health accounting); a client's mistake
@@ -32,7 +35,10 @@ import structlog
 
 from homing.engines.client import EngineError, GenerateDone, GenerateParams, TokenChunk
 from homing.engines.pool import WorkerPool
+from homing.gateway.admission import AdmissionController
+from homing.gateway.auth import Principal, check_model
 from homing.gateway.errors import APIError, invalid, model_not_found, no_capacity
+from homing.gateway.quotas.guard import QuotaGuard, QuotaTicket
 from homing.gateway.requests import ChatRequest, CompletionRequest
 from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
 from homing.text.detokenizer import IncrementalDetokenizer
@@ -70,6 +76,7 @@ class PreparedRequest:
     model: ModelEntry
     prompt_ids: list[int]
     max_new_tokens: int
+    max_tokens_given: bool
     n: int
     temperature: float
     top_p: float
@@ -85,6 +92,7 @@ class PreparedRequest:
     include_usage: bool
     session_key: str | None
     tenant: str | None = None
+    principal: Principal | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -137,18 +145,31 @@ class InferenceService:
     their `async with` block).
     """
 
-    def __init__(self, model: ModelEntry, *, request_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        model: ModelEntry,
+        *,
+        request_timeout_s: float = 600.0,
+        max_messages: int | None = None,
+        quotas: QuotaGuard | None = None,
+        admission: AdmissionController | None = None,
+    ) -> None:
         self.model = model
         self.request_timeout_s = request_timeout_s
+        self.max_messages = max_messages
+        # Quotas are charged and admission waited for when a Generation is entered.
+        self.quotas = quotas
+        self.admission = admission
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
     # -- preparation (pure validation + tokenization) -------------------------------------
 
-    def _model(self, name: str) -> ModelEntry:
+    def _model(self, name: str, principal: Principal | None) -> ModelEntry:
         if name != self.model.model_id:
             raise model_not_found(name)
+        check_model(principal, name)  # 404 for the tenant, 403 for the key
         return self.model
 
     async def _encode(self, text: str, param: str) -> list[int]:
@@ -165,10 +186,22 @@ class InferenceService:
             ) from None
 
     async def prepare_chat(
-        self, req: ChatRequest, *, request_id: str, session_key: str | None = None
+        self,
+        req: ChatRequest,
+        *,
+        request_id: str,
+        session_key: str | None = None,
+        principal: Principal | None = None,
     ) -> PreparedRequest:
-        """Apply the chat template and tokenize; raises `APIError` (404 model, 400 context)."""
-        model = self._model(req.model)
+        """Apply the chat template and tokenize; raises `APIError` (404/403 model, 400
+        context or too many messages)."""
+        model = self._model(req.model, principal)
+        if self.max_messages is not None and len(req.messages) > self.max_messages:
+            raise invalid(
+                f"Invalid value for 'messages': at most {self.max_messages} messages are "
+                f"allowed, got {len(req.messages)}.",
+                "messages",
+            )
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
             prompt_text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -176,14 +209,19 @@ class InferenceService:
             raise invalid(f"Invalid messages: {err}", "messages") from err
         prompt_ids = await self._encode(prompt_text, "messages")
         return self._prepared(
-            "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key
+            "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal
         )
 
     async def prepare_completion(
-        self, req: CompletionRequest, *, request_id: str, session_key: str | None = None
+        self,
+        req: CompletionRequest,
+        *,
+        request_id: str,
+        session_key: str | None = None,
+        principal: Principal | None = None,
     ) -> PreparedRequest:
-        """Tokenize a text prompt or check a token-id prompt; raises `APIError` 400/404."""
-        model = self._model(req.model)
+        """Tokenize a text prompt or check a token-id prompt; raises `APIError` 400/403/404."""
+        model = self._model(req.model, principal)
         if isinstance(req.prompt, str):
             prompt_ids = await self._encode(req.prompt, "prompt")
             if not prompt_ids:
@@ -199,7 +237,7 @@ class InferenceService:
                     "prompt",
                 )
         return self._prepared(
-            "text", req, model, prompt_ids, req.max_new_tokens, request_id, session_key
+            "text", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal
         )
 
     def _prepared(
@@ -211,6 +249,7 @@ class InferenceService:
         max_new_tokens: int | None,
         request_id: str,
         session_key: str | None,
+        principal: Principal | None = None,
     ) -> PreparedRequest:
         limit = model.max_context_length
         room = limit - len(prompt_ids)
@@ -244,6 +283,7 @@ class InferenceService:
             model=model,
             prompt_ids=prompt_ids,
             max_new_tokens=wanted,
+            max_tokens_given=max_new_tokens is not None,
             n=req.n,
             temperature=req.temperature,
             top_p=req.top_p,
@@ -258,6 +298,8 @@ class InferenceService:
             stream=req.stream,
             include_usage=req.include_usage,
             session_key=session_key or req.user,
+            tenant=principal.tenant if principal is not None else None,
+            principal=principal,
         )
 
     # -- routing and generation ----------------------------------------------------------
@@ -297,6 +339,8 @@ class InferenceService:
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
+        if self.admission is not None:
+            self.admission.dispatch()  # a replica may have room now
 
 
 class Generation:
@@ -325,6 +369,7 @@ class Generation:
         self._open_choices = prepared.n
         self._slots = contextlib.ExitStack()
         self._failure: str | None = None
+        self._ticket: QuotaTicket | None = None
         # Engine-side ids are ours alone: a client's x-request-id may repeat across requests.
         self._engine_id = uuid.uuid4().hex
 
@@ -355,7 +400,22 @@ class Generation:
         await self._close()
 
     async def _start(self) -> None:
-        """Route, start the engine streams and wait for the first event (retrying once)."""
+        """Charge the quota, wait for admission, then route, start the engine streams and
+        wait for the first event (retrying once)."""
+        p = self.prepared
+        service = self.service
+        if service.quotas is not None:
+            completion = p.max_new_tokens
+            if not p.max_tokens_given:  # the whole context would starve low-TPM tenants
+                completion = min(completion, service.quotas.settings.default_completion_reservation)
+            self._ticket = await service.quotas.reserve(
+                p.principal,
+                tokens=len(p.prompt_ids) + p.n * completion,
+                request_id=p.request_id,
+            )
+        if service.admission is not None:
+            priority = p.principal.priority if p.principal is not None else 0
+            await service.admission.admit(p.tenant, priority, p.request_id)
         tried: list[str] = []
         for attempt in range(MAX_ROUTE_ATTEMPTS):
             worker_id = self.service.route(self.prepared, exclude=tried)
@@ -398,8 +458,19 @@ class Generation:
         try:
             await self._cancel_tasks()
         finally:
-            self.service._leave()
-            self._log()
+            try:
+                if self.service.quotas is not None:
+                    # Tokens charged by one rule on every path: what the engine was given and
+                    # produced (prompt + completion). A request that never reached a worker
+                    # (a 503 from admission or routing, a client gone while queued) is
+                    # refunded whole: it uses up no requests, tokens or stream slot.
+                    used = self.finalize_usage().total_tokens if self.worker_id else 0
+                    await self.service.quotas.settle(
+                        self._ticket, used, refund=self.worker_id is None
+                    )
+            finally:
+                self.service._leave()
+                self._log()
 
     # -- iteration --
 
@@ -451,7 +522,10 @@ class Generation:
         )
         produced = False
         try:
-            stream = client.generate(params, timeout_s=self.service.request_timeout_s)
+            # The whole request (admission wait included) stays within the timeout.
+            waited_s = time.monotonic() - self._started_at
+            remaining_s = max(0.001, self.service.request_timeout_s - waited_s)
+            stream = client.generate(params, timeout_s=remaining_s)
             try:
                 async for item in stream:
                     reason = self._on_engine_item(index, item, detok, stops)
@@ -562,6 +636,7 @@ class Generation:
             "request_done",
             request_id=p.request_id,
             tenant=p.tenant,
+            api_key=p.principal.key_id if p.principal is not None else None,
             model=p.model.model_id,
             kind=p.kind,
             worker=self.worker_id,

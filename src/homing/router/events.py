@@ -1,12 +1,15 @@
 """KV-cache events as plain data, and their conversion from the wire (`KvEventBatch`).
 
-Rule of this file: the edge. `events_from_batch` is the only place that reads the protobuf;
-the index consumes the frozen dataclasses below and never sees a message. Conversion
+Rule of this file: the edge. `events_from_batch` and `ingest_batch` (its fast path for
+SGLang's one-block stored events) are the only places that read the protobuf; the index
+consumes the frozen dataclasses below, or plain bytes and ints, and never sees a message. Conversion
 decisions (documented per field in `common.proto`, smg-grpc-proto 0.4.28):
 
 - tier: `KvBlocksStored.tier` when set, else the first block's legacy `cache_level`
   (0 device, 1 host, 2 disk, 3 external -> tier value + 1), else device.
-- locality REMOTE events describe a shared pool, not this worker: dropped.
+- locality REMOTE events describe a shared pool (LMCache, Mooncake store) that every worker
+  can load from: kept with `shared=True`, and the index credits those blocks to every worker
+  (in a lower tier than device).
 - blocks of a non-full-attention KV group (a sliding window, a mamba state) cannot serve a
   prefix: dropped.
 - LoRA adapter / cache salt / per-block lora_id or extra keys put the blocks in their own
@@ -15,7 +18,11 @@ decisions (documented per field in `common.proto`, smg-grpc-proto 0.4.28):
 
 from __future__ import annotations
 
+import sys
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from smg_grpc_proto.generated import common_pb2
 
@@ -23,6 +30,17 @@ TIER_DEVICE = common_pb2.KV_CACHE_TIER_DEVICE
 TIER_HOST = common_pb2.KV_CACHE_TIER_HOST
 TIER_DISK = common_pb2.KV_CACHE_TIER_DISK
 TIER_EXTERNAL = common_pb2.KV_CACHE_TIER_EXTERNAL
+
+
+_LITTLE = sys.byteorder == "little"
+
+
+def _as_bytes(token_ids: list[int]) -> bytes:
+    """uint32-LE bytes of `token_ids` (the same bytes `homing.router.hashing` hashes)."""
+    arr = array("I", token_ids)
+    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
+        arr.byteswap()
+    return arr.tobytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,20 +53,28 @@ class StoredBlock:
 
 @dataclass(frozen=True, slots=True)
 class BlocksStored:
-    """Consecutive blocks of one chain; block 0's parent is `parent_engine_hash` (None: root)."""
+    """Consecutive blocks of one chain; block 0's parent is `parent_engine_hash` (None: root).
+
+    `shared`: the blocks sit in a pool every worker reads (locality REMOTE).
+    """
 
     blocks: tuple[StoredBlock, ...]
     parent_engine_hash: int | None = None
     tier: int = TIER_DEVICE
     namespace: str = ""
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class BlocksRemoved:
-    """Blocks the engine dropped, by engine hash; `tier` None means every tier."""
+    """Blocks the engine dropped, by engine hash; `tier` None means every tier.
+
+    `shared`: the blocks left the shared pool (locality REMOTE).
+    """
 
     engine_hashes: tuple[int, ...]
     tier: int | None = None
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +128,9 @@ def event_from_proto(event: common_pb2.KvCacheEvent) -> KvEvent | None:
     kind = event.WhichOneof("data")
     if kind == "stored":
         stored = event.stored
-        if stored.HasField("locality") and stored.locality == common_pb2.KV_CACHE_LOCALITY_REMOTE:
-            return None
+        shared = (
+            stored.HasField("locality") and stored.locality == common_pb2.KV_CACHE_LOCALITY_REMOTE
+        )
         if not _is_full_attention(stored):
             return None
         return BlocksStored(
@@ -116,15 +143,119 @@ def event_from_proto(event: common_pb2.KvCacheEvent) -> KvEvent | None:
             ),
             tier=_stored_tier(stored),
             namespace=_namespace(stored),
+            shared=shared,
         )
     if kind == "removed":
         removed = event.removed
-        if removed.HasField("locality") and removed.locality == common_pb2.KV_CACHE_LOCALITY_REMOTE:
-            return None
-        return BlocksRemoved(engine_hashes=tuple(removed.block_hashes), tier=_removed_tier(removed))
+        shared = (
+            removed.HasField("locality") and removed.locality == common_pb2.KV_CACHE_LOCALITY_REMOTE
+        )
+        return BlocksRemoved(
+            engine_hashes=tuple(removed.block_hashes), tier=_removed_tier(removed), shared=shared
+        )
     if kind == "cleared":
         return CacheCleared()
     return None
+
+
+class WireSink(Protocol):
+    """What `ingest_batch` feeds (`homing.router.index.PrefixIndex` is one)."""
+
+    def store_blocks(
+        self, worker_id: str, items: Sequence[tuple[int, int | None, bytes, int]]
+    ) -> int: ...
+
+    def remove_blocks(
+        self,
+        worker_id: str,
+        engine_hashes: Iterable[int],
+        tier: int | None = None,
+        shared: bool = False,
+    ) -> None: ...
+
+    def apply(self, worker_id: str, event: KvEvent) -> None: ...
+
+
+@dataclass
+class BatchCounts:
+    """Events of one batch by kind (for metrics): stored blocks, removed blocks, cleared."""
+
+    stored: int = 0
+    removed: int = 0
+    cleared: int = 0
+
+
+_REMOTE = common_pb2.KV_CACHE_LOCALITY_REMOTE
+_UNSPECIFIED = common_pb2.KV_CACHE_TIER_UNSPECIFIED
+
+
+def ingest_batch(batch: common_pb2.KvEventBatch, sink: WireSink, worker_id: str) -> BatchCounts:
+    """Feed one batch's events to `sink` in order, converted as `event_from_proto` does.
+
+    The common shapes skip the dataclasses: runs of stored events with one block and no
+    namespace, sliding window, spec kind or remote locality go to `store_blocks` as
+    `(engine_hash, parent, token bytes, tier)`; a removed event goes to `remove_blocks`.
+    Anything else takes `event_from_proto` and `sink.apply`, in stream order.
+    """
+    counts = BatchCounts()
+    run: list[tuple[int, int | None, bytes, int]] = []
+    for ev in batch.events:
+        kind = ev.WhichOneof("data")
+        if kind == "stored":
+            stored = ev.stored
+            blocks = stored.blocks
+            if (
+                len(blocks) == 1
+                and not stored.lora_name
+                and not stored.cache_salt
+                and not stored.kv_cache_spec_kind
+                and not stored.kv_cache_spec_sliding_window
+                and stored.locality != _REMOTE
+            ):
+                block = blocks[0]
+                if not block.HasField("lora_id") and not len(block.extra_keys):
+                    tier = stored.tier
+                    if tier == _UNSPECIFIED:
+                        tier = _stored_tier(stored)
+                    run.append(
+                        (
+                            block.block_hash,
+                            stored.parent_block_hash
+                            if stored.HasField("parent_block_hash")
+                            else None,
+                            array("I", block.token_ids[:]).tobytes()
+                            if _LITTLE
+                            else _as_bytes(block.token_ids[:]),
+                            tier,
+                        )
+                    )
+                    continue
+            if run:
+                counts.stored += sink.store_blocks(worker_id, run)
+                run = []
+            converted = event_from_proto(ev)
+            if converted is not None:
+                sink.apply(worker_id, converted)
+                counts.stored += len(blocks)
+            continue
+        if run:
+            counts.stored += sink.store_blocks(worker_id, run)
+            run = []
+        if kind == "removed":
+            removed = ev.removed
+            sink.remove_blocks(
+                worker_id,
+                removed.block_hashes,
+                _removed_tier(removed),
+                removed.HasField("locality") and removed.locality == _REMOTE,
+            )
+            counts.removed += len(removed.block_hashes)
+        elif kind == "cleared":
+            sink.apply(worker_id, CacheCleared())
+            counts.cleared += 1
+    if run:
+        counts.stored += sink.store_blocks(worker_id, run)
+    return counts
 
 
 def events_from_batch(batch: common_pb2.KvEventBatch) -> list[KvEvent]:

@@ -1,8 +1,7 @@
 """Filters: which candidates a policy may consider at all (pure).
 
-Rule of this file: a filter removes workers, never reorders them, and never returns an
-empty set when it was given a non-empty one unless its docstring says so; the caller decides
-what to do when every worker is filtered out.
+Rule of this file: a filter removes workers, never reorders them, and says in its docstring
+what it returns when it would remove every worker; the caller decides what to do then.
 """
 
 from __future__ import annotations
@@ -19,36 +18,35 @@ class OverloadThresholds:
 
     `max_token_usage`: KV utilisation at or above which the worker is vetoed; 0.95 leaves
     ~5% of the pool for running requests' decode growth before SGLang starts retracting.
-    `balance_abs` / `balance_rel`: a worker whose load exceeds the least loaded candidate's
-    by more than `balance_abs` requests AND is more than `balance_rel` times it is vetoed
-    (the same two-threshold imbalance test as SGLang's cache-aware router, which defaults
-    to 64 / 1.5 in running requests; 8 here because a gateway's own in-flight count is
-    fresher than the engine's and small pools tip over sooner).
+    `max_waiting`: requests in the engine's waiting queue at or above which it is vetoed;
+    32 is where a 70B TP8 worker's queue holds more than ~10 s of prefill at Mooncake's
+    ~14k-token prompts (SGLang's own default `--max-queued-requests` is unbounded).
     """
 
     max_token_usage: float = 0.95
-    balance_abs: int = 8
-    balance_rel: float = 1.5
+    max_waiting: int = 32
 
 
-def overloaded(workers: Sequence[WorkerSnapshot], thresholds: OverloadThresholds) -> set[str]:
-    """Ids of workers affinity must not override (may be all of them, by KV usage).
+def not_draining(workers: Sequence[WorkerSnapshot]) -> Sequence[WorkerSnapshot]:
+    """Workers not draining; all of them when every one drains (better served than refused)."""
+    kept = [w for w in workers if not w.draining]
+    return kept if kept else workers
 
-    Worker w is overloaded when `w.token_usage >= max_token_usage`, or when
-    `w.load - min_load > balance_abs and w.load > balance_rel * min_load`, min_load being
-    the least load among `workers` (the least loaded worker is never vetoed by the
-    imbalance rule).
+
+def overloaded(
+    workers: Sequence[WorkerSnapshot], thresholds: OverloadThresholds, bound: int | None = None
+) -> set[str]:
+    """Ids of workers affinity must not override (may be all of them).
+
+    Worker w is overloaded when `w.token_usage >= max_token_usage`, or
+    `w.waiting >= max_waiting`, or (when `bound` is given) `w.load >= bound`: taking one more
+    request would put it over the bounded-load capacity (`homing.router.ring.load_bound`).
     """
-    if not workers:
-        return set()
-    min_load = min(w.load for w in workers)
     vetoed: set[str] = set()
+    kv, waiting = thresholds.max_token_usage, thresholds.max_waiting
     for w in workers:
-        if w.token_usage >= thresholds.max_token_usage:
+        if w.token_usage >= kv or w.waiting >= waiting:
             vetoed.add(w.worker_id)
-        elif (
-            w.load - min_load > thresholds.balance_abs
-            and w.load > thresholds.balance_rel * min_load
-        ):
+        elif bound is not None and max(w.in_flight, w.running + w.waiting) >= bound:
             vetoed.add(w.worker_id)
     return vetoed

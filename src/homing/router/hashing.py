@@ -1,10 +1,15 @@
-"""The router's own block hash: xxh3-64 chained over `block_size` token ids.
+"""The router's own block hash: xxh3-64 chained over `block_size` token ids, kept to 60 bits.
 
-Rule of this file: a block's key depends on every token before it. Block i's hash is
-`xxh3_64(uint32-LE bytes of its block_size token ids, seed = hash of block i-1)`, and block 0
-is seeded with the namespace root (`root_hash`). Only full blocks are hashed (a radix cache
-holds whole pages only), so a prompt of n tokens has `n // block_size` keys. The engine's
-own block hash (SGLang: SHA-256 chain) is never reproduced here; the index maps it to ours.
+Rule of this file: a block's key depends on every token before it. Block i's key is
+`xxh3_64(uint32-LE bytes of its block_size token ids, seed = key of block i-1) & (2**60 - 1)`,
+and block 0 is seeded with the namespace root (`root_hash`). Only full blocks are hashed (a
+radix cache holds whole pages only), so a prompt of n tokens has `n // block_size` keys. The
+engine's own block hash (SGLang: SHA-256 chain) is never reproduced here; the index maps it
+to ours.
+
+Why 60 bits: CPython stores an int below 2**60 in 32 bytes and one above in 36; the index
+holds one key object per block, so 60 bits saves 4 bytes a block. The chance that two of
+10**7 distinct blocks share a key is about (10**7)**2 / 2**61 ~ 4e-5.
 """
 
 from __future__ import annotations
@@ -16,13 +21,16 @@ from collections.abc import Iterator, Sequence
 import xxhash
 
 #: Default seed of the chain root: the ASCII bytes "homing" as an integer (any fixed
-#: 64-bit value works; it only has to be the same for events and lookups).
+#: 60-bit value works; it only has to be the same for events and lookups).
 DEFAULT_HASH_SEED = 0x686F6D696E67
 
-_MASK64 = (1 << 64) - 1
+#: Keys (and engine hashes, when used as map keys) are reduced to 60 bits (see above).
+KEY_MASK = (1 << 60) - 1
+
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
-def _token_bytes(token_ids: Sequence[int]) -> bytes:
+def token_bytes(token_ids: Sequence[int]) -> bytes:
     """Token ids as uint32 little-endian bytes (OverflowError for ids outside uint32)."""
     arr = array("I", token_ids)
     if arr.itemsize != 4:  # pragma: no cover - platforms where C unsigned int is not 32 bits
@@ -39,17 +47,30 @@ def root_hash(seed: int = DEFAULT_HASH_SEED, namespace: str = "") -> int:
     request without it never matches them.
     """
     if not namespace:
-        return seed & _MASK64
-    return xxhash.xxh3_64_intdigest(namespace.encode("utf-8"), seed=seed & _MASK64)
+        return seed & KEY_MASK
+    return _xxh3(namespace.encode("utf-8"), seed & KEY_MASK) & KEY_MASK
 
 
 def chain_hash(parent: int, token_ids: Sequence[int]) -> int:
-    """Hash of one block given its parent's hash (or the root): uint64."""
-    return xxhash.xxh3_64_intdigest(_token_bytes(token_ids), seed=parent)
+    """Key of one block given its parent's key (or the root): a 60-bit int."""
+    return _xxh3(token_bytes(token_ids), parent) & KEY_MASK
+
+
+def chain_bytes(data: bytes, block_size: int, parent: int) -> list[int]:
+    """Keys of the consecutive full blocks in `data` (uint32-LE token bytes), chained from
+    `parent`. A trailing partial block is ignored."""
+    stride = 4 * block_size
+    out: list[int] = []
+    h = parent
+    view = memoryview(data)
+    for start in range(0, len(data) - stride + 1, stride):
+        h = _xxh3(view[start : start + stride], h) & KEY_MASK
+        out.append(h)
+    return out
 
 
 def iter_block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> Iterator[int]:
-    """Lazily yield the chained hash of each full block of `token_ids`, in order.
+    """Lazily yield the chained key of each full block of `token_ids`, in order.
 
     Lazy so that a lookup stops hashing at the first block nobody holds.
     """
@@ -57,13 +78,13 @@ def iter_block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> I
     if n_blocks == 0:
         return
     stride = 4 * block_size
-    view = memoryview(_token_bytes(token_ids[: n_blocks * block_size]))
+    view = memoryview(token_bytes(token_ids[: n_blocks * block_size]))
     h = root
     for i in range(n_blocks):
-        h = xxhash.xxh3_64_intdigest(view[i * stride : (i + 1) * stride], seed=h)
+        h = _xxh3(view[i * stride : (i + 1) * stride], h) & KEY_MASK
         yield h
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> list[int]:
-    """All full-block hashes of `token_ids` (see `iter_block_hashes`)."""
+    """All full-block keys of `token_ids` (see `iter_block_hashes`)."""
     return list(iter_block_hashes(token_ids, block_size, root))

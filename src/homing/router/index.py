@@ -1,72 +1,225 @@
-"""Per-model prefix index mirrored from the workers' KV-cache events (pure code).
+"""Per-model affinity index: which worker holds which prefix, mirrored from KV events (pure).
 
-Rule of this file: a worker is credited with a block only while its own event stream says
-it holds it. Keys are the router's chained xxh3 hashes (`homing.router.hashing`); the
-engine's block hashes are used only to link a stored block to its parent and to find the
-block again when it is removed. A stored event whose parent the index does not know (it was
-stored before we subscribed, or lost in a gap) is dropped with its whole chain: the router
-cannot know its prefix tokens, and crediting a wrong prefix is worse than missing one.
+Rule of this file: a worker is credited with a block only while its own event stream (exact
+mode) or the router's own recent dispatches (approximate mode, with a TTL) say it holds it,
+and never after that worker's entries were flushed.
 
-Shapes: `match(prompt_ids) -> {worker_id: matched_tokens}` where matched_tokens is a
-multiple of `block_size` (the longest prefix of full blocks the worker holds, contiguous
-from the first block). Memory: one `_Held` per (worker, engine block) plus one holder set
-per distinct block; `max_blocks` caps the (worker, block) entries (new stores beyond it
-are dropped and counted; an engine's own evictions and `removed` events keep the index at
-the size of the pool's KV caches in normal operation). Budgets and eviction come with the
-affinity index of issue 4.
+Keys are the router's chained 60-bit xxh3 block keys (`homing.router.hashing`); the engine's
+block hashes only link a stored block to its parent and find it again on removal. A stored
+event whose parent this worker is not credited with (stored before we subscribed, lost in a
+gap, evicted here) is dropped with its chain: its prefix cannot be matched anyway.
+
+Data layout (chosen for ~150 bytes per block in CPython; measured by `make bench-router`):
+
+- `_holders: dict[key, mask]`: one entry per distinct block. `mask` is an int bitset of
+  *slots*; a slot is one worker epoch (below). Single-slot masks are shared int objects.
+  The dict's insertion order is the LRU order (see eviction).
+- `_eng: dict[engine_hash & 2**60-1, key]`: engine hash -> our key. Engine hashes are
+  content hashes (SGLang: SHA-256 chain), so one global map serves every worker; entries
+  of evicted blocks go stale (harmless: they still name the right content) and the map is
+  rebuilt when stale entries outnumber live ones.
+- `_host: dict[key, mask]`: holders in a lower tier (host, disk, external); sparse.
+  `_shared: set[key]`: blocks in a remote/shared pool (locality REMOTE), credited to every
+  worker. Both are empty on a device-only pool and then cost nothing on lookups.
+
+Slots and epochs: each worker's exact credit lives in one slot; `flush_worker` (cleared,
+sequence gap, stream error, restart, removal) retires the slot in O(1) — its bit leaves the
+`live` mask, so no lookup credits it again — and an incremental sweep (`maintain`, a bounded
+number of keys per call) clears retired bits and frees the slot for reuse. Approximate mode
+uses one slot per TTL generation (`approx_ttl_s / 4` long); a generation's slot retires when
+its TTL has passed, so a record is credited for between `ttl` and `1.25 * ttl` seconds.
+
+Mode per worker: "approximate" from the first sight or the last flush until the worker's
+stream delivers its first stored event; then "exact" (approximate records are dropped).
+Bookings: in exact mode each dispatch is also credited for `booking_ttl_s` (own slots, same
+TTL mechanism) until the worker's stored events take over; a hit credited only by a record
+or a booking is reported as approximate.
+
+Memory budget (global, not per worker): at most `max_blocks` distinct blocks. Beyond it the
+least recently used blocks are evicted, in batches of `max_blocks / 64`, by the CLOCK
+approximation of LRU: lookups and re-stores mark blocks recently used; eviction walks the
+dict from its oldest end, gives marked blocks a second chance (moved to the young end) and
+drops the others. Leaf first: a stored chain is inserted deepest block first and a lookup
+marks its whole matched path, so a parent is never older than its children.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+import math
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Literal
 
 from homing.router.events import (
+    TIER_DEVICE,
     BlocksRemoved,
     BlocksStored,
     CacheCleared,
     KvEvent,
-    StoredBlock,
 )
-from homing.router.hashing import DEFAULT_HASH_SEED, chain_hash, iter_block_hashes, root_hash
+from homing.router.hashing import (
+    DEFAULT_HASH_SEED,
+    KEY_MASK,
+    _xxh3,
+    chain_bytes,
+    iter_block_hashes,
+    root_hash,
+    token_bytes,
+)
 
-#: Default cap on (worker, block) entries: 1M entries is a few hundred MB of Python objects
-#: at most and far above 8 workers x ~30k pages (an H100 llama-8B pool at page 16).
+#: Default cap on distinct blocks: 1M blocks is ~150 MB and far above 8 workers x ~80k
+#: pages (an 8x H100 llama-70B pool at page 16 holds 1.26M tokens = 79k pages per worker).
 DEFAULT_MAX_BLOCKS = 1_000_000
 
+#: Default approximate-mode TTL in seconds: a block the router sent to a worker that
+#: publishes no events is credited this long (SGLang's cache-aware router evicts its
+#: approximate tree every 120 s by default).
+DEFAULT_APPROX_TTL_S = 120.0
 
-@dataclass(slots=True)
-class _Held:
-    """One engine block held by one worker: our key and the tiers (bitmask) it sits in."""
+#: Default booking TTL in seconds: in exact mode, a dispatched prompt is credited to its
+#: worker this long (to 1.5x) before the worker's own stored events confirm it, so a
+#: follow-up arriving while the first request still waits for its prefill goes to the same
+#: worker (smg books dispatches the same way). Long enough for a queued prefill at high load.
+DEFAULT_BOOKING_TTL_S = 30.0
 
-    key: int
-    tiers: int
+#: Keys the incremental sweep visits per `maintain` call (~0.3 ms of CPU).
+DEFAULT_SWEEP_CHUNK = 4096
+
+#: Measured bytes per distinct block of this layout (`make bench-router`), used for the
+#: index-bytes metric and to turn a byte budget into `max_blocks`.
+BYTES_PER_BLOCK_ESTIMATE = 160
+
+WorkerMode = Literal["exact", "approximate"]
+
+_NO_EXPIRY = math.inf
 
 
-@dataclass(slots=True)
-class _WorkerBlocks:
-    by_engine: dict[int, _Held] = field(default_factory=dict)
-    refs: dict[int, int] = field(default_factory=dict)  # our key -> engine blocks mapping to it
+class Matches:
+    """What the workers hold of one prompt, in tokens (multiples of `block_size`).
+
+    `tokens[w]`: the longest prefix `w` holds in any tier (contiguous from block 0).
+    `device[w]`: the part of it on the device (None: all of it, the common case).
+    `approximate`: workers credited by approximate-mode records.
+    """
+
+    __slots__ = ("approximate", "device", "tokens")
+
+    def __init__(
+        self,
+        tokens: dict[str, int],
+        device: dict[str, int] | None = None,
+        approximate: frozenset[str] = frozenset(),
+    ) -> None:
+        self.tokens = tokens
+        self.device = device
+        self.approximate = approximate
+
+    def get(self, worker_id: str) -> PrefixMatch | None:
+        """`worker_id`'s match as a `PrefixMatch` (None when it holds nothing)."""
+        tokens = self.tokens.get(worker_id)
+        if tokens is None:
+            return None
+        device = tokens if self.device is None else self.device.get(worker_id, 0)
+        return PrefixMatch(tokens, device, worker_id in self.approximate)
+
+    def effective(self, worker_id: str, lower_tier_worth: float) -> float:
+        """`D + worth * (T - D)` cached tokens of `worker_id` (0 when it holds nothing)."""
+        tokens = self.tokens.get(worker_id, 0)
+        if self.device is None or not tokens:
+            return float(tokens)
+        device = self.device.get(worker_id, 0)
+        return device + lower_tier_worth * (tokens - device)
+
+
+_NO_MATCHES = Matches({})
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """What one worker holds of a prompt, in tokens (multiples of `block_size`).
+
+    `tokens`: the longest prefix held in any tier (contiguous from the first block).
+    `device_tokens`: the part of it on the device (<= tokens; the rest is host/remote).
+    `approximate`: True when the credit comes from approximate-mode records.
+    """
+
+    tokens: int
+    device_tokens: int
+    approximate: bool = False
 
 
 @dataclass
 class IndexStats:
-    """Counters for logs and metrics (monotonic, in blocks)."""
+    """Monotonic counters for logs and metrics (in blocks unless stated)."""
 
     stored: int = 0
     removed: int = 0
-    flushed: int = 0
+    recorded: int = 0
+    evicted: int = 0
+    flushes: int = 0
     dropped_unlinked: int = 0
     dropped_size_mismatch: int = 0
-    dropped_over_budget: int = 0
+    expired_generations: int = 0
+    sweeps: int = 0
+    eng_rebuilds: int = 0
+
+
+@dataclass(slots=True)
+class _Worker:
+    mode: WorkerMode = "approximate"
+    exact: int | None = None  # slot of the exact credit
+    approx: list[tuple[int, int]] = field(default_factory=list)  # (slot, generation)
+    bookings: list[tuple[int, int]] = field(default_factory=list)  # (slot, generation)
+    epoch: int = 0
+
+
+def _bits(mask: int) -> Iterator[int]:
+    """Slot numbers set in `mask`, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+_BYTE_SLOTS: list[tuple[tuple[int, ...], ...]] = []  # [byte index][byte value] -> slots
+
+
+def _slots(mask: int) -> Sequence[int]:
+    """Slot numbers set in `mask`, lowest first (table lookup per byte; fast for the dense
+    masks of a prefix every worker holds)."""
+    if mask < 256:
+        if not _BYTE_SLOTS:
+            _grow_byte_table(1)
+        return _BYTE_SLOTS[0][mask]
+    raw = mask.to_bytes((mask.bit_length() + 7) // 8, "little")
+    if len(raw) > len(_BYTE_SLOTS):
+        _grow_byte_table(len(raw))
+    out: list[int] = []
+    for j, byte in enumerate(raw):
+        if byte:
+            out.extend(_BYTE_SLOTS[j][byte])
+    return out
+
+
+def _grow_byte_table(n_bytes: int) -> None:
+    while len(_BYTE_SLOTS) < n_bytes:
+        base = 8 * len(_BYTE_SLOTS)
+        _BYTE_SLOTS.append(
+            tuple(tuple(base + i for i in range(8) if value >> i & 1) for value in range(256))
+        )
 
 
 class PrefixIndex:
-    """Which worker holds which prefix of full blocks, for one model.
+    """Which worker holds which prefix of full blocks, for one model (see module docstring).
 
     `block_size`: tokens per block; must equal the engines' page size (blocks of another
     length are dropped and counted in `stats.dropped_size_mismatch`).
-    `seed`: root of the hash chain. `max_blocks`: cap on (worker, block) entries.
+    `seed`: root of the hash chain. `max_blocks`: the global budget in distinct blocks
+    (>= 1). `approx_ttl_s`: approximate-mode TTL (> 0). `booking_ttl_s`: exact-mode
+    booking TTL (> 0). `sweep_chunk`: keys per `maintain` step. ValueError for
+    out-of-range arguments.
     """
 
     def __init__(
@@ -75,38 +228,94 @@ class PrefixIndex:
         *,
         seed: int = DEFAULT_HASH_SEED,
         max_blocks: int = DEFAULT_MAX_BLOCKS,
+        approx_ttl_s: float = DEFAULT_APPROX_TTL_S,
+        booking_ttl_s: float = DEFAULT_BOOKING_TTL_S,
+        sweep_chunk: int = DEFAULT_SWEEP_CHUNK,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+        if not approx_ttl_s > 0 or not booking_ttl_s > 0:
+            raise ValueError(f"TTLs must be > 0, got {approx_ttl_s} and {booking_ttl_s}")
         self.block_size = block_size
+        self.max_blocks = max_blocks
+        self.approx_ttl_s = approx_ttl_s
+        self._generation_s = approx_ttl_s / 4
+        self.booking_ttl_s = booking_ttl_s
+        self._booking_generation_s = booking_ttl_s / 2
         self._seed = seed
         self._root = root_hash(seed)
-        self._max_blocks = max_blocks
-        self._holders: dict[int, set[str]] = {}
-        self._workers: dict[str, _WorkerBlocks] = {}
-        self._entries = 0
+        self._evict_batch = max(1, max_blocks // 64)
+        self._sweep_chunk = max(1, sweep_chunk)
+        self._holders: dict[int, int] = {}
+        self._eng: dict[int, int] = {}
+        self._host: dict[int, int] = {}
+        self._shared: set[int] = set()
+        self._recent: set[int] = set()
+        self._workers: dict[str, _Worker] = {}
+        # slots
+        self._one: list[int] = []  # canonical 1 << slot objects
+        self._owner: list[str | None] = []
+        self._count: list[int] = []  # entries credited per live slot
+        self._serial: list[int] = []  # allocation number per slot (stale expiry entries)
+        self._free: list[int] = []  # heap of free slots
+        self._live = 0
+        self._approx_mask = 0
+        self._expiry: list[tuple[float, int, int]] = []  # heap of (expires_at, slot, serial)
+        self._dead = 0  # retired, waiting for a sweep
+        self._sweeping = 0  # retired, being swept
+        self._sweep_keys: list[int] | None = None
+        self._sweep_pos = 0
         self.stats = IndexStats()
 
-    # ----------------------------------------------------------------- queries
+    # ================================================================== queries
 
     @property
     def num_blocks(self) -> int:
-        """Distinct blocks (prefix keys) held by at least one worker."""
+        """Distinct blocks (keys) in the index, the quantity `max_blocks` caps."""
         return len(self._holders)
 
     @property
     def num_entries(self) -> int:
-        """(worker, engine block) entries, the quantity `max_blocks` caps."""
-        return self._entries
+        """Live (worker, block) credits over every tier."""
+        return sum(self._count[s] for s in _bits(self._live))
 
     def worker_blocks(self, worker_id: str) -> int:
-        """Blocks currently credited to `worker_id` (0 for an unknown worker)."""
-        wb = self._workers.get(worker_id)
-        return len(wb.by_engine) if wb else 0
+        """Blocks currently credited to `worker_id` in its live slots (0 if unknown)."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return 0
+        slots = [s for s, _ in w.approx] + [s for s, _ in w.bookings]
+        if w.exact is not None:
+            slots.append(w.exact)
+        return sum(self._count[s] for s in slots if self._live >> s & 1)
 
     def workers(self) -> list[str]:
         """Workers with at least one block credited, sorted."""
-        return sorted(w for w, wb in self._workers.items() if wb.by_engine)
+        return sorted(w for w in self._workers if self.worker_blocks(w) > 0)
+
+    def mode(self, worker_id: str) -> WorkerMode:
+        """ "exact" once the worker's stream delivered a stored event since its last flush,
+        else "approximate" (also for a worker never seen)."""
+        w = self._workers.get(worker_id)
+        return w.mode if w is not None else "approximate"
+
+    def epoch(self, worker_id: str) -> int:
+        """How many times `worker_id`'s entries were flushed (0 if never)."""
+        w = self._workers.get(worker_id)
+        return w.epoch if w is not None else 0
+
+    def modes(self) -> dict[str, WorkerMode]:
+        """Mode of every worker the index knows, by id."""
+        return {wid: w.mode for wid, w in self._workers.items()}
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes held by the index: `num_blocks * BYTES_PER_BLOCK_ESTIMATE` plus
+        the sparse tier maps (an estimate, not a measurement; see `make bench-router`)."""
+        extra = 100 * (len(self._host) + len(self._shared)) + 60 * len(self._recent)
+        stale = max(0, len(self._eng) - len(self._holders)) * 80
+        return len(self._holders) * BYTES_PER_BLOCK_ESTIMATE + extra + stale
 
     def hashes(self, prompt_ids: Sequence[int]) -> list[int]:
         """The router's keys of every full block of `prompt_ids`, in order."""
@@ -115,32 +324,147 @@ class PrefixIndex:
     def match(
         self, prompt_ids: Sequence[int], workers: Iterable[str] | None = None
     ) -> dict[str, int]:
-        """Longest held prefix per worker, in tokens (multiples of `block_size`).
+        """Longest held prefix per worker in tokens, any tier (see `lookup`).
 
-        Workers holding nothing of the prompt's first block are absent from the result.
-        `workers` restricts the answer to those candidates (None: every worker). Hashing
-        stops at the first block no (remaining) candidate holds.
+        `workers` restricts the answer to those candidates (None: every worker).
         """
-        allowed = None if workers is None else set(workers)
-        matched: dict[str, int] = {}
-        active: set[str] | None = None
-        depth = 0
-        for key in iter_block_hashes(prompt_ids, self.block_size, self._root):
-            holders = self._holders.get(key)
-            if not holders:
-                break
-            if active is None:
-                active = set(holders) if allowed is None else holders & allowed
-            else:
-                active &= holders
-            if not active:
-                break
-            depth += self.block_size
-            for worker_id in active:
-                matched[worker_id] = depth
-        return matched
+        tokens = self.lookup(prompt_ids).tokens
+        if workers is None:
+            return dict(tokens)
+        allowed = set(workers)
+        return {w: t for w, t in tokens.items() if w in allowed}
 
-    # ----------------------------------------------------------------- updates
+    def match_detail(self, prompt_ids: Sequence[int]) -> dict[str, PrefixMatch]:
+        """What every worker holds of `prompt_ids` as `PrefixMatch`es (see `lookup`)."""
+        found = self.lookup(prompt_ids)
+        return {w: found.get(w) for w in found.tokens}  # type: ignore[misc]
+
+    def lookup(self, prompt_ids: Sequence[int]) -> Matches:
+        """What every worker holds of `prompt_ids` (workers holding nothing are absent).
+
+        Hashes block by block and stops at the first block no live slot holds, so the cost
+        is O(matched blocks + 1); the matched path is marked recently used.
+        """
+        holders = self._holders
+        live = self._live
+        bs = self.block_size
+        n = len(prompt_ids) // bs
+        if not holders or not live or n == 0:
+            return _NO_MATCHES
+        data = token_bytes(prompt_ids if len(prompt_ids) == n * bs else prompt_ids[: n * bs])
+        view = memoryview(data)
+        stride = 4 * bs
+        if self._host or self._shared:
+            return self._lookup_tiered(view, n, stride)
+        clean = not (self._dead | self._sweeping)
+        get = holders.get
+        xx = _xxh3
+        h = xx(view[:stride], self._root) & KEY_MASK
+        m = get(h)
+        if m is None:
+            return _NO_MATCHES
+        active = m if clean else m & live
+        if not active:
+            return _NO_MATCHES
+        path = [h]
+        drops: list[tuple[int, int]] = []  # (slots that stopped matching, blocks matched)
+        end = n * stride
+        pos = stride
+        while pos < end:
+            h = xx(view[pos : pos + stride], h) & KEY_MASK
+            m = get(h)
+            if m is None:
+                break
+            if m != active:
+                kept = active & m if clean else active & m & live
+                if kept != active:
+                    drops.append((active ^ kept, len(path)))
+                    active = kept
+                    if not kept:
+                        break
+            path.append(h)
+            pos += stride
+        if active:
+            drops.append((active, len(path)))
+        self._recent.update(path)
+        tokens: dict[str, int] = {}
+        owner = self._owner.__getitem__
+        approx_mask = self._approx_mask
+        guessed: dict[str, int] = {}
+        for mask, depth in drops:
+            exact = mask & ~approx_mask
+            if exact:
+                tokens.update(zip(map(owner, _slots(exact)), repeat(depth * bs)))
+            if mask & approx_mask:
+                guessed.update(zip(map(owner, _slots(mask & approx_mask)), repeat(depth * bs)))
+        approximate: frozenset[str] = frozenset()
+        if guessed:
+            approximate = frozenset(w for w, t in guessed.items() if t > tokens.get(w, 0))
+            for w in approximate:
+                tokens[w] = guessed[w]
+        return Matches(tokens, None, approximate)
+
+    def _lookup_tiered(self, view: memoryview, n: int, stride: int) -> Matches:
+        """`lookup`'s walk when host-tier or shared blocks exist: tracks the any-tier and
+        the device-only prefix per slot."""
+        holders, host, shared, live = self._holders, self._host, self._shared, self._live
+        bs = self.block_size
+        h = self._root
+        active = -1  # slots still matching in any tier
+        dev = -1  # slots still matching on device only
+        drops: list[tuple[int, int]] = []
+        dev_drops: list[tuple[int, int]] = []
+        path: list[int] = []
+        for i in range(n):
+            h = _xxh3(view[i * stride : (i + 1) * stride], h) & KEY_MASK
+            m = holders.get(h)
+            if m is None:
+                break
+            dm = m & live
+            anym = live if h in shared else dm | (host.get(h, 0) & live)
+            kept = active & anym
+            kept_dev = dev & dm
+            if kept_dev != dev:
+                if i:
+                    dev_drops.append((dev & ~kept_dev, i))
+                dev = kept_dev
+            if kept != active:
+                if i:
+                    drops.append((active & ~kept, i))
+                active = kept
+                if not kept:
+                    break
+            path.append(h)
+        depth = len(path)
+        if not depth:
+            return _NO_MATCHES
+        if active:
+            drops.append((active, depth))
+        if dev:
+            dev_drops.append((dev, depth))
+        self._recent.update(path)
+        owner = self._owner
+        tokens: dict[str, int] = {}
+        device: dict[str, int] = {}
+        matched = 0
+        for mask, d in drops:
+            matched |= mask
+            for slot in _slots(mask):
+                worker_id = owner[slot]
+                if worker_id is not None:
+                    tokens[worker_id] = max(tokens.get(worker_id, 0), d * bs)
+        for mask, d in dev_drops:
+            for slot in _slots(mask):
+                worker_id = owner[slot]
+                if worker_id is not None:
+                    device[worker_id] = max(device.get(worker_id, 0), d * bs)
+        approximate = frozenset(
+            w for w in map(owner.__getitem__, _slots(matched & self._approx_mask)) if w
+        )
+        device_only = {w: min(device.get(w, 0), t) for w, t in tokens.items()}
+        return Matches(tokens, device_only, approximate)
+
+    # ================================================================== updates
 
     def apply(self, worker_id: str, event: KvEvent) -> None:
         """Apply one event from `worker_id`'s stream (in stream order)."""
@@ -154,95 +478,496 @@ class PrefixIndex:
             raise TypeError(f"not a KV event: {event!r}")
 
     def apply_all(self, worker_id: str, events: Iterable[KvEvent]) -> None:
-        """Apply events in order (see `apply`)."""
+        """Apply events in order (see `apply`), then run one `maintain` step."""
         for event in events:
             self.apply(worker_id, event)
+        if self._sweeping or self._dead:
+            self.maintain()
 
     def flush_worker(self, worker_id: str) -> int:
-        """Forget everything credited to `worker_id`; returns the blocks dropped."""
-        wb = self._workers.pop(worker_id, None)
-        if wb is None:
+        """Forget everything credited to `worker_id` (a new epoch); returns the entries
+        dropped. O(1): the worker's slots retire at once; `maintain` reclaims them later.
+        The worker is in approximate mode afterwards until its next stored event."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            self._workers[worker_id] = _Worker(epoch=1)
+            self.stats.flushes += 1
             return 0
-        for key in wb.refs:
-            self._drop_holder(key, worker_id)
-        dropped = len(wb.by_engine)
-        self._entries -= dropped
-        self.stats.flushed += dropped
+        dropped = 0
+        if w.exact is not None:
+            dropped += self._retire(w.exact)
+        for slot, _ in w.approx + w.bookings:
+            dropped += self._retire(slot)
+        w.exact = None
+        w.approx = []
+        w.bookings = []
+        w.mode = "approximate"
+        w.epoch += 1
+        self.stats.flushes += 1
         return dropped
 
+    def remove_worker(self, worker_id: str) -> int:
+        """Flush `worker_id` and forget it entirely (it left the pool); entries dropped."""
+        dropped = self.flush_worker(worker_id)
+        self._workers.pop(worker_id, None)
+        return dropped
+
+    def record_approximate(self, worker_id: str, prompt_ids: Sequence[int], now: float) -> int:
+        """Credit `worker_id` with every full block of `prompt_ids` for `approx_ttl_s`
+        (approximate mode: the router sent it there). Ignored (returns 0) for a worker in
+        exact mode; else returns the blocks recorded."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            w = self._workers[worker_id] = _Worker()
+        if w.mode == "exact":
+            return 0
+        return self._record(w, worker_id, w.approx, prompt_ids, now, self._generation_s,
+                            self.approx_ttl_s)  # fmt: skip
+
+    def record_dispatch(self, worker_id: str, prompt_ids: Sequence[int], now: float) -> int:
+        """The router sent `prompt_ids` to `worker_id` at `now`: an approximate-mode record,
+        or in exact mode a booking for `booking_ttl_s`. Returns the blocks credited."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            w = self._workers[worker_id] = _Worker()
+        if w.mode != "exact":
+            return self.record_approximate(worker_id, prompt_ids, now)
+        return self._record(
+            w, worker_id, w.bookings, prompt_ids, now, self._booking_generation_s,
+            self.booking_ttl_s,
+        )  # fmt: skip
+
+    def _record(
+        self,
+        w: _Worker,
+        worker_id: str,
+        generations: list[tuple[int, int]],
+        prompt_ids: Sequence[int],
+        now: float,
+        generation_s: float,
+        ttl_s: float,
+    ) -> int:
+        self.expire(now)
+        generation = int(now // generation_s)
+        if generations and generations[-1][1] == generation:
+            slot = generations[-1][0]
+        else:
+            expires = (generation + 1) * generation_s + ttl_s
+            slot = self._allocate(worker_id, approximate=True, expires_at=expires)
+            generations.append((slot, generation))
+        keys = self.hashes(prompt_ids)
+        self._credit(slot, keys, device=True)
+        self.stats.recorded += len(keys)
+        return len(keys)
+
+    def expire(self, now: float) -> int:
+        """Retire approximate generations whose TTL has passed at `now`; returns how many."""
+        heap = self._expiry
+        n = 0
+        while heap and heap[0][0] <= now:
+            _, slot, serial = heapq.heappop(heap)
+            owner = self._owner[slot]
+            if owner is None or self._serial[slot] != serial:
+                continue
+            w = self._workers.get(owner)
+            if w is not None:
+                w.approx = [(s, g) for s, g in w.approx if s != slot]
+                w.bookings = [(s, g) for s, g in w.bookings if s != slot]
+            self._retire(slot)
+            n += 1
+        self.stats.expired_generations += n
+        return n
+
+    def has_retired(self) -> bool:
+        """True while retired slots wait for (or are in) a sweep."""
+        return bool(self._dead or self._sweeping)
+
+    def maintain(self, steps: int | None = None) -> bool:
+        """Advance the sweep of retired slots by up to `steps` keys (default
+        `sweep_chunk`); True while work remains."""
+        if self._sweep_keys is None:
+            if not self._dead:
+                return False
+            self._start_sweep()
+        keys = self._sweep_keys
+        assert keys is not None
+        stop = min(len(keys), self._sweep_pos + (steps or self._sweep_chunk))
+        holders, host, live = self._holders, self._host, self._live
+        gone = self._sweeping
+        for i in range(self._sweep_pos, stop):
+            key = keys[i]
+            m = holders.get(key)
+            if m is None:
+                continue
+            hm = host.get(key, 0)
+            if not (m | hm) & gone:
+                continue
+            m &= ~gone
+            if hm & gone:
+                hm &= ~gone
+                if hm:
+                    host[key] = hm
+                else:
+                    del host[key]
+            if not (m & live) and not (hm & live) and key not in self._shared:
+                del holders[key]
+                self._recent.discard(key)
+            else:
+                holders[key] = self._canonical(m)
+        self._sweep_pos = stop
+        if stop < len(keys):
+            return True
+        self._finish_sweep()
+        return bool(self._dead)
+
+    # ================================================================== internals
+
+    def _worker(self, worker_id: str) -> _Worker:
+        w = self._workers.get(worker_id)
+        if w is None:
+            w = self._workers[worker_id] = _Worker()
+        return w
+
+    def _allocate(self, worker_id: str, *, approximate: bool, expires_at: float) -> int:
+        if self._free:
+            slot = heapq.heappop(self._free)
+        else:
+            slot = len(self._one)
+            self._one.append(1 << slot)
+            self._owner.append(None)
+            self._count.append(0)
+            self._serial.append(0)
+        self._serial[slot] += 1
+        self._owner[slot] = worker_id
+        self._count[slot] = 0
+        bit = self._one[slot]
+        self._live |= bit
+        if approximate:
+            self._approx_mask |= bit
+            heapq.heappush(self._expiry, (expires_at, slot, self._serial[slot]))
+        return slot
+
+    def _retire(self, slot: int) -> int:
+        bit = self._one[slot]
+        if not self._live & bit:
+            return 0
+        self._live &= ~bit
+        self._approx_mask &= ~bit
+        self._dead |= bit
+        self._owner[slot] = None
+        dropped = self._count[slot]
+        self._count[slot] = 0
+        return dropped
+
+    def _start_sweep(self) -> None:
+        self._sweeping, self._dead = self._dead, 0
+        self._sweep_keys = list(self._holders)
+        self._sweep_pos = 0
+        self.stats.sweeps += 1
+
+    def _finish_sweep(self) -> None:
+        for slot in _bits(self._sweeping):
+            heapq.heappush(self._free, slot)
+        self._sweeping = 0
+        self._sweep_keys = None
+        self._sweep_pos = 0
+        if len(self._eng) > 2 * len(self._holders) + 1024:
+            self._rebuild_eng()
+
+    def _canonical(self, mask: int) -> int:
+        """The shared int object for a single-slot mask (saves one int per block)."""
+        if mask and not mask & (mask - 1):
+            return self._one[mask.bit_length() - 1]
+        return mask
+
+    def _enter_exact(self, w: _Worker, worker_id: str) -> int:
+        for slot, _ in w.approx:
+            self._retire(slot)
+        w.approx = []
+        w.mode = "exact"
+        w.exact = self._allocate(worker_id, approximate=False, expires_at=_NO_EXPIRY)
+        return w.exact
+
+    def _credit(self, slot: int, keys: Sequence[int], *, device: bool) -> None:
+        """Set `slot` on every key (deepest first, so new children are older than their
+        parents in LRU order), then evict past the budget."""
+        holders = self._holders
+        recent = self._recent
+        bit = self._one[slot]
+        added = 0
+        if device:
+            for key in reversed(keys):
+                m = holders.get(key)
+                if m is None:
+                    holders[key] = bit
+                    added += 1
+                elif not m & bit:
+                    holders[key] = m | bit
+                    added += 1
+                    recent.add(key)
+                else:
+                    recent.add(key)
+        else:
+            host = self._host
+            for key in reversed(keys):
+                if key not in holders:
+                    holders[key] = 0
+                else:
+                    recent.add(key)
+                hm = host.get(key, 0)
+                if not hm & bit:
+                    host[key] = self._canonical(hm | bit)
+                    added += 1
+        self._count[slot] += added
+        if len(holders) > self.max_blocks:
+            self._evict()
+
     def _store(self, worker_id: str, event: BlocksStored) -> None:
-        wb = self._workers.get(worker_id)
+        w = self._worker(worker_id)
+        slot = w.exact if w.exact is not None else self._enter_exact(w, worker_id)
+        blocks = event.blocks
+        if not blocks:
+            return
         if event.parent_engine_hash is None:
             parent = root_hash(self._seed, event.namespace) if event.namespace else self._root
         else:
-            held = wb.by_engine.get(event.parent_engine_hash) if wb else None
-            if held is None:
-                self.stats.dropped_unlinked += len(event.blocks)
+            parent_key = self._eng.get(event.parent_engine_hash & KEY_MASK)
+            if parent_key is None or not self._holds(slot, parent_key):
+                self.stats.dropped_unlinked += len(blocks)
                 return
-            parent = held.key
-        if wb is None:
-            wb = self._workers[worker_id] = _WorkerBlocks()
-        tier_bit = 1 << event.tier
-        for i, block in enumerate(event.blocks):
-            if len(block.token_ids) != self.block_size:
-                self.stats.dropped_size_mismatch += len(event.blocks) - i
-                return
-            key = chain_hash(parent, block.token_ids)
-            if not self._store_block(worker_id, wb, block, key, tier_bit):
-                self.stats.dropped_over_budget += len(event.blocks) - i
-                return
-            parent = key
+            parent = parent_key
+            self._recent.add(parent_key)
+        bs = self.block_size
+        usable = len(blocks)
+        for i, block in enumerate(blocks):
+            if len(block.token_ids) != bs:
+                usable = i
+                self.stats.dropped_size_mismatch += len(blocks) - i
+                break
+        if usable == 0:
+            return
+        tokens: list[int] = []
+        for block in blocks[:usable]:
+            tokens.extend(block.token_ids)
+        keys = chain_bytes(token_bytes(tokens), bs, parent)
+        eng = self._eng
+        for block, key in zip(blocks, keys, strict=False):
+            eng[block.engine_hash & KEY_MASK] = key
+        if event.shared:
+            for key in keys:
+                self._shared.add(key)
+                if key not in self._holders:
+                    self._holders[key] = 0
+            self.stats.stored += usable
+            if len(self._holders) > self.max_blocks:
+                self._evict()
+            return
+        self._credit(slot, keys, device=event.tier == TIER_DEVICE)
+        self.stats.stored += usable
 
-    def _store_block(
-        self, worker_id: str, wb: _WorkerBlocks, block: StoredBlock, key: int, tier_bit: int
+    def store_block(
+        self,
+        worker_id: str,
+        engine_hash: int,
+        parent_engine_hash: int | None,
+        data: bytes,
+        tier: int = TIER_DEVICE,
     ) -> bool:
-        held = wb.by_engine.get(block.engine_hash)
-        if held is not None:
-            if held.key == key:
-                held.tiers |= tier_bit
-                return True
-            # The engine reused a hash for other content: the old entry is gone.
-            self._forget(worker_id, wb, block.engine_hash, held)
-        if self._entries >= self._max_blocks:
+        """A stored event with one full block (SGLang publishes one per page): `data` is
+        its token ids as uint32-LE bytes. Same rules as `apply`; True when credited."""
+        return self.store_blocks(worker_id, [(engine_hash, parent_engine_hash, data, tier)]) == 1
+
+    def store_blocks(
+        self, worker_id: str, items: Sequence[tuple[int, int | None, bytes, int]]
+    ) -> int:
+        """Consecutive one-block stored events of `worker_id`, each `(engine_hash,
+        parent_engine_hash or None, token bytes, tier)`, in stream order (the fast path
+        of `ingest_batch`). Returns the blocks credited."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            w = self._workers[worker_id] = _Worker()
+        slot = w.exact if w.exact is not None else self._enter_exact(w, worker_id)
+        holders = self._holders
+        eng = self._eng
+        recent = self._recent
+        host = self._host
+        shared = self._shared
+        bit = self._one[slot]
+        root = self._root
+        size = 4 * self.block_size
+        limit = self.max_blocks
+        hget = holders.get
+        eget = eng.get
+        mask = KEY_MASK
+        xx = _xxh3
+        added = 0
+        credited = 0
+        stats = self.stats
+        for engine_hash, parent_engine_hash, data, tier in items:
+            if len(data) != size:
+                stats.dropped_size_mismatch += 1
+                continue
+            if parent_engine_hash is None:
+                parent = root
+            else:
+                parent_key = eget(parent_engine_hash & mask)
+                if parent_key is None:
+                    stats.dropped_unlinked += 1
+                    continue
+                pm = hget(parent_key)
+                if pm is None or not (
+                    pm & bit or (host and host.get(parent_key, 0) & bit) or parent_key in shared
+                ):
+                    stats.dropped_unlinked += 1
+                    continue
+                parent = parent_key
+                recent.add(parent_key)
+            key = xx(data, parent) & mask
+            eng[engine_hash & mask] = key
+            credited += 1
+            if tier != TIER_DEVICE:
+                self._count[slot] += added
+                added = 0
+                self._credit(slot, (key,), device=False)
+                continue
+            m = hget(key)
+            if m is None:
+                holders[key] = bit
+                added += 1
+                if len(holders) > limit:
+                    self._count[slot] += added
+                    added = 0
+                    self._evict()
+            elif not m & bit:
+                holders[key] = m | bit
+                added += 1
+                recent.add(key)
+            else:
+                recent.add(key)
+        self._count[slot] += added
+        stats.stored += credited
+        return credited
+
+    def remove_blocks(
+        self,
+        worker_id: str,
+        engine_hashes: Iterable[int],
+        tier: int | None = None,
+        shared: bool = False,
+    ) -> None:
+        """A removed event (see `apply`)."""
+        self._remove(worker_id, BlocksRemoved(tuple(engine_hashes), tier, shared))
+
+    def _holds(self, slot: int, key: int) -> bool:
+        bit = self._one[slot]
+        m = self._holders.get(key)
+        if m is None:
             return False
-        wb.by_engine[block.engine_hash] = _Held(key=key, tiers=tier_bit)
-        self._entries += 1
-        self.stats.stored += 1
-        count = wb.refs.get(key, 0)
-        wb.refs[key] = count + 1
-        if count == 0:
-            self._holders.setdefault(key, set()).add(worker_id)
-        return True
+        return bool(m & bit or self._host.get(key, 0) & bit or key in self._shared)
 
     def _remove(self, worker_id: str, event: BlocksRemoved) -> None:
-        wb = self._workers.get(worker_id)
-        if wb is None:
+        if event.shared:
+            self._remove_shared(event)
             return
+        w = self._workers.get(worker_id)
+        if w is None or w.exact is None:
+            return
+        slot = w.exact
+        bit = self._one[slot]
+        holders, host, eng = self._holders, self._host, self._eng
+        device_too = event.tier is None or event.tier == TIER_DEVICE
+        lower_too = event.tier is None or event.tier != TIER_DEVICE
         for engine_hash in event.engine_hashes:
-            held = wb.by_engine.get(engine_hash)
-            if held is None:
+            e = engine_hash & KEY_MASK
+            key = eng.get(e)
+            if key is None:
                 continue
-            if event.tier is not None:
-                held.tiers &= ~(1 << event.tier)
-                if held.tiers:
-                    continue
-            self._forget(worker_id, wb, engine_hash, held)
+            m = holders.get(key)
+            if m is None:
+                continue
+            hit = False
+            if device_too and m & bit:
+                m = self._canonical(m & ~bit)
+                holders[key] = m
+                self._count[slot] -= 1
+                hit = True
+            hm = host.get(key, 0)
+            if lower_too and hm & bit:
+                hm &= ~bit
+                if hm:
+                    host[key] = self._canonical(hm)
+                else:
+                    del host[key]
+                self._count[slot] -= 1
+                hit = True
+            if not hit:
+                continue
             self.stats.removed += 1
+            if not (m & self._live) and not (hm & self._live) and key not in self._shared:
+                del holders[key]
+                host.pop(key, None)
+                self._recent.discard(key)
+                del eng[e]
 
-    def _forget(self, worker_id: str, wb: _WorkerBlocks, engine_hash: int, held: _Held) -> None:
-        del wb.by_engine[engine_hash]
-        self._entries -= 1
-        count = wb.refs[held.key] - 1
-        if count:
-            wb.refs[held.key] = count
-        else:
-            del wb.refs[held.key]
-            self._drop_holder(held.key, worker_id)
+    def _remove_shared(self, event: BlocksRemoved) -> None:
+        holders, eng, live = self._holders, self._eng, self._live
+        for engine_hash in event.engine_hashes:
+            e = engine_hash & KEY_MASK
+            key = eng.get(e)
+            if key is None or key not in self._shared:
+                continue
+            self._shared.discard(key)
+            self.stats.removed += 1
+            m = holders.get(key, 0)
+            if not (m & live) and not (self._host.get(key, 0) & live):
+                holders.pop(key, None)
+                self._host.pop(key, None)
+                self._recent.discard(key)
+                del eng[e]
 
-    def _drop_holder(self, key: int, worker_id: str) -> None:
-        holders = self._holders.get(key)
-        if holders is None:
+    def _evict(self) -> None:
+        """Evict least recently used blocks down to `max_blocks - batch` (CLOCK)."""
+        holders = self._holders
+        recent = self._recent
+        floor = self.max_blocks - self._evict_batch if self.max_blocks > self._evict_batch else 0
+        need = len(holders) - max(floor, 0)
+        evicted = 0
+        for _ in range(2):
+            victims: list[int] = []
+            second: list[int] = []
+            for key in holders:
+                if key in recent:
+                    second.append(key)
+                else:
+                    victims.append(key)
+                    if len(victims) >= need - evicted:
+                        break
+            for key in second:
+                recent.discard(key)
+                holders[key] = holders.pop(key)
+            for key in victims:
+                self._drop_key(key)
+            evicted += len(victims)
+            if evicted >= need:
+                break
+        self.stats.evicted += evicted
+        if len(self._eng) > 2 * len(holders) + 1024:
+            self._rebuild_eng()
+
+    def _drop_key(self, key: int) -> None:
+        m = self._holders.pop(key, None)
+        if m is None:
             return
-        holders.discard(worker_id)
-        if not holders:
-            del self._holders[key]
+        live = self._live
+        count = self._count
+        for slot in _bits(m & live):
+            count[slot] -= 1
+        hm = self._host.pop(key, 0)
+        for slot in _bits(hm & live):
+            count[slot] -= 1
+        self._shared.discard(key)
+
+    def _rebuild_eng(self) -> None:
+        holders = self._holders
+        self._eng = {e: k for e, k in self._eng.items() if k in holders}
+        self.stats.eng_rebuilds += 1

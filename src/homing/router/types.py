@@ -25,14 +25,14 @@ class RouteRequest:
 
     `prompt_ids`: the tokenized prompt (token ids, as sent to the engine).
     `session_key`: a stable conversation key (`x-session-id` header or the OpenAI `user`
-    field) when the client gives one; unused by v1 policies, reserved for consistent hashing.
+    field) when the client gives one; consistent hashing places cold requests by it.
     """
 
     prompt_ids: Sequence[int]
     session_key: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkerSnapshot:
     """One candidate worker as the policy sees it at decision time.
 
@@ -41,6 +41,12 @@ class WorkerSnapshot:
     EngineLoad record (all clients, lags by one scheduler step or heartbeat).
     `token_usage`: KV-cache utilisation in [0, 1] excluding evictable prefix cache, as SGLang
     reports it. `max_running_requests`: the engine's admission window (0 = unknown).
+    `queued_prefill_tokens`: prompt tokens the engine still has to prefill (queued requests'
+    uncached tokens plus unfinished chunked prefills; `prefill_pending_tokens`, else
+    `waiting_uncached_tokens` of the record), None when the engine does not say.
+    `load_at`: clock time (s) of that record (None: no record yet); the router adds its own
+    dispatches made after it. `draining`: the worker takes no new requests unless every
+    candidate drains.
     """
 
     worker_id: str
@@ -49,6 +55,9 @@ class WorkerSnapshot:
     waiting: int = 0
     token_usage: float = 0.0
     max_running_requests: int = 0
+    queued_prefill_tokens: int | None = None
+    load_at: float | None = None
+    draining: bool = False
 
     @property
     def load(self) -> int:
@@ -66,22 +75,36 @@ class RouteDecision:
     """The chosen worker and why.
 
     `branch` names the rule that decided, for logs and metrics:
-    "round_robin", "load" (least loaded, no useful cached prefix), "cache_hit" (prefix
-    affinity won the score), "veto" (the prefix holder was overloaded, least loaded chosen),
-    "overload" (every candidate overloaded, least loaded of all chosen).
+    - "exact_hit" / "approx_hit": the scoring rule chose a worker holding a useful prefix
+      (credited by its KV events / by the router's own approximate records);
+    - "spill": a worker held a useful prefix but the scoring rule found another cheaper
+      (its queue or load outweighed the hit);
+    - "veto": the holder of a useful prefix was overloaded, so affinity was not allowed;
+    - "ring": no useful prefix; the consistent-hash ring's first choice took it;
+    - "overflow": no useful prefix; the ring walked past full workers;
+    - "overload": every candidate was overloaded; the cheapest of all was chosen;
+    - "round_robin" / "load": the policies of those names.
     `matched_tokens`: prompt tokens the chosen worker holds per the index (0 if unknown).
+    `uncached_tokens`: the prompt tokens it will have to prefill by the same estimate.
     """
 
     worker_id: str
     branch: str
     matched_tokens: int = 0
+    uncached_tokens: int = 0
 
 
 def snapshot_from_state(state: WorkerState) -> WorkerSnapshot:
     """Build a `WorkerSnapshot` from a pool `WorkerState` (zeros where no load record yet)."""
     load = state.load
+    draining = bool(getattr(state, "draining", False))
     if load is None:
-        return WorkerSnapshot(worker_id=state.worker_id, in_flight=state.in_flight)
+        return WorkerSnapshot(
+            worker_id=state.worker_id, in_flight=state.in_flight, draining=draining
+        )
+    queued = load.prefill_pending_tokens
+    if queued is None:
+        queued = load.waiting_uncached_tokens
     return WorkerSnapshot(
         worker_id=state.worker_id,
         in_flight=state.in_flight,
@@ -89,4 +112,7 @@ def snapshot_from_state(state: WorkerState) -> WorkerSnapshot:
         waiting=load.waiting,
         token_usage=load.token_usage,
         max_running_requests=load.max_running_requests,
+        queued_prefill_tokens=queued,
+        load_at=load.updated_at,
+        draining=draining,
     )

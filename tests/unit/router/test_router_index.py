@@ -129,13 +129,17 @@ class TestStored:
         index.apply("w0", event)
         assert index.match([1, 2, 3, 4]) == {}
 
-    def test_budget_caps_entries(self) -> None:
-        """Stores beyond max_blocks are dropped and counted, never crash or grow the index."""
-        index = PrefixIndex(BS, max_blocks=2)
-        index.apply("w0", stored_chain(prompt(16), 100))
-        assert index.num_entries == 2
-        assert index.stats.dropped_over_budget == 2
-        assert index.match(prompt(16)) == {"w0": 8}
+    def test_budget_evicts_least_recently_used_blocks(self) -> None:
+        """Past max_blocks the oldest unused blocks go, never the index's size limit."""
+        index = PrefixIndex(BS, max_blocks=8)
+        hot = prompt(8)
+        index.apply("w0", stored_chain(hot, 100))
+        for i in range(6):
+            index.match(hot)  # keeps the hot prefix recently used
+            index.apply("w0", stored_chain(prompt(8, offset=1000 + 100 * i), 1000 + 10 * i))
+            assert index.num_blocks <= 8
+        assert index.match(hot) == {"w0": 8}
+        assert index.stats.evicted > 0
 
 
 class TestRemovedAndCleared:
@@ -194,6 +198,9 @@ class TestRemovedAndCleared:
         assert index.flush_worker("w0") == 1
         index.apply("w0", stored_chain(tokens, 100, parent=100, start_block=1))
         assert index.match(tokens) == {}
+        assert index.stats.dropped_unlinked == 2
+        while index.maintain():
+            pass
         assert index.num_blocks == 0 and index.num_entries == 0
 
 
@@ -210,11 +217,11 @@ class TestWireConversion:
         gone = batch.events.add(event_id=3)
         gone.removed.block_hashes.append(8)
         events = events_from_batch(batch)
-        assert len(events) == 2
-        stored = events[0]
-        assert isinstance(stored, BlocksStored)
+        assert len(events) == 3
+        stored, shared = events[0], events[1]
+        assert isinstance(stored, BlocksStored) and isinstance(shared, BlocksStored)
         assert stored.parent_engine_hash is None
-        assert stored.tier == TIER_DEVICE
+        assert stored.tier == TIER_DEVICE and not stored.shared and shared.shared
         index = PrefixIndex(BS)
         index.apply_all("w0", events)
         assert index.match([1, 2, 3, 4, 5, 6, 7, 8]) == {"w0": 4}

@@ -1,5 +1,7 @@
-"""Routing policies: round robin cycles, least load picks the minimum, cache_aware trades
-prefix affinity against load and never lets affinity override an overloaded worker."""
+"""Routing policies: round robin cycles, least load picks the minimum, consistent hashing
+keeps keys on their worker under a load bound, and cache_aware prices prefix affinity
+against queue and load with one cost rule and never lets affinity override an overloaded
+worker."""
 
 from __future__ import annotations
 
@@ -8,16 +10,20 @@ import pytest
 from homing.router import (
     CacheAwareConfig,
     CacheAwarePolicy,
+    ConsistentHashPolicy,
+    CostWeights,
     LeastLoadPolicy,
     NoWorkerAvailable,
     PrefixIndex,
     RoundRobinPolicy,
     RouteRequest,
     WorkerSnapshot,
+    estimated_cost,
+    load_bound,
 )
-from homing.router.events import BlocksStored, StoredBlock
+from homing.router.events import TIER_HOST, BlocksStored, StoredBlock
 from homing.router.filters import OverloadThresholds, overloaded
-from homing.router.scorers import load_score, prefix_score
+from homing.router.ledger import DispatchLedger
 
 BS = 16
 
@@ -27,7 +33,7 @@ def snap(worker_id: str, **kw: float) -> WorkerSnapshot:
     return WorkerSnapshot(worker_id=worker_id, **kw)  # type: ignore[arg-type]
 
 
-def store(index: PrefixIndex, worker_id: str, tokens: list[int]) -> None:
+def store(index: PrefixIndex, worker_id: str, tokens: list[int], tier: int | None = None) -> None:
     """Credit `worker_id` with every full block of `tokens`."""
     n = len(tokens) // BS
     blocks = tuple(
@@ -36,178 +42,253 @@ def store(index: PrefixIndex, worker_id: str, tokens: list[int]) -> None:
         )
         for i in range(n)
     )
-    index.apply(worker_id, BlocksStored(blocks=blocks))
+    if tier is None:
+        index.apply(worker_id, BlocksStored(blocks=blocks))
+    else:
+        index.apply(worker_id, BlocksStored(blocks=blocks, tier=tier))
 
 
 PROMPT = list(range(1000, 1256))  # 256 tokens = 16 blocks
 REQUEST = RouteRequest(prompt_ids=PROMPT)
+FOUR = [snap(f"w{i}") for i in range(4)]
 
 
 class TestRoundRobin:
     def test_cycles_over_workers_in_id_order(self) -> None:
-        """Successive decisions visit w0, w1, w2, w0, ... whatever the input order."""
+        """Turn k picks the k-th worker by id, whatever order the snapshots come in."""
         policy = RoundRobinPolicy()
         workers = [snap("w2"), snap("w0"), snap("w1")]
-        picks = [policy.select(REQUEST, workers).worker_id for _ in range(6)]
-        assert picks == ["w0", "w1", "w2", "w0", "w1", "w2"]
-
-    def test_ignores_load(self) -> None:
-        """Round robin still visits a busy worker in its turn."""
-        policy = RoundRobinPolicy()
-        workers = [snap("w0", in_flight=100), snap("w1")]
-        assert {policy.select(REQUEST, workers).worker_id for _ in range(2)} == {"w0", "w1"}
+        picks = [policy.select(REQUEST, workers).worker_id for _ in range(4)]
+        assert picks == ["w0", "w1", "w2", "w0"]
 
     def test_empty_candidates_raise(self) -> None:
-        """No candidates is an explicit error."""
+        """No candidates is NoWorkerAvailable."""
         with pytest.raises(NoWorkerAvailable):
             RoundRobinPolicy().select(REQUEST, [])
 
 
 class TestLeastLoad:
     def test_picks_min_load(self) -> None:
-        """The worker with the fewest requests wins."""
-        policy = LeastLoadPolicy()
+        """The worker with the fewest requests wins; load = max(in_flight, running+waiting)."""
         workers = [
             snap("w0", in_flight=3),
             snap("w1", running=1, waiting=1),
             snap("w2", in_flight=5),
         ]
-        decision = policy.select(REQUEST, workers)
-        assert decision.worker_id == "w1" and decision.branch == "load"
-
-    def test_load_is_max_of_own_and_engine_counts(self) -> None:
-        """Load counts max(in_flight, running + waiting), not their sum."""
-        assert snap("w0", in_flight=2, running=2, waiting=1).load == 3
-        assert snap("w0", in_flight=4, running=1).load == 4
-
-    def test_token_usage_breaks_load_ties(self) -> None:
-        """At equal load the worker with more KV headroom wins."""
-        policy = LeastLoadPolicy()
-        workers = [snap("w0", token_usage=0.5), snap("w1", token_usage=0.1)]
-        assert policy.select(REQUEST, workers).worker_id == "w1"
+        assert LeastLoadPolicy().select(REQUEST, workers).worker_id == "w1"
 
     def test_full_ties_rotate(self) -> None:
-        """Idle identical workers share sequential requests instead of w0 taking all."""
+        """Equal workers share sequential requests in turn."""
         policy = LeastLoadPolicy()
-        workers = [snap("w0"), snap("w1")]
-        picks = [policy.select(REQUEST, workers).worker_id for _ in range(4)]
-        assert picks == ["w0", "w1", "w0", "w1"]
+        assert [policy.select(REQUEST, FOUR[:2]).worker_id for _ in range(3)] == ["w0", "w1", "w0"]
 
-    def test_empty_candidates_raise(self) -> None:
-        """No candidates is an explicit error."""
-        with pytest.raises(NoWorkerAvailable):
-            LeastLoadPolicy().select(REQUEST, [])
+
+class TestConsistentHash:
+    def test_session_key_sticks_to_one_worker(self) -> None:
+        """Requests with the same session key go to the same worker at equal load."""
+        policy = ConsistentHashPolicy(BS)
+        picks = {
+            policy.select(
+                RouteRequest(list(range(i, i + 40)), session_key="conv-7"), FOUR
+            ).worker_id
+            for i in range(20)
+        }
+        assert len(picks) == 1
+
+    def test_without_session_the_first_block_is_the_key(self) -> None:
+        """Prompts sharing their first block start at the same ring point; others spread."""
+        policy = ConsistentHashPolicy(BS)
+        system = list(range(5000, 5016))
+        same = {policy.select(RouteRequest(system + [i] * 20), FOUR).worker_id for i in range(20)}
+        assert len(same) == 1
+        spread = {
+            policy.select(RouteRequest(list(range(i * 100, i * 100 + 40))), FOUR).worker_id
+            for i in range(40)
+        }
+        assert len(spread) == 4
+
+    def test_full_worker_is_passed_with_branch_overflow(self) -> None:
+        """The key's worker at the bound sends the request on clockwise ("overflow")."""
+        policy = ConsistentHashPolicy(BS)
+        home = policy.select(REQUEST, FOUR)
+        assert home.branch == "ring"
+        loaded = [
+            snap(w.worker_id, in_flight=20 if w.worker_id == home.worker_id else 1) for w in FOUR
+        ]
+        moved = policy.select(REQUEST, loaded)
+        assert moved.worker_id != home.worker_id and moved.branch == "overflow"
+
+    def test_one_hot_key_spreads_within_the_bound(self) -> None:
+        """400 concurrent requests with one key: no worker ends above c x mean (+1)."""
+        policy = ConsistentHashPolicy(BS)
+        loads = {f"w{i}": 0 for i in range(4)}
+        for _ in range(400):
+            workers = [snap(w, in_flight=n) for w, n in loads.items()]
+            loads[policy.select(REQUEST, workers).worker_id] += 1
+        assert max(loads.values()) <= load_bound(399, 4, 1.25)
+        assert min(loads.values()) > 0
 
 
 class TestCacheAware:
+    def setup_method(self) -> None:
+        self.index = PrefixIndex(BS)
+        self.policy = CacheAwarePolicy(self.index)
+
     def test_prefers_the_holder_of_the_prefix(self) -> None:
-        """With equal load, the worker holding the prompt's prefix wins as a cache hit."""
-        index = PrefixIndex(BS)
-        store(index, "w1", PROMPT)
-        policy = CacheAwarePolicy(index)
-        decision = policy.select(REQUEST, [snap("w0"), snap("w1"), snap("w2")])
-        assert decision.worker_id == "w1"
-        assert decision.branch == "cache_hit"
-        assert decision.matched_tokens == 256
+        """The worker holding the whole prompt wins at equal load ("exact_hit")."""
+        store(self.index, "w2", PROMPT)
+        decision = self.policy.select(REQUEST, FOUR)
+        assert (decision.worker_id, decision.branch) == ("w2", "exact_hit")
+        assert (decision.matched_tokens, decision.uncached_tokens) == (256, 0)
 
     def test_longer_prefix_wins(self) -> None:
-        """Of two holders, the one with the longer prefix wins at equal load."""
-        index = PrefixIndex(BS)
-        store(index, "w0", PROMPT[:64])
-        store(index, "w1", PROMPT[:192])
-        decision = CacheAwarePolicy(index).select(REQUEST, [snap("w0"), snap("w1")])
-        assert (decision.worker_id, decision.matched_tokens) == ("w1", 192)
+        """Of two holders the one with more of the prompt is cheaper."""
+        store(self.index, "w0", PROMPT[:64])
+        store(self.index, "w1", PROMPT[:192])
+        assert self.policy.select(REQUEST, FOUR).worker_id == "w1"
 
-    def test_holder_wins_over_slightly_less_loaded_worker(self) -> None:
-        """A full hit outweighs one extra request on the holder."""
-        index = PrefixIndex(BS)
-        store(index, "w1", PROMPT)
-        decision = CacheAwarePolicy(index).select(REQUEST, [snap("w0"), snap("w1", in_flight=1)])
-        assert decision.worker_id == "w1"
+    def test_queued_prefill_outweighs_a_hit(self) -> None:
+        """A holder with more queued prefill than the hit saves loses ("spill")."""
+        store(self.index, "w0", PROMPT)
+        workers = [snap("w0", queued_prefill_tokens=5000), snap("w1")]
+        decision = self.policy.select(REQUEST, workers)
+        assert (decision.worker_id, decision.branch) == ("w1", "spill")
 
-    def test_small_hit_loses_to_much_less_loaded_worker(self) -> None:
-        """A 12.5% hit is not worth 4 more requests (score formula in the docstring)."""
-        index = PrefixIndex(BS)
-        store(index, "w1", PROMPT[:32])
-        decision = CacheAwarePolicy(index).select(
-            REQUEST, [snap("w0", in_flight=1), snap("w1", in_flight=5)]
-        )
-        assert decision.worker_id == "w0"
+    def test_own_dispatches_since_the_last_record_count_as_queue(self) -> None:
+        """The ledger's tokens sent after the load record make the holder costlier."""
+        ledger = DispatchLedger()
+        policy = CacheAwarePolicy(self.index, ledger=ledger)
+        store(self.index, "w0", PROMPT)
+        workers = [snap("w0", load_at=10.0), snap("w1", load_at=10.0)]
+        assert policy.select(REQUEST, workers).worker_id == "w0"
+        ledger.record("w0", 9.0, 100_000)  # before the record: already counted by the engine
+        assert policy.select(REQUEST, workers).worker_id == "w0"
+        ledger.record("w0", 11.0, 100_000)  # after it: not yet in the engine's figures
+        assert policy.select(REQUEST, workers).worker_id == "w1"
 
-    def test_overload_veto_by_queue_imbalance(self) -> None:
-        """A holder with a queue far above the least loaded worker is vetoed."""
-        index = PrefixIndex(BS)
-        store(index, "w1", PROMPT)
-        decision = CacheAwarePolicy(index).select(
-            REQUEST, [snap("w0", in_flight=1), snap("w1", running=8, waiting=12)]
-        )
-        assert decision.worker_id == "w0"
-        assert decision.branch == "veto"
+    @pytest.mark.parametrize(
+        "overload",
+        [{"token_usage": 0.97}, {"waiting": 40}, {"in_flight": 30}],
+        ids=["kv_usage", "waiting_queue", "load_bound"],
+    )
+    def test_overloaded_holder_is_vetoed(self, overload: dict[str, float]) -> None:
+        """KV usage, queue length or the bounded-load cap veto affinity ("veto")."""
+        store(self.index, "w0", PROMPT)
+        workers = [snap("w0", **overload), snap("w1", in_flight=1), snap("w2", in_flight=1)]
+        decision = self.policy.select(REQUEST, workers)
+        assert decision.worker_id != "w0" and decision.branch == "veto"
 
-    def test_overload_veto_by_kv_usage(self) -> None:
-        """A holder whose KV cache is 96% used is vetoed even when otherwise idle."""
-        index = PrefixIndex(BS)
-        store(index, "w1", PROMPT)
-        decision = CacheAwarePolicy(index).select(
-            REQUEST, [snap("w0", in_flight=2), snap("w1", token_usage=0.96)]
-        )
-        assert decision.worker_id == "w0"
-        assert decision.branch == "veto"
+    def test_everyone_overloaded_takes_the_cheapest(self) -> None:
+        """When every worker is over a threshold the cheapest of all wins ("overload")."""
+        store(self.index, "w1", PROMPT)
+        workers = [snap("w0", token_usage=0.99), snap("w1", token_usage=0.99)]
+        decision = self.policy.select(REQUEST, workers)
+        assert (decision.worker_id, decision.branch) == ("w1", "overload")
 
-    def test_everyone_overloaded_falls_back_to_least_load(self) -> None:
-        """When every worker is over the KV threshold, the least loaded one still serves."""
-        index = PrefixIndex(BS)
-        store(index, "w0", PROMPT)
-        decision = CacheAwarePolicy(index).select(
-            REQUEST,
-            [snap("w0", token_usage=0.99, in_flight=9), snap("w1", token_usage=0.97, in_flight=3)],
-        )
-        assert decision.worker_id == "w1"
-        assert decision.branch == "overload"
+    def test_no_match_goes_to_the_ring(self) -> None:
+        """A cold prompt is placed by consistent hashing ("ring"), the same way each time."""
+        first = self.policy.select(REQUEST, FOUR)
+        assert first.branch == "ring"
+        assert all(self.policy.select(REQUEST, FOUR).worker_id == first.worker_id for _ in range(5))
 
-    def test_no_match_falls_back_to_least_load(self) -> None:
-        """With nothing cached anywhere, the least loaded worker wins with branch "load"."""
-        index = PrefixIndex(BS)
-        decision = CacheAwarePolicy(index).select(
-            REQUEST, [snap("w0", in_flight=2), snap("w1", in_flight=1)]
-        )
-        assert (decision.worker_id, decision.branch, decision.matched_tokens) == ("w1", "load", 0)
+    def test_a_prefix_every_worker_holds_does_not_count(self) -> None:
+        """A system prompt cached everywhere tells workers apart by nothing: ring."""
+        for w in FOUR:
+            store(self.index, w.worker_id, PROMPT[:128])
+        assert self.policy.select(REQUEST, FOUR).branch == "ring"
 
     def test_tiny_match_is_not_useful(self) -> None:
-        """One block of a long prompt (below min_match_ratio) does not count as affinity."""
-        index = PrefixIndex(BS)
-        long_prompt = list(range(2000))
-        store(index, "w0", long_prompt[:16])
-        decision = CacheAwarePolicy(index).select(
-            RouteRequest(long_prompt), [snap("w0", in_flight=1), snap("w1")]
-        )
-        assert (decision.worker_id, decision.branch) == ("w1", "load")
+        """A one-block match of a long prompt (< 5%) does not pull the request."""
+        long_prompt = list(range(10_000, 10_640))  # 640 tokens; 5% = 32 tokens
+        store(self.index, "w3", long_prompt[:16])
+        assert self.policy.select(RouteRequest(long_prompt), FOUR).branch == "ring"
+
+    def test_approximate_credit_is_its_own_branch(self) -> None:
+        """A hit credited by the router's own records reports "approx_hit"."""
+        self.index.record_approximate("w1", PROMPT, now=0.0)
+        decision = self.policy.select(REQUEST, FOUR)
+        assert (decision.worker_id, decision.branch) == ("w1", "approx_hit")
+
+    def test_host_tier_is_worth_less_than_device(self) -> None:
+        """The same prefix on device beats it on the host."""
+        store(self.index, "w0", PROMPT, tier=TIER_HOST)
+        store(self.index, "w1", PROMPT)
+        assert self.policy.select(REQUEST, FOUR[:2]).worker_id == "w1"
 
     def test_weights_are_configurable(self) -> None:
-        """With the load weight at zero, a holder wins however loaded (veto aside)."""
-        index = PrefixIndex(BS)
-        store(index, "w1", PROMPT[:32])
-        config = CacheAwareConfig(load_weight=0.0)
-        decision = CacheAwarePolicy(index, config).select(
-            REQUEST, [snap("w0", in_flight=1), snap("w1", in_flight=5)]
+        """With a huge decode weight load decides, not the prefix."""
+        policy = CacheAwarePolicy(
+            self.index, CacheAwareConfig(weights=CostWeights(decode=10_000.0), min_bound=100)
         )
-        assert decision.worker_id == "w1"
+        store(self.index, "w0", PROMPT)
+        workers = [snap("w0", in_flight=3), snap("w1", in_flight=1)]
+        assert policy.select(REQUEST, workers).worker_id == "w1"
+
+    def test_draining_workers_are_skipped_unless_all_drain(self) -> None:
+        """A draining holder gets nothing while another worker can serve."""
+        store(self.index, "w0", PROMPT)
+        assert (
+            self.policy.select(REQUEST, [snap("w0", draining=True), snap("w1")]).worker_id == "w1"
+        )
+        assert self.policy.select(REQUEST, [snap("w0", draining=True)]).worker_id == "w0"
+
+    def test_the_inlined_cost_equals_the_documented_rule(self) -> None:
+        """The policy's cost ordering is `cost.estimated_cost` (checked on a mixed pool)."""
+        store(self.index, "w0", PROMPT[:128])
+        store(self.index, "w1", PROMPT[:64], tier=None)
+        workers = [
+            snap("w0", in_flight=4, queued_prefill_tokens=900),
+            snap("w1", running=2, waiting=1, queued_prefill_tokens=100),
+            snap("w2", in_flight=1),
+        ]
+        matched = self.index.match(PROMPT)
+        weights = CostWeights()
+        costs = {
+            w.worker_id: estimated_cost(
+                weights,
+                prompt_tokens=len(PROMPT),
+                device_tokens=matched.get(w.worker_id, 0),
+                lower_tier_tokens=0,
+                engine_queued=w.queued_prefill_tokens,
+                dispatched_since_record=0,
+                in_flight=w.in_flight,
+                running=w.running,
+                waiting=w.waiting,
+            )
+            for w in workers
+        }
+        chosen, _, _ = self.policy._cheapest(
+            workers, self.index.lookup(PROMPT), len(PROMPT), None, []
+        )
+        assert chosen.worker_id == min(costs, key=lambda w: costs[w])
 
     def test_empty_candidates_raise(self) -> None:
-        """No candidates is an explicit error."""
+        """No candidates is NoWorkerAvailable."""
         with pytest.raises(NoWorkerAvailable):
-            CacheAwarePolicy(PrefixIndex(BS)).select(REQUEST, [])
+            self.policy.select(REQUEST, [])
 
 
-class TestUnits:
-    def test_overloaded_never_vetoes_the_least_loaded_by_imbalance(self) -> None:
-        """The imbalance rule is relative to the least loaded worker, which always passes."""
-        workers = [snap("w0", in_flight=50), snap("w1", in_flight=100)]
-        assert overloaded(workers, OverloadThresholds()) == {"w1"}
+class TestFiltersAndLedger:
+    def test_overloaded_by_each_threshold(self) -> None:
+        """KV usage, waiting queue and the load bound each veto; the rest pass."""
+        thresholds = OverloadThresholds(max_token_usage=0.9, max_waiting=10)
+        workers = [
+            snap("kv", token_usage=0.9),
+            snap("queue", waiting=10),
+            snap("busy", in_flight=7),
+            snap("fine", in_flight=6, token_usage=0.5),
+        ]
+        assert overloaded(workers, thresholds, bound=7) == {"kv", "queue", "busy"}
+        assert overloaded(workers, thresholds) == {"kv", "queue"}
 
-    def test_scores_are_in_unit_range(self) -> None:
-        """Scorers clamp to [0, 1]."""
-        assert prefix_score(300, 256) == 1.0
-        assert prefix_score(0, 0) == 0.0
-        assert load_score(10, 4, 8) == 0.0
-        assert load_score(0, 0, 8) == 1.0
+    def test_ledger_counts_only_dispatches_after_the_record(self) -> None:
+        """pending(since) sums entries at or after since; old ones age out."""
+        ledger = DispatchLedger(horizon_s=10.0)
+        ledger.record("w0", 1.0, 100)
+        ledger.record("w0", 2.0, 50)
+        assert ledger.pending("w0", None) == 150
+        assert ledger.pending("w0", 1.5) == 50
+        ledger.record("w0", 20.0, 7)
+        assert ledger.pending("w0", None) == 7
+        ledger.forget("w0")
+        assert ledger.pending("w0", None) == 0 and "w0" not in ledger.has_pending

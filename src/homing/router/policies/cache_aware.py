@@ -1,30 +1,43 @@
-"""`cache_aware` (default): prefix affinity from the KV-event index, weighed against load.
+"""`cache_aware` (default): prefix affinity from the affinity index, priced by one cost rule,
+with bounded-load consistent hashing for cold prefixes and an overload veto.
 
-Rule of this file: affinity never overrides an overloaded worker. Decision, in order:
+Rule of this file: affinity never overrides an overloaded worker, and a request with no
+useful cached prefix anywhere goes where its session or first block hashes. In order:
 
-1. No candidates -> `NoWorkerAvailable`.
-2. Veto (`homing.router.filters.overloaded`): KV usage >= 0.95, or load more than 8
-   requests AND 1.5x above the least loaded candidate. If every candidate is vetoed, the
-   least loaded of all is chosen (branch "overload").
-3. `m_w` = prompt tokens worker w holds as a cached prefix (`PrefixIndex.match`); P = prompt
-   tokens. A match is useful when `m_w >= max(block_size, min_match_ratio * P)`. If no
-   eligible worker has a useful match, the least loaded eligible worker is chosen (branch
-   "load", or "veto" when a vetoed worker was the one holding a useful prefix).
-4. Otherwise the eligible worker with the highest
+1. No candidates -> `NoWorkerAvailable`. Draining workers are dropped (unless all drain).
+2. Veto (`filters.overloaded`): KV usage >= 0.95, or waiting queue >= 32 requests, or load
+   >= the affinity capacity `load_bound(L, n, c_hit = 1.5, hit_min_bound = 8)` (`ring`; 1.5
+   is SGLang's and smg's balance_rel_threshold). If every candidate is vetoed, the cheapest
+   of all by the cost rule wins ("overload").
+3. Matches (`PrefixIndex.lookup`): E_w = D_w + h * (T_w - D_w) effective cached tokens (T_w
+   any tier, D_w device, h the lower-tier worth). The best eligible worker's advantage is
+   `max E_w - min E_w` over eligible workers (0 for a worker holding nothing); it is useful
+   when >= max(block_size, min_match_ratio * P) with min_match_ratio 0.05 (a prefix every
+   worker holds, such as a system prompt cached everywhere, tells them apart by nothing).
+4. No useful advantage: bounded-load consistent hashing (c = 1.25, min_bound 4; vetoed
+   workers count as full) keyed by the session key, else by the first prompt block past
+   the prefix every eligible worker already holds (`policies.consistent_hash.routing_key`;
+   the first block when they hold nothing in common). Of the key's first `ring_choices` (3)
+   workers clockwise under the bound, the one of least queue and decode cost
+   (`b * Q + d * L`) takes it (the power of d choices, Mitzenmacher 2001, on the ring: a key
+   still maps to a fixed short list of workers). "ring" when no full or vetoed worker was
+   passed before it, "overflow" when some was; "veto" instead when a vetoed worker held a
+   useful prefix. Both refinements are ours: keying past the common prefix stops every new
+   conversation from starting at one ring point when a system prompt is cached everywhere;
+   the choices cut TTFT for cold prompts of very different lengths (Mooncake: 1k-120k).
+5. Useful advantage: the eligible worker with the lowest
 
-       score_w = prefix_weight * m_w / P
-               + load_weight   * (1 - L_w / max(L_max, load_floor))
-               + kv_weight     * (1 - token_usage_w)
+       cost_w = a * (P - E_w) + b * Q_w + d * L_w          (`homing.router.cost`)
 
-   wins (branch "cache_hit"), L_w = max(in_flight, running + waiting) in requests and L_max
-   the largest L among eligible workers. Ties: lower load, then worker id.
+   wins; ties by lower load, then worker id. Branch "exact_hit" / "approx_hit" when the
+   winner's own advantage is useful (credited by KV events / approximate records), else
+   "spill" (its queue outweighed the hit), or "veto" when the best holder was vetoed.
 
-Defaults (`CacheAwareConfig`): prefix_weight 1.0, load_weight 1.0, kv_weight 0.25,
-load_floor 8, min_match_ratio 0.05. With these, a worker holding a share s of the prompt
-beats an idle worker while its extra load is below s * max(L_max, 8) requests: a full hit
-is worth up to 8 queued requests at low load, a 25% hit about 2. The constants are ours
-(chosen so that one queued request at low load weighs like ~12% of a prompt's prefill);
-the bench of issue 4 is where they get tuned.
+Defaults (`CacheAwareConfig`): weights a = 3, b = 1, d = 128 tokens per request, h = 0.8
+(`CostWeights`, derivation there), ring c = 1.25 with min_bound 4, affinity c_hit = 1.5
+with hit_min_bound 8, 3 ring choices, 160 virtual nodes, thresholds of
+`OverloadThresholds`. The cost loop below inlines `cost.estimated_cost` for speed (tested
+equal).
 """
 
 from __future__ import annotations
@@ -33,72 +46,203 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from homing.router.filters import OverloadThresholds, overloaded
-from homing.router.index import PrefixIndex
-from homing.router.policies.base import PolicyContext, require_candidates
-from homing.router.policies.least_load import pick_least_loaded
-from homing.router.scorers import kv_score, load_score, prefix_score
+from homing.router.cost import CostWeights
+from homing.router.filters import OverloadThresholds, not_draining
+from homing.router.index import Matches, PrefixIndex
+from homing.router.ledger import DispatchLedger
+from homing.router.policies.base import BasePolicy, PolicyContext, require_candidates
+from homing.router.policies.consistent_hash import DEFAULT_MIN_BOUND, routing_key
+from homing.router.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES, HashRing, load_bound
 from homing.router.types import RouteDecision, RouteRequest, WorkerSnapshot
+
+#: Balance factor of the affinity veto: a prefix holder may take a request while its load
+#: is under `load_bound(L, n, 1.5, min_bound)`, SGLang's and smg's `balance_rel_threshold`
+#: default (1.5). Looser than the ring's c = 1.25 because a hit saves real work.
+DEFAULT_HIT_LOAD_FACTOR = 1.5
+
+#: Floor of the affinity capacity (requests): below 8 in flight a prefix holder is never
+#: vetoed for load (smg's spill gate never drops under an absolute margin either).
+DEFAULT_HIT_MIN_BOUND = 8
 
 
 @dataclass(frozen=True)
 class CacheAwareConfig:
     """Weights and thresholds of `CacheAwarePolicy` (formula in the module docstring)."""
 
-    prefix_weight: float = 1.0
-    load_weight: float = 1.0
-    kv_weight: float = 0.25
-    load_floor: int = 8
+    weights: CostWeights = field(default_factory=CostWeights)
     min_match_ratio: float = 0.05
+    load_factor: float = DEFAULT_LOAD_FACTOR
+    hit_load_factor: float = DEFAULT_HIT_LOAD_FACTOR
+    min_bound: int = DEFAULT_MIN_BOUND
+    hit_min_bound: int = DEFAULT_HIT_MIN_BOUND
+    ring_choices: int = 3
+    vnodes: int = DEFAULT_VNODES
     overload: OverloadThresholds = field(default_factory=OverloadThresholds)
 
 
-class CacheAwarePolicy:
-    """Prefix affinity against load, with an overload veto (see module docstring)."""
+class CacheAwarePolicy(BasePolicy):
+    """Prefix affinity priced by the cost rule, ring for cold prefixes (module docstring)."""
 
     name = "cache_aware"
 
-    def __init__(self, index: PrefixIndex, config: CacheAwareConfig | None = None) -> None:
+    def __init__(
+        self,
+        index: PrefixIndex,
+        config: CacheAwareConfig | None = None,
+        ledger: DispatchLedger | None = None,
+    ) -> None:
         self.index = index
         self.config = config or CacheAwareConfig()
-        self._turn = 0
+        self.ledger = ledger if ledger is not None else DispatchLedger()
+        self.ring = HashRing(self.config.vnodes)
 
     def select(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> RouteDecision:
         """Pick per the module docstring; raises `NoWorkerAvailable` on an empty candidate set."""
         require_candidates(workers)
-        turn = self._turn
-        self._turn += 1
         cfg = self.config
-        matches = self.index.match(request.prompt_ids, [w.worker_id for w in workers])
-
-        vetoed = overloaded(workers, cfg.overload)
-        eligible = [w for w in workers if w.worker_id not in vetoed]
-        if not eligible:
-            chosen = pick_least_loaded(workers, turn)
-            return RouteDecision(chosen.worker_id, "overload", matches.get(chosen.worker_id, 0))
-
+        candidates = not_draining(workers)
         prompt_tokens = len(request.prompt_ids)
+        found = self.index.lookup(request.prompt_ids)
+        total = 0
+        for w in candidates:
+            load = w.running + w.waiting
+            total += w.in_flight if w.in_flight > load else load
+        n = len(candidates)
+        bound = load_bound(total, n, cfg.load_factor, cfg.min_bound)
+        hit_bound = load_bound(total, n, cfg.hit_load_factor, cfg.hit_min_bound)
+        vetoed: list[str] = []
+        scored = self._cheapest(candidates, found, prompt_tokens, hit_bound, vetoed)
+        if scored is None:  # every candidate is overloaded
+            chosen = self._cheapest(candidates, found, prompt_tokens, None, [])
+            assert chosen is not None
+            return self._decision(chosen[0], "overload", found, prompt_tokens)
+        chosen, best_eff, floor = scored
+        if not found.tokens:
+            return self._ring(request, candidates, set(vetoed), bound, found, False, 0.0)
+        worth = cfg.weights.lower_tier_worth
         useful = max(self.index.block_size, math.ceil(cfg.min_match_ratio * prompt_tokens))
-        best_eligible = max(matches.get(w.worker_id, 0) for w in eligible)
-        if best_eligible < useful:
-            chosen = pick_least_loaded(eligible, turn)
-            vetoed_holder = any(matches.get(w, 0) >= useful for w in vetoed)
-            branch = "veto" if vetoed_holder else "load"
-            return RouteDecision(chosen.worker_id, branch, matches.get(chosen.worker_id, 0))
+        vetoed_holder = any(found.effective(wid, worth) - floor >= useful for wid in vetoed)
+        if best_eff - floor < useful:
+            return self._ring(request, candidates, set(vetoed), bound, found, vetoed_holder, floor)
+        advantage = found.effective(chosen.worker_id, worth) - floor
+        if advantage >= useful:
+            branch = "approx_hit" if chosen.worker_id in found.approximate else "exact_hit"
+        else:
+            branch = "veto" if vetoed_holder else "spill"
+        return self._decision(chosen, branch, found, prompt_tokens)
 
-        max_load = max(w.load for w in eligible)
+    def _cheapest(
+        self,
+        workers: Sequence[WorkerSnapshot],
+        found: Matches,
+        prompt_tokens: int,
+        bound: int | None,
+        vetoed: list[str],
+    ) -> tuple[WorkerSnapshot, float, float] | None:
+        """One pass over `workers`: those `filters.overloaded(workers, thresholds, bound)`
+        would return (inlined; no veto at all when `bound` is None) go to `vetoed`; among
+        the others, the worker of least `cost_w` (inlined `cost.estimated_cost`; ties by
+        load, then id), the largest effective match and the smallest (0 when one of them
+        holds nothing). None when every worker is vetoed."""
+        cfg = self.config
+        weights = cfg.weights
+        a, b, d, h = weights.prefill, weights.queue, weights.decode, weights.lower_tier_worth
+        max_usage, max_waiting = cfg.overload.max_token_usage, cfg.overload.max_waiting
+        check = bound is not None
+        cap = bound if bound is not None else 0
+        pending = self.ledger.pending
+        has_pending = self.ledger.has_pending
+        matched = found.tokens
+        device = found.device
+        best: WorkerSnapshot | None = None
+        best_key: tuple[float, int, str] | None = None
+        best_eff = 0.0
+        floor = math.inf
+        for w in workers:
+            wid = w.worker_id
+            load = w.running + w.waiting
+            if w.in_flight > load:
+                load = w.in_flight
+            if check and (w.token_usage >= max_usage or w.waiting >= max_waiting or load >= cap):
+                vetoed.append(wid)
+                continue
+            tokens = matched.get(wid)
+            if tokens is None:
+                eff = 0.0
+            elif device is None:
+                eff = float(tokens)
+            else:
+                dev = device.get(wid, 0)
+                eff = dev + h * (tokens - dev)
+            if eff > best_eff:
+                best_eff = eff
+            if eff < floor:
+                floor = eff
+            queued = w.queued_prefill_tokens or 0
+            if wid in has_pending:
+                queued += pending(wid, w.load_at)
+            uncached = prompt_tokens - eff
+            key = (a * (uncached if uncached > 0 else 0.0) + b * queued + d * load, load, wid)
+            if best_key is None or key < best_key:
+                best, best_key = w, key
+        if best is None:
+            return None
+        return best, best_eff, floor
 
-        def score(w: WorkerSnapshot) -> float:
-            return (
-                cfg.prefix_weight * prefix_score(matches.get(w.worker_id, 0), prompt_tokens)
-                + cfg.load_weight * load_score(w.load, max_load, cfg.load_floor)
-                + cfg.kv_weight * kv_score(w)
-            )
+    def _ring(
+        self,
+        request: RouteRequest,
+        candidates: Sequence[WorkerSnapshot],
+        vetoed: set[str],
+        bound: int,
+        found: Matches,
+        vetoed_holder: bool,
+        shared_tokens: float,
+    ) -> RouteDecision:
+        """Bounded-load ring choice keyed past the `shared_tokens` every eligible worker
+        holds; vetoed workers count as full. Of the key's first `ring_choices` workers under
+        the bound, the one of least queue and decode cost (`b * Q + d * L`) takes it."""
+        ids = [w.worker_id for w in candidates]
+        self.ring.ensure(ids)
+        by_id = {w.worker_id: w for w in candidates}
+        loads = {w.worker_id: max(w.in_flight, w.running + w.waiting) for w in candidates}
+        for wid in vetoed:
+            loads[wid] = bound
+        bs = self.index.block_size
+        key = routing_key(request, bs, int(shared_tokens) // bs)
+        options = self.ring.candidates(key, loads, bound, self.config.ring_choices)
+        if not options:  # unreachable while some candidate is eligible
+            chosen_id = min((w for w in ids if w not in vetoed), key=lambda w: (loads[w], w))
+            passed = 1
+        else:
+            weights = self.config.weights
+            ledger = self.ledger
 
-        chosen = min(eligible, key=lambda w: (-score(w), w.load, w.worker_id))
-        return RouteDecision(chosen.worker_id, "cache_hit", matches.get(chosen.worker_id, 0))
+            def queue_cost(item: tuple[str, int]) -> tuple[float, int]:
+                w = by_id[item[0]]
+                queued = (w.queued_prefill_tokens or 0) + ledger.pending(w.worker_id, w.load_at)
+                return (weights.queue * queued + weights.decode * loads[w.worker_id], item[1])
+
+            chosen_id, passed = min(options, key=queue_cost)
+        if vetoed_holder:
+            branch = "veto"
+        else:
+            branch = "ring" if passed == 0 else "overflow"
+        return self._decision(by_id[chosen_id], branch, found, len(request.prompt_ids))
+
+    def _decision(
+        self, chosen: WorkerSnapshot, branch: str, found: Matches, prompt_tokens: int
+    ) -> RouteDecision:
+        wid = chosen.worker_id
+        tokens = found.tokens.get(wid, 0)
+        saved = found.effective(wid, self.config.weights.lower_tier_worth)
+        return RouteDecision(wid, branch, tokens, max(0, round(prompt_tokens - saved)))
+
+    def on_worker_removed(self, worker_id: str) -> None:
+        """Take the worker's points off the ring."""
+        self.ring.remove(worker_id)
 
 
 def build_cache_aware(context: PolicyContext) -> CacheAwarePolicy:
     """Factory for the registry (default config)."""
-    return CacheAwarePolicy(context.index)
+    return CacheAwarePolicy(context.index, ledger=context.ledger)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from homing.router.policies.base import PolicyContext, require_candidates
+from homing.router.policies.base import BasePolicy, PolicyContext, require_candidates
 from homing.router.types import RouteDecision, RouteRequest, WorkerSnapshot
 
 
@@ -34,7 +34,7 @@ class LeastLoadConfig:
     """No options; present so every policy has a `<Name>Config`."""
 
 
-class LeastLoadPolicy:
+class LeastLoadPolicy(BasePolicy):
     """Least loaded candidate (see module docstring); branch "load"."""
 
     name = "least_load"
@@ -48,7 +48,9 @@ class LeastLoadPolicy:
         require_candidates(workers)
         chosen = pick_least_loaded(workers, self._turn)
         self._turn += 1
-        return RouteDecision(worker_id=chosen.worker_id, branch="load")
+        return RouteDecision(
+            worker_id=chosen.worker_id, branch="load", uncached_tokens=len(request.prompt_ids)
+        )
 
 
 def build_least_load(context: PolicyContext) -> LeastLoadPolicy:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from homing.router.policies.base import PolicyContext, require_candidates
+from homing.router.policies.base import BasePolicy, PolicyContext, require_candidates
 from homing.router.types import RouteDecision, RouteRequest, WorkerSnapshot
 
 
@@ -18,7 +18,7 @@ class RoundRobinConfig:
     """No options; present so every policy has a `<Name>Config`."""
 
 
-class RoundRobinPolicy:
+class RoundRobinPolicy(BasePolicy):
     """Cycles over the candidates sorted by worker id: turn k picks candidate `k mod n`."""
 
     name = "round_robin"
@@ -33,7 +33,8 @@ class RoundRobinPolicy:
         ordered = sorted(workers, key=lambda w: w.worker_id)
         chosen = ordered[self._turn % len(ordered)]
         self._turn += 1
-        return RouteDecision(worker_id=chosen.worker_id, branch="round_robin")
+        prompt_tokens = len(request.prompt_ids)
+        return RouteDecision(chosen.worker_id, "round_robin", uncached_tokens=prompt_tokens)
 
 
 def build_round_robin(context: PolicyContext) -> RoundRobinPolicy:

@@ -1,0 +1,259 @@
+"""What auth + quotas add to a request: the same requests through a gateway without tenants
+and through one with a tenant whose three quotas live in Redis, over the same worker.
+
+Rule of this file: a measurement, not a test. Both gateways (`App`s) run in this process
+over one simulated worker (default timing, llama-3.1-8b on H100) and one local
+`redis-server` (started here on a free loopback port unless `--redis-url` is given).
+Requests are sent one at a time on a keep-alive connection, alternating between the two
+gateways in rounds so that drift (CPU frequency, caches) hits both alike. Each request is a
+non-streamed completion of a 16-token prompt with `max_tokens=1`, so the engine's share is
+small and the gateway's is visible. Also timed alone: `KeyRing.authenticate` and one
+`QuotaGuard.reserve` + `settle` pair (two Redis round trips).
+
+    python -m homing.bench.gateway_overhead --requests 2000 --json bench-out/gateway.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+
+from homing.app import App
+from homing.config import (
+    EngineSettings,
+    GatewaySettings,
+    HomingConfig,
+    QuotaSettings,
+    SimSettings,
+    TenantSettings,
+)
+from homing.embedded import SimLauncher
+from homing.gateway.auth import KeyRing, hash_key
+from homing.gateway.metrics import GatewayMetrics
+from homing.gateway.quotas import QuotaGuard, build_store
+
+KEY = "sk-bench"
+PROMPT = list(range(1000, 1016))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _summary(values_ms: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values_ms),
+        "p50_ms": round(_percentile(values_ms, 0.50), 3),
+        "p99_ms": round(_percentile(values_ms, 0.99), 3),
+        "mean_ms": round(statistics.fmean(values_ms), 3),
+    }
+
+
+def _tenant() -> TenantSettings:
+    return TenantSettings.model_validate(
+        {
+            "name": "bench",
+            "keys": [{"id": "bench", "sha256": hash_key(KEY)}],
+            "quota": {
+                "requests_per_minute": 10**9,
+                "tokens_per_minute": 10**12,
+                "concurrent_streams": 10**6,
+            },
+        }
+    )
+
+
+async def _time_requests(
+    session: aiohttp.ClientSession, url: str, model: str, count: int, auth: bool
+) -> list[float]:
+    headers = {"Authorization": f"Bearer {KEY}"} if auth else {}
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 1}
+    out: list[float] = []
+    for _ in range(count):
+        started = time.perf_counter()
+        async with session.post(url, json=body, headers=headers) as resp:
+            await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"request failed with {resp.status}")
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+async def _time_guard(redis_url: str, count: int) -> dict[str, Any]:
+    settings = QuotaSettings(backend="redis", redis_url=redis_url, key_prefix="bench-guard")
+    guard = QuotaGuard(build_store(settings), settings=settings, metrics=GatewayMetrics())
+    ring = KeyRing([_tenant()])
+    principal = ring.authenticate(f"Bearer {KEY}")
+    auth_ms: list[float] = []
+    quota_ms: list[float] = []
+    try:
+        for i in range(count):
+            started = time.perf_counter()
+            ring.authenticate(f"Bearer {KEY}")
+            auth_ms.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            ticket = await guard.reserve(principal, tokens=17, request_id=str(i))
+            await guard.settle(ticket, 17)
+            quota_ms.append((time.perf_counter() - started) * 1000)
+    finally:
+        await guard.stop()
+    return {"authenticate": _summary(auth_ms), "reserve_and_settle": _summary(quota_ms)}
+
+
+def _start_redis() -> tuple[subprocess.Popen[bytes], str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server not found (make test installs it)")
+    port = _free_port()
+    redis = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.02)
+    return redis, f"redis://127.0.0.1:{port}/0"
+
+
+async def run(requests: int, rounds: int, redis_url: str) -> dict[str, Any]:
+    """Run the comparison against Redis at `redis_url`; the result as a JSON-able dict."""
+    sims = SimLauncher(SimSettings(workers=1))
+    try:
+        urls = await sims.start(timeout_s=60)
+        base = HomingConfig(
+            gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=1.0),
+            engines=EngineSettings(workers=urls),
+        )
+        with_tenants = base.model_copy(
+            update={
+                "tenants": [_tenant()],
+                "quotas": QuotaSettings(backend="redis", redis_url=redis_url, key_prefix="bench"),
+            }
+        )
+        async with App(base) as off, App(with_tenants) as on, aiohttp.ClientSession() as session:
+            model = off.service.model.model_id  # type: ignore[union-attr]
+            targets = {
+                "off": f"http://127.0.0.1:{off.http_port}/v1/completions",
+                "on": f"http://127.0.0.1:{on.http_port}/v1/completions",
+            }
+            for mode, url in targets.items():  # warm-up: connections, caches, scripts
+                await _time_requests(session, url, model, 50, auth=mode == "on")
+            samples: dict[str, list[float]] = {"off": [], "on": []}
+            per_round = max(1, requests // rounds)
+            for r in range(rounds):
+                order = ("off", "on") if r % 2 == 0 else ("on", "off")
+                for mode in order:
+                    samples[mode] += await _time_requests(
+                        session, targets[mode], model, per_round, auth=mode == "on"
+                    )
+        guard = await _time_guard(redis_url, requests)
+    finally:
+        await sims.stop()
+    off_s, on_s = _summary(samples["off"]), _summary(samples["on"])
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": _machine(),
+        "python": platform.python_version(),
+        "requests_per_mode": len(samples["off"]),
+        "without_tenants": off_s,
+        "with_tenants_redis": on_s,
+        "added_p50_ms": round(on_s["p50_ms"] - off_s["p50_ms"], 3),
+        "added_p99_ms": round(on_s["p99_ms"] - off_s["p99_ms"], 3),
+        "ratio_p50": round(on_s["p50_ms"] / off_s["p50_ms"], 3),
+        "ratio_p99": round(on_s["p99_ms"] / off_s["p99_ms"], 3),
+        "components": guard,
+    }
+
+
+def _machine() -> str:
+    """CPU model, cores and memory, e.g. "AMD EPYC, 2 cores, 24 GiB" (Linux)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{model}, {os.cpu_count()} cores, {memory:.0f} GiB"
+
+
+def _table(result: dict[str, Any]) -> str:
+    off, on = result["without_tenants"], result["with_tenants_redis"]
+    comp = result["components"]
+    rows = [
+        "| run | p50 ms | p99 ms | mean ms |",
+        "|---|---:|---:|---:|",
+        f"| without tenants | {off['p50_ms']} | {off['p99_ms']} | {off['mean_ms']} |",
+        f"| tenant + Redis quotas | {on['p50_ms']} | {on['p99_ms']} | {on['mean_ms']} |",
+        f"| added | {result['added_p50_ms']} | {result['added_p99_ms']} | |",
+        f"| ratio | {result['ratio_p50']} | {result['ratio_p99']} | |",
+        f"| KeyRing.authenticate alone | {comp['authenticate']['p50_ms']} | "
+        f"{comp['authenticate']['p99_ms']} | {comp['authenticate']['mean_ms']} |",
+        f"| reserve + settle alone (Redis) | {comp['reserve_and_settle']['p50_ms']} | "
+        f"{comp['reserve_and_settle']['p99_ms']} | {comp['reserve_and_settle']['mean_ms']} |",
+    ]
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: print the table, write `--json`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per gateway")
+    parser.add_argument("--rounds", type=int, default=10, help="alternations between the two")
+    parser.add_argument("--redis-url", help="use this Redis instead of starting one")
+    parser.add_argument("--json", type=Path, help="write the result here")
+    args = parser.parse_args(argv)
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    redis: subprocess.Popen[bytes] | None = None
+    redis_url = args.redis_url
+    if redis_url is None:
+        redis, redis_url = _start_redis()
+    try:
+        result = uvloop.run(run(args.requests, args.rounds, redis_url))
+    finally:
+        if redis is not None:
+            redis.terminate()
+            redis.wait()
+    print(_table(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""`make bench-router`: microbenchmarks of the router's decision path and affinity index.
+
+Rule of this file: measure the real code (`homing.router.Router`) on synthetic but
+protocol-shaped input, in this process, with `time.perf_counter_ns`; print a table and
+write one JSON file. Figures (targets from issue 4):
+
+- decision latency p50 / p99 (us) of `Router.select` with the default `cache_aware` policy,
+  block hashing included, tokenization excluded, for 2k- and 16k-token prompts at 8, 64 and
+  256 workers with `blocks` distinct blocks indexed. Each request is an indexed
+  conversation (a 1,024-token system prompt every worker holds, then its own blocks held by
+  one worker) extended by new tokens, so the lookup walks its whole cached prefix: the
+  worst case for the index. Target: p99 <= 100 us at 2k tokens and 64 workers.
+- event ingestion (blocks/s): `Router.apply_kv_batch` on wire `KvEventBatch`es shaped like
+  SGLang's (one stored block per event, with its parent hash; 512 events per batch, one
+  scheduler step of 8k tokens), protobuf conversion included. Target: >= 300,000.
+- bytes per indexed block: `tracemalloc` growth of the index while `blocks` distinct blocks
+  are ingested, divided by `num_blocks`. Target: <= 150.
+- growth under churn (`--churn N`): N unique prompts stored against a budget of
+  `--churn-budget` blocks with no removals (a worker that never reports evictions, the worst
+  case); index blocks and process RSS sampled every N/10 prompts must level off.
+
+Output: `bench-out/router-micro.json` with `decision_p50_us` and `decision_p99_us` keyed
+"<prompt tokens>x<workers>" (e.g. "2048x64"), `ingest_blocks_per_s`, `bytes_per_block`,
+`targets` (met or not), `churn` and the parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+import tracemalloc
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import xxhash
+from smg_grpc_proto.generated import common_pb2
+
+from homing.router import Router, RouteRequest, WorkerSnapshot
+from homing.router.events import BlocksStored, StoredBlock
+
+BLOCK = 16
+SYSTEM_TOKENS = 1024
+EVENTS_PER_BATCH = 512
+TARGET_P99_US = 100.0
+TARGET_INGEST = 300_000.0
+TARGET_BYTES = 150.0
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    """`n` deterministic pseudo-random token ids in [1000, 100000) from `seed`."""
+    out: list[int] = []
+    counter = 0
+    while len(out) < n:
+        digest = xxhash.xxh3_128_intdigest(counter.to_bytes(8, "little"), seed)
+        for _ in range(4):
+            out.append(1000 + (digest & 0xFFFFFFFF) % 99_000)
+            digest >>= 32
+        counter += 1
+    return out[:n]
+
+
+def _engine_hash(prefix_id: int, block: int) -> int:
+    """A signed int64 engine block hash, unique per (conversation, block)."""
+    return xxhash.xxh3_64_intdigest(f"{prefix_id}/{block}".encode()) - (1 << 63)
+
+
+def stored_batches(
+    chains: Sequence[tuple[int, list[int], int]], start_seq: int = 1
+) -> list[common_pb2.KvEventBatch]:
+    """Wire batches storing each chain `(prefix_id, tokens, first_block)` block by block,
+    one block per stored event, parent hash set (SGLang's shape)."""
+    batches: list[common_pb2.KvEventBatch] = []
+    batch = common_pb2.KvEventBatch(sequence_number=start_seq)
+    for prefix_id, tokens, first in chains:
+        n = len(tokens) // BLOCK
+        for b in range(first, n):
+            if len(batch.events) >= EVENTS_PER_BATCH:
+                batches.append(batch)
+                batch = common_pb2.KvEventBatch(sequence_number=start_seq + len(batches))
+            ev = batch.events.add(event_id=b)
+            stored = ev.stored
+            block = stored.blocks.add(block_hash=_engine_hash(prefix_id, b), block_size=BLOCK)
+            block.token_ids.extend(tokens[b * BLOCK : (b + 1) * BLOCK])
+            stored.tier = common_pb2.KV_CACHE_TIER_DEVICE
+            if b > 0:
+                parent = 0 if b * BLOCK <= SYSTEM_TOKENS else prefix_id
+                stored.parent_block_hash = _engine_hash(parent, b - 1)
+    if len(batch.events):
+        batches.append(batch)
+    return batches
+
+
+class Population:
+    """An index filled with `blocks` distinct blocks over `workers` workers."""
+
+    def __init__(self, workers: int, blocks: int, prompt_tokens: int) -> None:
+        self.workers = [f"w{i}" for i in range(workers)]
+        self.router = Router("cache_aware", max_blocks=max(blocks * 2, 1024))
+        self.system = _tokens(0, SYSTEM_TOKENS)
+        self.prompt_tokens = prompt_tokens
+        self.conversations: list[tuple[str, list[int]]] = []
+        self.ingest_s = 0.0
+        self.ingested_blocks = 0
+        own_blocks = prompt_tokens // BLOCK - SYSTEM_TOKENS // BLOCK
+        shared = SYSTEM_TOKENS // BLOCK
+        system_chain = [(0, self.system, 0)]
+        for w in self.workers:
+            self._ingest(w, stored_batches(system_chain))
+        prefix_id = 1
+        while self.router.index.num_blocks < blocks:
+            worker = self.workers[prefix_id % workers]
+            tokens = self.system + _tokens(prefix_id, own_blocks * BLOCK)
+            self._ingest(worker, stored_batches([(prefix_id, tokens, shared)]))
+            if len(self.conversations) < 64:
+                self.conversations.append((worker, tokens))
+            prefix_id += 1
+
+    def _ingest(self, worker: str, batches: Sequence[common_pb2.KvEventBatch]) -> None:
+        apply = self.router.apply_kv_batch
+        t0 = time.perf_counter()
+        for batch in batches:
+            apply(worker, batch)
+        self.ingest_s += time.perf_counter() - t0
+        self.ingested_blocks += sum(len(b.events) for b in batches)
+
+
+def _snapshots(workers: Sequence[str], turn: int) -> list[WorkerSnapshot]:
+    """Live-looking snapshots: loads 2..9 in flight, KV usage 0.3..0.6, varying per turn."""
+    out = []
+    for i, w in enumerate(workers):
+        x = (i * 7 + turn * 3) % 8
+        out.append(
+            WorkerSnapshot(
+                worker_id=w,
+                in_flight=2 + x,
+                running=2 + x,
+                waiting=x // 3,
+                token_usage=0.3 + 0.04 * x,
+                max_running_requests=256,
+                queued_prefill_tokens=1000 * (x // 2),
+                load_at=0.0,
+            )
+        )
+    return out
+
+
+def decision_latency(
+    population: Population, prompt_tokens: int, samples: int
+) -> tuple[float, float, dict[str, int]]:
+    """p50 and p99 (us) of `Router.select` for prompts of `prompt_tokens` that extend an
+    indexed conversation by 64 new tokens; also the decision branches seen."""
+    router = population.router
+    requests = [
+        RouteRequest([*tokens[: prompt_tokens - 64], *_tokens(10**9 + i, 64)])
+        for i, (_, tokens) in enumerate(population.conversations)
+    ]
+    snaps = [_snapshots(population.workers, t) for t in range(16)]
+    times: list[int] = []
+    select = router.select
+    perf = time.perf_counter_ns
+    before = dict(router.decisions)
+    for i in range(samples + samples // 10):
+        request = requests[i % len(requests)]
+        workers = snaps[i % len(snaps)]
+        t0 = perf()
+        select(request, workers)
+        t1 = perf()
+        if i >= samples // 10:  # warm-up excluded
+            times.append(t1 - t0)
+    times.sort()
+    branches = {k: v - before.get(k, 0) for k, v in router.decisions.items()}
+    return times[len(times) // 2] / 1e3, times[int(len(times) * 0.99)] / 1e3, branches
+
+
+def bytes_per_block(blocks: int) -> tuple[float, int]:
+    """tracemalloc growth of a Router's index per distinct block after ingesting `blocks`
+    blocks (64 workers; conversation shape of `Population`)."""
+    gc.collect()
+    tracemalloc.start()
+    router = Router("cache_aware", max_blocks=blocks * 2)
+    base = tracemalloc.get_traced_memory()[0]
+    workers = [f"w{i}" for i in range(64)]
+    system = _tokens(0, SYSTEM_TOKENS)
+    shared = SYSTEM_TOKENS // BLOCK
+    for w in workers:
+        for batch in stored_batches([(0, system, 0)]):
+            router.apply_kv_batch(w, batch)
+    prefix_id = 1
+    own = 2048 // BLOCK - shared
+    while router.index.num_blocks < blocks:
+        tokens = system + _tokens(prefix_id, own * BLOCK)
+        for batch in stored_batches([(prefix_id, tokens, shared)]):
+            router.apply_kv_batch(workers[prefix_id % 64], batch)
+        prefix_id += 1
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return used / router.index.num_blocks, router.index.num_blocks
+
+
+def _rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except OSError:
+        return 0
+    import resource
+
+    return pages * resource.getpagesize()
+
+
+def churn(prompts: int, budget: int, prompt_tokens: int = 1024) -> dict[str, Any]:
+    """Store `prompts` unique prompts (no removals) against a `budget`-block index; sample
+    blocks, stale engine-map entries and RSS ten times."""
+    router = Router("cache_aware", max_blocks=budget)
+    index = router.index
+    samples: list[dict[str, int]] = []
+    step = max(1, prompts // 10)
+    blocks_per_prompt = prompt_tokens // BLOCK
+    for p in range(prompts):
+        tokens = _tokens(p + 7, prompt_tokens)
+        event = BlocksStored(
+            blocks=tuple(
+                StoredBlock(_engine_hash(p, b), tuple(tokens[b * BLOCK : (b + 1) * BLOCK]))
+                for b in range(blocks_per_prompt)
+            )
+        )
+        router.apply_events(f"w{p % 8}", [event])
+        if (p + 1) % step == 0:
+            samples.append(
+                {
+                    "prompts": p + 1,
+                    "index_blocks": index.num_blocks,
+                    "engine_map": len(index._eng),
+                    "rss_bytes": _rss_bytes(),
+                }
+            )
+    return {"prompts": prompts, "budget_blocks": budget, "samples": samples}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """All measurements; returns the JSON-ready result."""
+    p50: dict[str, float] = {}
+    p99: dict[str, float] = {}
+    branches: dict[str, dict[str, int]] = {}
+    ingest: list[float] = []
+    for workers in args.workers:
+        for prompt_tokens in args.prompt_tokens:
+            population = Population(workers, args.blocks, prompt_tokens)
+            ingest.append(population.ingested_blocks / population.ingest_s)
+            key = f"{prompt_tokens}x{workers}"
+            p50[key], p99[key], branches[key] = decision_latency(
+                population, prompt_tokens, args.samples
+            )
+            print(
+                f"decision {key:>10}: p50 {p50[key]:7.1f} us  p99 {p99[key]:7.1f} us  "
+                f"(index {population.router.index.num_blocks:,} blocks, "
+                f"ingest {ingest[-1]:,.0f} blocks/s)",
+                flush=True,
+            )
+            del population
+            gc.collect()
+    per_block, measured_blocks = bytes_per_block(args.bytes_blocks)
+    print(f"bytes per block: {per_block:.1f} ({measured_blocks:,} blocks)", flush=True)
+    ingest_rate = sorted(ingest)[len(ingest) // 2]
+    result: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "python": sys.version.split()[0],
+        "blocks_indexed": args.blocks,
+        "samples": args.samples,
+        "decision_p50_us": p50,
+        "decision_p99_us": p99,
+        "decision_branches": branches,
+        "ingest_blocks_per_s": round(ingest_rate),
+        "ingest_blocks_per_s_runs": [round(x) for x in ingest],
+        "bytes_per_block": round(per_block, 1),
+        "bytes_per_block_blocks": measured_blocks,
+    }
+    key = "2048x64"
+    result["targets"] = {
+        "decision_p99_us_2048x64": {
+            "target": TARGET_P99_US,
+            "value": p99.get(key),
+            "met": p99.get(key) is not None and p99[key] <= TARGET_P99_US,
+        },
+        "ingest_blocks_per_s": {
+            "target": TARGET_INGEST,
+            "value": round(ingest_rate),
+            "met": ingest_rate >= TARGET_INGEST,
+        },
+        "bytes_per_block": {
+            "target": TARGET_BYTES,
+            "value": round(per_block, 1),
+            "met": per_block <= TARGET_BYTES,
+        },
+    }
+    if args.churn:
+        result["churn"] = churn(args.churn, args.churn_budget)
+        last = result["churn"]["samples"][-1]
+        print(
+            f"churn: {args.churn:,} unique prompts, budget {args.churn_budget:,} blocks -> "
+            f"{last['index_blocks']:,} blocks, RSS {last['rss_bytes'] / 2**20:.0f} MiB",
+            flush=True,
+        )
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m homing.bench.router_micro [options]`; writes `--json`."""
+    parser = argparse.ArgumentParser(prog="homing.bench.router_micro", description=__doc__)
+    parser.add_argument("--blocks", type=int, default=1_000_000, help="blocks indexed")
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[2048, 16384])
+    parser.add_argument("--samples", type=int, default=5000, help="decisions per cell")
+    parser.add_argument("--bytes-blocks", type=int, default=1_000_000)
+    parser.add_argument("--churn", type=int, default=0, help="unique prompts (0: skip)")
+    parser.add_argument("--churn-budget", type=int, default=200_000)
+    parser.add_argument("--json", default="bench-out/router-micro.json")
+    args = parser.parse_args(argv)
+    result = run(args)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""Prometheus metrics of the gateway's auth, quota and admission paths.
+
+Rule of this file: one `GatewayMetrics` per process (per `App`), on its own
+`CollectorRegistry` (so several Apps in one test process do not collide); the registry is
+what a `/metrics` endpoint exposes. Names follow Prometheus conventions (`_total` counters,
+base units: seconds).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class GatewayMetrics:
+    """Counters and gauges of auth, quotas and admission."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.auth_failures = Counter(
+            "homing_auth_failures_total",
+            "Requests refused by authentication (401) or model access (403/404).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.rate_limited = Counter(
+            "homing_rate_limited_total",
+            "Requests refused with 429 by a quota.",
+            ["quota"],
+            registry=self.registry,
+        )
+        self.quota_store_errors = Counter(
+            "homing_quota_store_errors_total",
+            "Quota store calls that failed; action is fail_closed (503) or fail_open (admitted"
+            " uncounted) for reservations, or none for settle/renew.",
+            ["operation", "action"],
+            registry=self.registry,
+        )
+        self.admission_queue_depth = Gauge(
+            "homing_admission_queue_depth",
+            "Requests waiting in the admission queue.",
+            ["model"],
+            registry=self.registry,
+        )
+        self.admission_rejected = Counter(
+            "homing_admission_rejected_total",
+            "Requests refused with 503 by admission (queue full, tenant's share full, timeout).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.admission_wait = Histogram(
+            "homing_admission_wait_seconds",
+            "Time requests spent in the admission queue before being admitted.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of sample `name` with `labels` (0 when absent); for tests."""
+        return self.registry.get_sample_value(name, labels) or 0.0
