@@ -137,4 +137,11 @@ def parse_fault(body: object) -> Fault:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A JSON number that converts to a float (a 400-digit integer does not: OverflowError)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True

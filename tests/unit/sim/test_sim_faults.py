@@ -37,6 +37,8 @@ class TestParseFault:
             ({"slowdown": "fast"}, "'slowdown'"),
             ({"slowdown": True}, "'slowdown'"),
             ({"stall_s": -1}, "'stall_s'"),
+            ({"slowdown": 10**400}, "'slowdown' must be a finite number > 0"),
+            ({"stall_s": 10**400}, "'stall_s'"),
             ({"health": "no"}, "'health' must be true or false"),
             ({"reject": "INTERNAL"}, "'reject' must be one of"),
             ({"crash": False}, "'crash' must be true"),
