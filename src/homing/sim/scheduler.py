@@ -10,6 +10,8 @@ prefill chunks run together):
 
 1. decode: every request whose prefill is done needs one more KV slot. When the pool has no
    room even after evicting unreferenced cache pages, requests are retracted newest first
+   (issue 3's rule; SGLang's `retract_decode` instead picks, among decoding requests only,
+   the one with the fewest output tokens, longest prompt first — a known deviation)
    (at least one, then until the rest have room for `retract_decode_steps` more tokens each):
    a retracted request frees its KV (without inserting it into the cache, as SGLang's
    `release_kv_cache(is_insert=False)`), goes to the back of the waiting queue, is counted in
