@@ -100,7 +100,7 @@ class RouterSettings(_Section):
     max_waiting: int = Field(default=32, ge=1)
     index_budget_mb: float = Field(default=160.0, gt=0)
     approx_ttl_s: float = Field(default=120.0, gt=0)
-    booking_ttl_s: float = Field(default=30.0, gt=0)
+    booking_ttl_s: float | None = Field(default=None, gt=0)
     models: dict[str, RouterModelSettings] = Field(default_factory=dict)
 
 

@@ -89,3 +89,28 @@ async def test_stopped_worker_is_flushed_from_the_index(
     await sims[1].stop(grace_s=0.1)
     assert await eventually(lambda: router.index.worker_blocks("w1") == 0, 3)
     assert router.index.match(PROMPT).get("w1") is None
+
+
+async def test_removed_worker_is_flushed_and_leaves_rotation(
+    setup: tuple[list[SimWorker], WorkerPool, Router],
+) -> None:
+    """pool.remove() stops the worker's tasks and the router forgets its prefixes."""
+    _, pool, router = setup
+    await run_to_completion(pool, "w1", "warm-rm")
+    assert await eventually(lambda: router.index.worker_blocks("w1") > 0, 3)
+    await pool.remove("w1")
+    assert router.index.match(PROMPT).get("w1") is None
+    assert [w.worker_id for w in pool.healthy_workers()] == ["w0"]
+    assert router.worker_mode("w1") == "approximate"
+
+
+async def test_pool_reports_epochs_and_stream_state(
+    setup: tuple[list[SimWorker], WorkerPool, Router],
+) -> None:
+    """Each subscription is a new epoch; an open stream is reported per worker."""
+    sims, pool, _ = setup
+    assert all(w.kv_stream == "open" and w.kv_epoch >= 1 for w in pool.workers())
+    epoch = pool.state("w0").kv_epoch
+    await sims[0].restart()
+    assert await eventually(lambda: pool.state("w0").kv_epoch > epoch, 5)
+    assert await eventually(lambda: pool.state("w0").kv_stream == "open", 5)

@@ -15,9 +15,10 @@ write one JSON file. Figures (targets from issue 4):
   scheduler step of 8k tokens), protobuf conversion included. Target: >= 300,000.
 - bytes per indexed block: `tracemalloc` growth of the index while `blocks` distinct blocks
   are ingested, divided by `num_blocks`. Target: <= 150.
-- growth under churn (`--churn N`): N unique prompts stored against a budget of
+- growth under churn (`--churn N`): N unique 4-block prompts stored against a budget of
   `--churn-budget` blocks with no removals (a worker that never reports evictions, the worst
-  case); index blocks and process RSS sampled every N/10 prompts must level off.
+  case); index blocks, engine-map entries and process RSS sampled every N/10 prompts must
+  level off.
 
 Output: `bench-out/router-micro.json` with `decision_p50_us` and `decision_p99_us` keyed
 "<prompt tokens>x<workers>" (e.g. "2048x64"), `ingest_blocks_per_s`, `bytes_per_block`,
@@ -33,6 +34,7 @@ import platform
 import sys
 import time
 import tracemalloc
+from array import array
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,7 +44,6 @@ import xxhash
 from smg_grpc_proto.generated import common_pb2
 
 from homing.router import Router, RouteRequest, WorkerSnapshot
-from homing.router.events import BlocksStored, StoredBlock
 
 BLOCK = 16
 SYSTEM_TOKENS = 1024
@@ -216,23 +217,30 @@ def _rss_bytes() -> int:
     return pages * resource.getpagesize()
 
 
-def churn(prompts: int, budget: int, prompt_tokens: int = 1024) -> dict[str, Any]:
-    """Store `prompts` unique prompts (no removals) against a `budget`-block index; sample
-    blocks, stale engine-map entries and RSS ten times."""
+def churn(prompts: int, budget: int, blocks_per_prompt: int = 4) -> dict[str, Any]:
+    """Store `prompts` unique prompts of `blocks_per_prompt` blocks (no removals) against a
+    `budget`-block index through the wire fast path (`PrefixIndex.store_blocks`, one block
+    per event as SGLang sends them); sample index blocks, engine-map entries and RSS ten
+    times."""
     router = Router("cache_aware", max_blocks=budget)
     index = router.index
     samples: list[dict[str, int]] = []
     step = max(1, prompts // 10)
-    blocks_per_prompt = prompt_tokens // BLOCK
+    per = blocks_per_prompt * BLOCK
+    t0 = time.perf_counter()
     for p in range(prompts):
-        tokens = _tokens(p + 7, prompt_tokens)
-        event = BlocksStored(
-            blocks=tuple(
-                StoredBlock(_engine_hash(p, b), tuple(tokens[b * BLOCK : (b + 1) * BLOCK]))
-                for b in range(blocks_per_prompt)
+        base = 1000 + p * per
+        data = array("I", range(base, base + per)).tobytes()
+        items = [
+            (
+                p * blocks_per_prompt + b + 1,
+                p * blocks_per_prompt + b if b else None,
+                data[4 * BLOCK * b : 4 * BLOCK * (b + 1)],
+                1,
             )
-        )
-        router.apply_events(f"w{p % 8}", [event])
+            for b in range(blocks_per_prompt)
+        ]
+        index.store_blocks(f"w{p % 8}", items)
         if (p + 1) % step == 0:
             samples.append(
                 {
@@ -242,7 +250,14 @@ def churn(prompts: int, budget: int, prompt_tokens: int = 1024) -> dict[str, Any
                     "rss_bytes": _rss_bytes(),
                 }
             )
-    return {"prompts": prompts, "budget_blocks": budget, "samples": samples}
+    return {
+        "prompts": prompts,
+        "blocks_per_prompt": blocks_per_prompt,
+        "budget_blocks": budget,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "evicted_blocks": index.stats.evicted,
+        "samples": samples,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

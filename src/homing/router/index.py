@@ -31,16 +31,20 @@ its TTL has passed, so a record is credited for between `ttl` and `1.25 * ttl` s
 
 Mode per worker: "approximate" from the first sight or the last flush until the worker's
 stream delivers its first stored event; then "exact" (approximate records are dropped).
-Bookings: in exact mode each dispatch is also credited for `booking_ttl_s` (own slots, same
-TTL mechanism) until the worker's stored events take over; a hit credited only by a record
-or a booking is reported as approximate.
+Bookings (opt-in, `booking_ttl_s`): in exact mode each dispatch is also credited for that
+TTL (own slots, same mechanism) until the worker's stored events take over. A hit credited
+only by an approximate record or a booking is reported as approximate.
 
 Memory budget (global, not per worker): at most `max_blocks` distinct blocks. Beyond it the
 least recently used blocks are evicted, in batches of `max_blocks / 64`, by the CLOCK
-approximation of LRU: lookups and re-stores mark blocks recently used; eviction walks the
-dict from its oldest end, gives marked blocks a second chance (moved to the young end) and
-drops the others. Leaf first: a stored chain is inserted deepest block first and a lookup
-marks its whole matched path, so a parent is never older than its children.
+approximation of LRU: lookups mark their matched path recently used (and a re-store of a
+block another worker holds marks it); eviction walks the dict from its oldest end, gives
+marked blocks a second chance (moved to the young end) and drops the others. Leaf first: a
+chain stored in one event is inserted deepest block first, and a lookup marks the whole
+matched path, so a used parent is never older than its children. Blocks stored one per
+event (SGLang's shape) enter parent first; unused ones then leave oldest first, a batch
+taking whole chains, and a descendant orphaned at a batch boundary (unreachable, since
+lookups walk from the root) is among the oldest left and goes with the next batch.
 """
 
 from __future__ import annotations
@@ -78,11 +82,13 @@ DEFAULT_MAX_BLOCKS = 1_000_000
 #: approximate tree every 120 s by default).
 DEFAULT_APPROX_TTL_S = 120.0
 
-#: Default booking TTL in seconds: in exact mode, a dispatched prompt is credited to its
-#: worker this long (to 1.5x) before the worker's own stored events confirm it, so a
-#: follow-up arriving while the first request still waits for its prefill goes to the same
-#: worker (smg books dispatches the same way). Long enough for a queued prefill at high load.
-DEFAULT_BOOKING_TTL_S = 30.0
+#: Default booking TTL in seconds; None: bookings off. With a TTL, a dispatch to a worker in
+#: exact mode is credited to it that long (to 1.5x) before its own stored events confirm it,
+#: so a follow-up arriving while the first request still waits for its prefill goes to the
+#: same worker (smg books dispatches the same way). Off by default: on the Mooncake replay
+#: of `make bench-routers` no decision ever needed one (follow-ups arrive tens of seconds
+#: after their prefix was stored) and booking re-hashes every prompt (~40 us at 2k tokens).
+DEFAULT_BOOKING_TTL_S: float | None = None
 
 #: Keys the incremental sweep visits per `maintain` call (~0.3 ms of CPU).
 DEFAULT_SWEEP_CHUNK = 4096
@@ -218,8 +224,8 @@ class PrefixIndex:
     length are dropped and counted in `stats.dropped_size_mismatch`).
     `seed`: root of the hash chain. `max_blocks`: the global budget in distinct blocks
     (>= 1). `approx_ttl_s`: approximate-mode TTL (> 0). `booking_ttl_s`: exact-mode
-    booking TTL (> 0). `sweep_chunk`: keys per `maintain` step. ValueError for
-    out-of-range arguments.
+    booking TTL (> 0; None: no bookings). `sweep_chunk`: keys per `maintain` step.
+    ValueError for out-of-range arguments.
     """
 
     def __init__(
@@ -229,21 +235,21 @@ class PrefixIndex:
         seed: int = DEFAULT_HASH_SEED,
         max_blocks: int = DEFAULT_MAX_BLOCKS,
         approx_ttl_s: float = DEFAULT_APPROX_TTL_S,
-        booking_ttl_s: float = DEFAULT_BOOKING_TTL_S,
+        booking_ttl_s: float | None = DEFAULT_BOOKING_TTL_S,
         sweep_chunk: int = DEFAULT_SWEEP_CHUNK,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if max_blocks < 1:
             raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
-        if not approx_ttl_s > 0 or not booking_ttl_s > 0:
+        if not approx_ttl_s > 0 or (booking_ttl_s is not None and not booking_ttl_s > 0):
             raise ValueError(f"TTLs must be > 0, got {approx_ttl_s} and {booking_ttl_s}")
         self.block_size = block_size
         self.max_blocks = max_blocks
         self.approx_ttl_s = approx_ttl_s
         self._generation_s = approx_ttl_s / 4
         self.booking_ttl_s = booking_ttl_s
-        self._booking_generation_s = booking_ttl_s / 2
+        self._booking_generation_s = (booking_ttl_s or 1.0) / 2
         self._seed = seed
         self._root = root_hash(seed)
         self._evict_batch = max(1, max_blocks // 64)
@@ -367,11 +373,11 @@ class PrefixIndex:
         if not active:
             return _NO_MATCHES
         path = [h]
+        append = path.append
         drops: list[tuple[int, int]] = []  # (slots that stopped matching, blocks matched)
-        end = n * stride
-        pos = stride
-        while pos < end:
-            h = xx(view[pos : pos + stride], h) & KEY_MASK
+        mask = KEY_MASK
+        for pos in range(stride, n * stride, stride):
+            h = xx(view[pos : pos + stride], h) & mask
             m = get(h)
             if m is None:
                 break
@@ -382,8 +388,7 @@ class PrefixIndex:
                     active = kept
                     if not kept:
                         break
-            path.append(h)
-            pos += stride
+            append(h)
         if active:
             drops.append((active, len(path)))
         self._recent.update(path)
@@ -526,12 +531,15 @@ class PrefixIndex:
 
     def record_dispatch(self, worker_id: str, prompt_ids: Sequence[int], now: float) -> int:
         """The router sent `prompt_ids` to `worker_id` at `now`: an approximate-mode record,
-        or in exact mode a booking for `booking_ttl_s`. Returns the blocks credited."""
+        or in exact mode a booking for `booking_ttl_s` (nothing when bookings are off).
+        Returns the blocks credited."""
         w = self._workers.get(worker_id)
         if w is None:
             w = self._workers[worker_id] = _Worker()
         if w.mode != "exact":
             return self.record_approximate(worker_id, prompt_ids, now)
+        if self.booking_ttl_s is None:
+            return 0
         return self._record(
             w, worker_id, w.bookings, prompt_ids, now, self._booking_generation_s,
             self.booking_ttl_s,
@@ -736,7 +744,6 @@ class PrefixIndex:
                 self.stats.dropped_unlinked += len(blocks)
                 return
             parent = parent_key
-            self._recent.add(parent_key)
         bs = self.block_size
         usable = len(blocks)
         for i, block in enumerate(blocks):
@@ -821,7 +828,6 @@ class PrefixIndex:
                     stats.dropped_unlinked += 1
                     continue
                 parent = parent_key
-                recent.add(parent_key)
             key = xx(data, parent) & mask
             eng[engine_hash & mask] = key
             credited += 1

@@ -4,7 +4,7 @@ Rule of this file: composition and bookkeeping only. The router owns the `Prefix
 by `apply_kv_batch`, which converts the wire batch at the edge via `homing.router.events`),
 the `DispatchLedger` (its own dispatches between load records) and the policy built from
 the registry by name; `select` delegates the choice to the policy, then records it: in the
-ledger, in the index (an approximate-mode record, or an exact-mode booking; never for a
+ledger, in the index (an approximate-mode record, or an opt-in exact-mode booking; never for a
 worker whose event stream is down) and with the observer (metrics). No I/O; the clock is
 injected and read once per call. Sequence bookkeeping (gaps, resubscription, restarts)
 belongs to the pool's KV-event task, which calls `flush_worker` with its reason; the router
@@ -82,8 +82,8 @@ class Router:
     `cache_aware` / `consistent_hash`: configs of those built-in policies (None: defaults).
     `max_blocks`: the index's global budget in distinct blocks. `approx_ttl_s`: how long an
     approximate-mode record is credited; `booking_ttl_s`: how long an exact-mode worker is
-    credited with a dispatched prompt before its events confirm it. `observer`: metrics
-    sink (settable later).
+    credited with a dispatched prompt before its events confirm it (None: not at all).
+    `observer`: metrics sink (settable later).
     """
 
     def __init__(
@@ -97,7 +97,7 @@ class Router:
         consistent_hash: ConsistentHashConfig | None = None,
         max_blocks: int = DEFAULT_MAX_BLOCKS,
         approx_ttl_s: float = DEFAULT_APPROX_TTL_S,
-        booking_ttl_s: float = DEFAULT_BOOKING_TTL_S,
+        booking_ttl_s: float | None = DEFAULT_BOOKING_TTL_S,
         observer: RouterObserver | None = None,
     ) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()

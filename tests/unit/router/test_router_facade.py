@@ -171,3 +171,11 @@ def test_config_defaults_are_the_policy_defaults() -> None:
 
     _, cache_aware, _ = policy_configs(RouterSettings())
     assert cache_aware == CacheAwareConfig()
+
+
+def test_serve_accepts_every_policy_name() -> None:
+    """`homing serve --policy NAME` offers the four built-in policies."""
+    from homing.cli import build_parser
+
+    for name in ("round_robin", "least_load", "consistent_hash", "cache_aware"):
+        assert build_parser().parse_args(["serve", "--policy", name]).policy == name

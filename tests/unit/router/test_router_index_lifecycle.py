@@ -221,6 +221,13 @@ class TestSequenceCursor:
 
 
 class TestBookings:
+    def test_bookings_are_off_by_default(self) -> None:
+        """Without a booking TTL an exact worker is credited only by its events."""
+        index = PrefixIndex(BS)
+        index.apply("w0", chain(prompt(4, offset=900), 1))
+        assert index.record_dispatch("w0", prompt(8), now=0.0) == 0
+        assert index.match(prompt(8)) == {}
+
     def test_exact_worker_is_booked_with_what_it_was_sent(self) -> None:
         """In exact mode a dispatch is credited (approximately) until its TTL passes."""
         index = PrefixIndex(BS, booking_ttl_s=10.0)
@@ -235,7 +242,7 @@ class TestBookings:
 
     def test_confirmed_blocks_are_exact_not_approximate(self) -> None:
         """Once the worker's own events store the booked prefix, the credit is exact."""
-        index = PrefixIndex(BS)
+        index = PrefixIndex(BS, booking_ttl_s=10.0)
         index.apply("w0", chain(prompt(4, offset=900), 1))
         sent = prompt(8)
         index.record_dispatch("w0", sent, now=0.0)
@@ -245,8 +252,9 @@ class TestBookings:
 
     def test_flush_drops_bookings(self) -> None:
         """A restart forgets the bookings along with the exact credit."""
-        index = PrefixIndex(BS)
+        index = PrefixIndex(BS, booking_ttl_s=10.0)
         index.apply("w0", chain(prompt(4, offset=900), 1))
         index.record_dispatch("w0", prompt(8), now=0.0)
+        assert index.match(prompt(8)) == {"w0": 8}
         index.flush_worker("w0")
         assert index.match(prompt(8)) == {}

@@ -262,6 +262,18 @@ class TestCacheAware:
         )
         assert chosen.worker_id == min(costs, key=lambda w: costs[w])
 
+    def test_the_inlined_veto_equals_the_filter(self) -> None:
+        """The policy's one-pass veto vetoes exactly what `filters.overloaded` returns."""
+        workers = [
+            snap("kv", token_usage=0.96),
+            snap("queue", waiting=33),
+            snap("busy", in_flight=12),
+            snap("fine", in_flight=3),
+        ]
+        vetoed: list[str] = []
+        self.policy._cheapest(workers, self.index.lookup(PROMPT), len(PROMPT), 12, vetoed)
+        assert set(vetoed) == overloaded(workers, OverloadThresholds(), bound=12)
+
     def test_empty_candidates_raise(self) -> None:
         """No candidates is NoWorkerAvailable."""
         with pytest.raises(NoWorkerAvailable):

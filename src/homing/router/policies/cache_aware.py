@@ -100,13 +100,18 @@ class CacheAwarePolicy(BasePolicy):
         """Pick per the module docstring; raises `NoWorkerAvailable` on an empty candidate set."""
         require_candidates(workers)
         cfg = self.config
-        candidates = not_draining(workers)
         prompt_tokens = len(request.prompt_ids)
         found = self.index.lookup(request.prompt_ids)
         total = 0
-        for w in candidates:
+        draining = False
+        for w in workers:
             load = w.running + w.waiting
             total += w.in_flight if w.in_flight > load else load
+            draining = draining or w.draining
+        candidates = workers
+        if draining:
+            candidates = not_draining(workers)
+            total = sum(w.load for w in candidates)
         n = len(candidates)
         bound = load_bound(total, n, cfg.load_factor, cfg.min_bound)
         hit_bound = load_bound(total, n, cfg.hit_load_factor, cfg.hit_min_bound)
@@ -182,9 +187,11 @@ class CacheAwarePolicy(BasePolicy):
             if wid in has_pending:
                 queued += pending(wid, w.load_at)
             uncached = prompt_tokens - eff
-            key = (a * (uncached if uncached > 0 else 0.0) + b * queued + d * load, load, wid)
-            if best_key is None or key < best_key:
-                best, best_key = w, key
+            cost = a * (uncached if uncached > 0 else 0.0) + b * queued + d * load
+            if best_key is None or cost <= best_key[0]:
+                key = (cost, load, wid)
+                if best_key is None or key < best_key:
+                    best, best_key = w, key
         if best is None:
             return None
         return best, best_eff, floor
