@@ -23,7 +23,7 @@ import aiohttp
 from tqdm import tqdm
 
 from homing.bench.records import RequestRecord
-from homing.bench.sse import CompletionStream, SseDecoder
+from homing.bench.sse import CompletionStream, SseDecoder, copy_stream_fields
 from homing.bench.traces import PromptBuilder, TraceRequest
 
 WORKER_HEADER = "x-homing-worker"
@@ -183,12 +183,7 @@ class _Run:
         except (OSError, ValueError) as e:  # anything else the stack raises is still recorded
             _fail(rec, "client", f"{type(e).__name__}: {e}")
         finally:
-            rec.first_token_s = stream.first_token_s
-            rec.last_token_s = stream.last_token_s
-            rec.prompt_tokens = stream.prompt_tokens
-            rec.completion_tokens = stream.completion_tokens
-            rec.cached_tokens = stream.cached_tokens
-            rec.finish_reason = stream.finish_reason
+            copy_stream_fields(rec, stream)
         if rec.error is None:
             problem = stream.verdict()
             if problem is not None:

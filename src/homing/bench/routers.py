@@ -61,7 +61,7 @@ import aiohttp
 
 from homing.bench.records import RequestRecord
 from homing.bench.report import Slo, summarize
-from homing.bench.sse import CompletionStream, SseDecoder
+from homing.bench.sse import CompletionStream, SseDecoder, copy_stream_fields
 from homing.bench.traces import PromptBuilder, TraceRequest, load_trace
 from homing.router.hashing import DEFAULT_HASH_SEED, block_hashes, root_hash
 from homing.sim.timing import PrefillChunk, TimingModel, resolve_limits
@@ -138,37 +138,13 @@ def offered_load(
 # ============================================================================ SGLang /generate
 
 
-class GenerateStream:
+class GenerateStream(CompletionStream):
     """Accumulates an SGLang-native `/generate` stream (what smg serves for token-id input):
     events `{"text", "output_ids", "meta_info": {prompt_tokens, completion_tokens,
-    cached_tokens, finish_reason}}` then `data: [DONE]`. Same fields and verdict as
-    `homing.bench.sse.CompletionStream`."""
+    cached_tokens, finish_reason}}` then `data: [DONE]`. Framing and error handling are
+    `homing.bench.sse.CompletionStream`'s; only the chunk shape differs."""
 
-    def __init__(self) -> None:
-        self.first_token_s: float | None = None
-        self.last_token_s: float | None = None
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.cached_tokens: int | None = None
-        self.finish_reason: str | None = None
-        self.done = False
-        self.error: str | None = None
-
-    def on_event(self, data: str, now: float) -> None:
-        """Fold one event payload received at `now` (s)."""
-        if self.done or self.error is not None:
-            return
-        if data.strip() == "[DONE]":
-            self.done = True
-            return
-        try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
-            self.error = f"malformed chunk {data[:200]!r}"
-            return
-        if not isinstance(chunk, dict) or chunk.get("error"):
-            self.error = f"error event: {data[:300]}"
-            return
+    def _fold(self, chunk: dict[str, Any], now: float) -> None:
         if chunk.get("output_ids"):
             if self.first_token_s is None:
                 self.first_token_s = now
@@ -182,10 +158,10 @@ class GenerateStream:
             if reason:
                 self.finish_reason = reason if isinstance(reason, str) else str(reason)
 
-    def verdict(self) -> str | None:
+    def verdict(self) -> str | None:  # type: ignore[override]
         """None for a complete stream, else what was wrong."""
-        if self.error is not None:
-            return self.error
+        if self._error is not None:
+            return self._error.message
         if self.completion_tokens is None or self.finish_reason is None:
             return "stream ended without a finished chunk"
         if not self.done:
@@ -275,12 +251,7 @@ async def replay(
                 rec.error_kind, rec.error = "transport", f"{type(err).__name__}: {err}"
             finally:
                 rec.end_s = loop.time() - t0
-                rec.first_token_s = stream.first_token_s
-                rec.last_token_s = stream.last_token_s
-                rec.prompt_tokens = stream.prompt_tokens
-                rec.completion_tokens = stream.completion_tokens
-                rec.cached_tokens = stream.cached_tokens
-                rec.finish_reason = stream.finish_reason
+                copy_stream_fields(rec, stream)
             if rec.error is None:
                 problem = stream.verdict()
                 if problem is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import codecs
 import json
 from dataclasses import dataclass
+from typing import Any
 
 
 class SseDecoder:
@@ -121,6 +122,10 @@ class CompletionStream:
             message = err.get("message") if isinstance(err, dict) else None
             self._error = StreamError("stream_error", f"error event: {message or err!r}")
             return
+        self._fold(chunk, now)
+
+    def _fold(self, chunk: dict[str, Any], now: float) -> None:
+        """Fold one well-formed, non-error chunk (OpenAI completion chunk shape)."""
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
@@ -156,3 +161,13 @@ class CompletionStream:
         if self.completion_tokens is None:
             return StreamError("no_usage", "stream ended without a usage chunk")
         return None
+
+
+def copy_stream_fields(rec: Any, stream: CompletionStream) -> None:
+    """Copy token times and counts from a finished (or cut) stream onto a request record."""
+    rec.first_token_s = stream.first_token_s
+    rec.last_token_s = stream.last_token_s
+    rec.prompt_tokens = stream.prompt_tokens
+    rec.completion_tokens = stream.completion_tokens
+    rec.cached_tokens = stream.cached_tokens
+    rec.finish_reason = stream.finish_reason
