@@ -4,9 +4,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test proto bench bench-sim bench-gateway bench-router bench-routers lint format clean redis-server
+.PHONY: run test proto bench bench-sim bench-gateway bench-router bench-routers lint format clean redis-server native-deps
 
-$(VENV)/.installed: pyproject.toml
+NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
+
+$(VENV)/.installed: pyproject.toml $(NATIVE) | native-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -24,17 +26,28 @@ proto: src/homing/v1/.generated
 run: proto
 	$(VENV)/bin/homing serve
 
-# The quota tests start their own redis-server on a free loopback port: install Debian's
-# package when the binary is missing (CI runs as root on a fresh Debian machine).
+# $(call apt-install,TEST,PACKAGE): install Debian's PACKAGE when the shell test TEST fails
+# (CI runs as root on a fresh Debian machine; elsewhere sudo is used).
+define apt-install
+@$(1) || { \
+  echo "make: installing $(2) (Debian package)"; \
+  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+  export DEBIAN_FRONTEND=noninteractive; log=$$(mktemp); \
+  if $$SUDO apt-get update -qq >$$log 2>&1 && \
+     $$SUDO apt-get install -y -qq --no-install-recommends $(2) >>$$log 2>&1; \
+  then rm -f $$log; else cat $$log; rm -f $$log; exit 1; fi; \
+}
+endef
+
+# The router's C extensions (setup.py) hash with xxHash's own library: its header comes from
+# libxxhash-dev (without it the install falls back to pure Python, and the test that checks
+# the extension is built fails, saying so).
+native-deps:
+	$(call apt-install,[ -f /usr/include/xxhash.h ],libxxhash-dev)
+
+# The quota tests start their own redis-server on a free loopback port.
 redis-server:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "make: installing redis-server (Debian package)"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  export DEBIAN_FRONTEND=noninteractive; log=$$(mktemp); \
-	  if $$SUDO apt-get update -qq >$$log 2>&1 && \
-	     $$SUDO apt-get install -y -qq --no-install-recommends redis-server >>$$log 2>&1; \
-	  then rm -f $$log; else cat $$log; rm -f $$log; exit 1; fi; \
-	}
+	$(call apt-install,command -v redis-server >/dev/null 2>&1,redis-server)
 
 ## make test: the whole suite (unit + integration over loopback; installs redis-server if missing)
 test: proto redis-server
@@ -83,4 +96,4 @@ format: proto
 	$(VENV)/bin/ruff format src tests
 
 clean:
-	rm -rf $(VENV) src/homing/v1 bench-out
+	rm -rf $(VENV) src/homing/v1 bench-out build src/homing/router/*.so

@@ -15,6 +15,11 @@ write one JSON file. Figures (targets from issue 4):
   scheduler step of 8k tokens), protobuf conversion included. Target: >= 300,000.
 - bytes per indexed block: `tracemalloc` growth of the index while `blocks` distinct blocks
   are ingested, divided by `num_blocks`. Target: <= 150.
+- native vs pure Python (`--compare-python`, on by default): the router's C extensions
+  (`homing.router._walk`, `homing.router._kvwire`) are switched off and on in this process
+  to measure the pure-Python fallback in the same run, for the decision at 2k tokens x 64
+  workers (same index, interleaved rounds) and for ingestion (two fresh routers fed the
+  same batches, interleaved); reported as ratios.
 - growth under churn (`--churn N`): N unique 4-block prompts stored against a budget of
   `--churn-budget` blocks with no removals (a worker that never reports evictions, the worst
   case); index blocks, engine-map entries and process RSS sampled every N/10 prompts must
@@ -28,6 +33,7 @@ Output: `bench-out/router-micro.json` with `decision_p50_us` and `decision_p99_u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import platform
@@ -43,7 +49,10 @@ from typing import Any
 import xxhash
 from smg_grpc_proto.generated import common_pb2
 
-from homing.router import Router, RouteRequest, WorkerSnapshot
+from homing.router import Router, RouteRequest, WorkerSnapshot, events, index
+
+#: The cell whose p99 has a target, and which `--compare-python` repeats in pure Python.
+TARGET_CELL = (2048, 64)
 
 BLOCK = 16
 SYSTEM_TOKENS = 1024
@@ -179,6 +188,93 @@ def decision_latency(
     return times[len(times) // 2] / 1e3, times[int(len(times) * 0.99)] / 1e3, branches
 
 
+class _PurePython:
+    """Within this block the router runs without its C extensions (the fallback path)."""
+
+    def __enter__(self) -> None:
+        self._saved = (index.native_walk, events._kvwire)
+        index.native_walk = None
+        events._kvwire = None
+
+    def __exit__(self, *exc: object) -> None:
+        index.native_walk, events._kvwire = self._saved
+
+
+def native_built() -> dict[str, bool]:
+    """Which C extensions this process uses."""
+    return {"walk": index.native_walk is not None, "kvwire": events._kvwire is not None}
+
+
+def compare_decisions(
+    population: Population, prompt_tokens: int, samples: int, rounds: int = 4
+) -> dict[str, float]:
+    """Decision p50/p99 (us) with and without the C extensions on the same index, in
+    `rounds` interleaved rounds of `samples / rounds` decisions each (machine noise hits
+    both alike); medians of the rounds' figures."""
+    per = max(100, samples // rounds)
+    native: list[tuple[float, float]] = []
+    python: list[tuple[float, float]] = []
+    for _ in range(rounds):
+        p50, p99, _ = decision_latency(population, prompt_tokens, per)
+        native.append((p50, p99))
+        with _PurePython():
+            p50, p99, _ = decision_latency(population, prompt_tokens, per)
+        python.append((p50, p99))
+
+    def med(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    out = {
+        "native_p50_us": med([a for a, _ in native]),
+        "native_p99_us": med([b for _, b in native]),
+        "python_p50_us": med([a for a, _ in python]),
+        "python_p99_us": med([b for _, b in python]),
+    }
+    out["p50_ratio"] = round(out["python_p50_us"] / out["native_p50_us"], 2)
+    out["p99_ratio"] = round(out["python_p99_us"] / out["native_p99_us"], 2)
+    return out
+
+
+def compare_ingest(blocks: int, workers: int = 64) -> dict[str, float]:
+    """Blocks/s of `Router.apply_kv_batch` with and without the C extensions: two fresh
+    routers fed the same `blocks` blocks (conversation shape of `Population`), batch by
+    batch in turn."""
+    system = _tokens(0, SYSTEM_TOKENS)
+    shared = SYSTEM_TOKENS // BLOCK
+    own = 2048 // BLOCK - shared
+    feeds: list[tuple[str, list[common_pb2.KvEventBatch]]] = []
+    for w in range(workers):
+        feeds.append((f"w{w}", stored_batches([(0, system, 0)])))
+    prefix_id = 1
+    total = workers * shared
+    while total < blocks:
+        tokens = system + _tokens(prefix_id, own * BLOCK)
+        feeds.append((f"w{prefix_id % workers}", stored_batches([(prefix_id, tokens, shared)])))
+        total += own
+        prefix_id += 1
+    routers = {name: Router("cache_aware", max_blocks=2 * blocks) for name in ("native", "python")}
+    spent = {"native": 0.0, "python": 0.0}
+    perf = time.perf_counter
+    for worker, batches in feeds:
+        for name, router in routers.items():
+            with _PurePython() if name == "python" else contextlib.nullcontext():
+                t0 = perf()
+                for batch in batches:
+                    router.apply_kv_batch(worker, batch)
+                spent[name] += perf() - t0
+    assert routers["native"].index._holders == routers["python"].index._holders, (
+        "native and Python ingestion disagree"
+    )
+    native = total / spent["native"]
+    python = total / spent["python"]
+    return {
+        "blocks": total,
+        "native_blocks_per_s": round(native),
+        "python_blocks_per_s": round(python),
+        "ratio": round(native / python, 2),
+    }
+
+
 def bytes_per_block(blocks: int) -> tuple[float, int]:
     """tracemalloc growth of a Router's index per distinct block after ingesting `blocks`
     blocks (64 workers; conversation shape of `Population`)."""
@@ -265,6 +361,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     p50: dict[str, float] = {}
     p99: dict[str, float] = {}
     branches: dict[str, dict[str, int]] = {}
+    compare: dict[str, float] | None = None
     ingest: list[float] = []
     for workers in args.workers:
         for prompt_tokens in args.prompt_tokens:
@@ -280,8 +377,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"ingest {ingest[-1]:,.0f} blocks/s)",
                 flush=True,
             )
+            if args.compare_python and (prompt_tokens, workers) == TARGET_CELL:
+                compare = compare_decisions(population, prompt_tokens, args.samples)
+                print(
+                    f"decision {key:>10} native vs pure Python (interleaved): p50 "
+                    f"{compare['native_p50_us']:.1f} vs {compare['python_p50_us']:.1f} us, "
+                    f"p99 {compare['native_p99_us']:.1f} vs {compare['python_p99_us']:.1f} us",
+                    flush=True,
+                )
             del population
             gc.collect()
+    ingest_compare = None
+    if args.compare_python:
+        ingest_compare = compare_ingest(args.compare_ingest_blocks)
+        print(
+            f"ingest native vs pure Python (interleaved, {ingest_compare['blocks']:,} blocks): "
+            f"{ingest_compare['native_blocks_per_s']:,} vs "
+            f"{ingest_compare['python_blocks_per_s']:,} blocks/s",
+            flush=True,
+        )
     per_block, measured_blocks = bytes_per_block(args.bytes_blocks)
     print(f"bytes per block: {per_block:.1f} ({measured_blocks:,} blocks)", flush=True)
     ingest_rate = sorted(ingest)[len(ingest) // 2]
@@ -289,6 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "python": sys.version.split()[0],
+        "native": native_built(),
         "blocks_indexed": args.blocks,
         "samples": args.samples,
         "decision_p50_us": p50,
@@ -298,6 +413,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ingest_blocks_per_s_runs": [round(x) for x in ingest],
         "bytes_per_block": round(per_block, 1),
         "bytes_per_block_blocks": measured_blocks,
+        "compare_python": {"decision_2048x64": compare, "ingest": ingest_compare},
     }
     key = "2048x64"
     result["targets"] = {
@@ -336,6 +452,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[2048, 16384])
     parser.add_argument("--samples", type=int, default=5000, help="decisions per cell")
     parser.add_argument("--bytes-blocks", type=int, default=1_000_000)
+    parser.add_argument(
+        "--compare-python",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the pure-Python fallback in this run (see module docstring)",
+    )
+    parser.add_argument("--compare-ingest-blocks", type=int, default=200_000)
     parser.add_argument("--churn", type=int, default=0, help="unique prompts (0: skip)")
     parser.add_argument("--churn-budget", type=int, default=200_000)
     parser.add_argument("--json", default="bench-out/router-micro.json")

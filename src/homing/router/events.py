@@ -2,8 +2,15 @@
 
 Rule of this file: the edge. `events_from_batch` and `ingest_batch` (its fast path for
 SGLang's one-block stored events) are the only places that read the protobuf; the index
-consumes the frozen dataclasses below, or plain bytes and ints, and never sees a message. Conversion
-decisions (documented per field in `common.proto`, smg-grpc-proto 0.4.28):
+consumes the frozen dataclasses below, or plain bytes and ints, and never sees a message.
+
+`ingest_batch` reads the common events natively: it serializes the batch once and the C
+extension `homing.router._kvwire` (`_native/kvwire.c`, built by `make` / `pip install`)
+reads the fast-shape stored runs and the removed events from the wire bytes, handing every
+other event back by its index to the per-event Python code. Where the extension is not
+built it falls back to `ingest_batch_python`, which reads the message and makes the same
+calls on the sink. Conversion decisions (documented per field in `common.proto`,
+smg-grpc-proto 0.4.28):
 
 - tier: `KvBlocksStored.tier` when set, else the first block's legacy `cache_level`
   (0 device, 1 host, 2 disk, 3 external -> tier value + 1), else device.
@@ -25,6 +32,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from smg_grpc_proto.generated import common_pb2
+
+try:  # the C extension (setup.py): same sink calls as the pure-Python path, faster
+    from homing.router import _kvwire
+except ImportError:  # pragma: no cover - built by `make`; pure Python elsewhere
+    _kvwire = None
 
 TIER_DEVICE = common_pb2.KV_CACHE_TIER_DEVICE
 TIER_HOST = common_pb2.KV_CACHE_TIER_HOST
@@ -189,70 +201,138 @@ _REMOTE = common_pb2.KV_CACHE_LOCALITY_REMOTE
 _UNSPECIFIED = common_pb2.KV_CACHE_TIER_UNSPECIFIED
 
 
-def ingest_batch(batch: common_pb2.KvEventBatch, sink: WireSink, worker_id: str) -> BatchCounts:
-    """Feed one batch's events to `sink` in order, converted as `event_from_proto` does.
+def _ingest_event(
+    ev: common_pb2.KvCacheEvent,
+    sink: WireSink,
+    worker_id: str,
+    counts: BatchCounts,
+    run: list[tuple[int, int | None, bytes, int]],
+) -> list[tuple[int, int | None, bytes, int]]:
+    """One event of `ingest_batch_python`: a fast-shape stored event joins `run` (the
+    pending `store_blocks` items); any other event first sends `run` to the sink. Returns
+    the run to continue with (a new list once the old one went to the sink)."""
+    kind = ev.WhichOneof("data")
+    if kind == "stored":
+        stored = ev.stored
+        blocks = stored.blocks
+        if (
+            len(blocks) == 1
+            and not stored.lora_name
+            and not stored.cache_salt
+            and not stored.kv_cache_spec_kind
+            and not stored.kv_cache_spec_sliding_window
+            and stored.locality != _REMOTE
+        ):
+            block = blocks[0]
+            if not block.HasField("lora_id") and not len(block.extra_keys):
+                tier = stored.tier
+                if tier == _UNSPECIFIED:
+                    tier = _stored_tier(stored)
+                run.append(
+                    (
+                        block.block_hash,
+                        stored.parent_block_hash if stored.HasField("parent_block_hash") else None,
+                        array("I", block.token_ids[:]).tobytes()
+                        if _LITTLE
+                        else _as_bytes(block.token_ids[:]),
+                        tier,
+                    )
+                )
+                return run
+        if run:
+            counts.stored += sink.store_blocks(worker_id, run)
+            run = []
+        converted = event_from_proto(ev)
+        if converted is not None:
+            sink.apply(worker_id, converted)
+            counts.stored += len(blocks)
+        return run
+    if run:
+        counts.stored += sink.store_blocks(worker_id, run)
+        run = []
+    if kind == "removed":
+        removed = ev.removed
+        sink.remove_blocks(
+            worker_id,
+            removed.block_hashes,
+            _removed_tier(removed),
+            removed.HasField("locality") and removed.locality == _REMOTE,
+        )
+        counts.removed += len(removed.block_hashes)
+    elif kind == "cleared":
+        sink.apply(worker_id, CacheCleared())
+        counts.cleared += 1
+    return run
 
-    The common shapes skip the dataclasses: runs of stored events with one block and no
-    namespace, sliding window, spec kind or remote locality go to `store_blocks` as
-    `(engine_hash, parent, token bytes, tier)`; a removed event goes to `remove_blocks`.
-    Anything else takes `event_from_proto` and `sink.apply`, in stream order.
+
+def ingest_batch_python(
+    batch: common_pb2.KvEventBatch, sink: WireSink, worker_id: str
+) -> BatchCounts:
+    """`ingest_batch` in pure Python, reading every event from the message: the fallback
+    where `homing.router._kvwire` is not built, and the reference the native path matches.
+
+    Runs of stored events with one block and no namespace, sliding window, spec kind or
+    remote locality go to `sink.store_blocks` as `(engine_hash, parent or None, uint32-LE
+    token bytes, tier)`; a removed event goes to `sink.remove_blocks(worker_id, hashes,
+    tier or None, shared)`; anything else takes `event_from_proto` and `sink.apply`, in
+    stream order. Returns the counts of the events fed.
     """
     counts = BatchCounts()
     run: list[tuple[int, int | None, bytes, int]] = []
     for ev in batch.events:
-        kind = ev.WhichOneof("data")
-        if kind == "stored":
-            stored = ev.stored
-            blocks = stored.blocks
-            if (
-                len(blocks) == 1
-                and not stored.lora_name
-                and not stored.cache_salt
-                and not stored.kv_cache_spec_kind
-                and not stored.kv_cache_spec_sliding_window
-                and stored.locality != _REMOTE
-            ):
-                block = blocks[0]
-                if not block.HasField("lora_id") and not len(block.extra_keys):
-                    tier = stored.tier
-                    if tier == _UNSPECIFIED:
-                        tier = _stored_tier(stored)
-                    run.append(
-                        (
-                            block.block_hash,
-                            stored.parent_block_hash
-                            if stored.HasField("parent_block_hash")
-                            else None,
-                            array("I", block.token_ids[:]).tobytes()
-                            if _LITTLE
-                            else _as_bytes(block.token_ids[:]),
-                            tier,
-                        )
-                    )
-                    continue
+        run = _ingest_event(ev, sink, worker_id, counts, run)
+    if run:
+        counts.stored += sink.store_blocks(worker_id, run)
+    return counts
+
+
+def ingest_batch(batch: common_pb2.KvEventBatch, sink: WireSink, worker_id: str) -> BatchCounts:
+    """Feed one batch's events to `sink` in order, converted as `event_from_proto` does.
+
+    Same calls to `sink` and same counts as `ingest_batch_python` (see there for the
+    shapes). With `homing.router._kvwire` built, the batch is serialized once and the
+    common events (fast-shape stored runs, removed events) are read from the wire bytes in
+    C; each event the reader leaves to Python (cleared, any other stored shape, an event
+    without data, a field it does not read as the schema says) goes through the same
+    per-event code as the pure-Python path, so runs of `store_blocks` items are the same
+    too. Without the extension this is `ingest_batch_python`.
+    """
+    if _kvwire is None:
+        return ingest_batch_python(batch, sink, worker_id)
+    # upb serialized the batch, so the reader's ValueError for malformed bytes would be a
+    # reader bug: it propagates (the pool's stream task then resubscribes) rather than
+    # being hidden by a fallback.
+    items = _kvwire.parse_events(batch.SerializeToString())
+    return _ingest_items(items, batch, sink, worker_id)
+
+
+def _ingest_items(
+    items: list[
+        list[tuple[int, int | None, bytes, int]] | tuple[list[int], int | None, bool] | int
+    ],
+    batch: common_pb2.KvEventBatch,
+    sink: WireSink,
+    worker_id: str,
+) -> BatchCounts:
+    """The native half of `ingest_batch`: `items` from `_kvwire.parse_events` on `batch`'s
+    bytes fed to `sink`; an int item is `batch.events[item]`, read by `_ingest_event`."""
+    counts = BatchCounts()
+    run: list[tuple[int, int | None, bytes, int]] = []
+    for item in items:
+        if type(item) is list:
+            if run:
+                run += item
+            else:
+                run = item
+        elif type(item) is tuple:
             if run:
                 counts.stored += sink.store_blocks(worker_id, run)
                 run = []
-            converted = event_from_proto(ev)
-            if converted is not None:
-                sink.apply(worker_id, converted)
-                counts.stored += len(blocks)
-            continue
-        if run:
-            counts.stored += sink.store_blocks(worker_id, run)
-            run = []
-        if kind == "removed":
-            removed = ev.removed
-            sink.remove_blocks(
-                worker_id,
-                removed.block_hashes,
-                _removed_tier(removed),
-                removed.HasField("locality") and removed.locality == _REMOTE,
-            )
-            counts.removed += len(removed.block_hashes)
-        elif kind == "cleared":
-            sink.apply(worker_id, CacheCleared())
-            counts.cleared += 1
+            hashes, tier, shared = item
+            sink.remove_blocks(worker_id, hashes, tier, shared)
+            counts.removed += len(hashes)
+        else:
+            run = _ingest_event(batch.events[item], sink, worker_id, counts, run)
     if run:
         counts.stored += sink.store_blocks(worker_id, run)
     return counts

@@ -22,6 +22,10 @@ Data layout (chosen for ~150 bytes per block in CPython; measured by `make bench
   `_shared: set[key]`: blocks in a remote/shared pool (locality REMOTE), credited to every
   worker. Both are empty on a device-only pool and then cost nothing on lookups.
 
+Lookups: `lookup`'s device-tier walk runs in C (`homing.router._walk.walk`, the same steps
+as `_walk_python`, which runs where the extension is not built; tests compare them); the
+tiered walk (host/shared blocks present) is Python only.
+
 Slots and epochs: each worker's exact credit lives in one slot; `flush_worker` (cleared,
 sequence gap, stream error, restart, removal) retires the slot in O(1) — its bit leaves the
 `live` mask, so no lookup credits it again — and an incremental sweep (`maintain`, a bounded
@@ -67,8 +71,9 @@ from homing.router.hashing import (
     DEFAULT_HASH_SEED,
     KEY_MASK,
     _xxh3,
+    block_hashes,
     chain_bytes,
-    iter_block_hashes,
+    native_walk,
     root_hash,
     token_bytes,
 )
@@ -92,6 +97,9 @@ DEFAULT_BOOKING_TTL_S: float | None = None
 
 #: Keys the incremental sweep visits per `maintain` call (~0.3 ms of CPU).
 DEFAULT_SWEEP_CHUNK = 4096
+
+#: Distinct slot masks whose owner tuples `lookup` keeps (cleared when full).
+OWNERS_MEMO_SIZE = 1024
 
 #: Measured bytes per distinct block of this layout (`make bench-router`), used for the
 #: index-bytes metric and to turn a byte budget into `max_blocks`.
@@ -263,6 +271,7 @@ class PrefixIndex:
         # slots
         self._one: list[int] = []  # canonical 1 << slot objects
         self._owner: list[str | None] = []
+        self._owners_memo: dict[int, tuple[str | None, ...]] = {}  # mask -> owners
         self._count: list[int] = []  # entries credited per live slot
         self._serial: list[int] = []  # allocation number per slot (stale expiry entries)
         self._free: list[int] = []  # heap of free slots
@@ -325,7 +334,7 @@ class PrefixIndex:
 
     def hashes(self, prompt_ids: Sequence[int]) -> list[int]:
         """The router's keys of every full block of `prompt_ids`, in order."""
-        return list(iter_block_hashes(prompt_ids, self.block_size, self._root))
+        return block_hashes(prompt_ids, self.block_size, self._root)
 
     def match(
         self, prompt_ids: Sequence[int], workers: Iterable[str] | None = None
@@ -357,21 +366,67 @@ class PrefixIndex:
         n = len(prompt_ids) // bs
         if not holders or not live or n == 0:
             return _NO_MATCHES
-        data = token_bytes(prompt_ids if len(prompt_ids) == n * bs else prompt_ids[: n * bs])
-        view = memoryview(data)
-        stride = 4 * bs
         if self._host or self._shared:
-            return self._lookup_tiered(view, n, stride)
+            data = token_bytes(prompt_ids if len(prompt_ids) == n * bs else prompt_ids[: n * bs])
+            return self._lookup_tiered(memoryview(data), n, 4 * bs)
         clean = not (self._dead | self._sweeping)
+        if native_walk is not None:
+            drops = native_walk(prompt_ids, bs, self._root, holders, live, clean, self._recent)
+        else:
+            drops = self._walk_python(prompt_ids, n, clean)
+        if not drops:
+            return _NO_MATCHES
+        tokens: dict[str, int] = {}
+        memo = self._owners_memo
+        approx_mask = self._approx_mask
+        guessed: dict[str, int] = {}
+        for mask, depth in drops:
+            exact = mask & ~approx_mask
+            if exact:
+                owners = memo.get(exact)
+                if owners is None:
+                    owners = self._owners_of(exact)
+                tokens.update(zip(owners, repeat(depth * bs)))
+            if mask & approx_mask:
+                guessed.update(zip(self._owners_of(mask & approx_mask), repeat(depth * bs)))
+        approximate: frozenset[str] = frozenset()
+        if guessed:
+            approximate = frozenset(w for w, t in guessed.items() if t > tokens.get(w, 0))
+            for w in approximate:
+                tokens[w] = guessed[w]
+        return Matches(tokens, None, approximate)
+
+    def _owners_of(self, mask: int) -> tuple[str | None, ...]:
+        """Owners of the slots in `mask`, lowest slot first, memoized until a slot changes
+        owner (the masks of a lookup repeat: a system prompt every worker holds)."""
+        owner = self._owner.__getitem__
+        owners = tuple(map(owner, _slots(mask)))
+        memo = self._owners_memo
+        if len(memo) >= OWNERS_MEMO_SIZE:
+            memo.clear()
+        memo[mask] = owners
+        return owners
+
+    def _walk_python(self, prompt_ids: Sequence[int], n: int, clean: bool) -> list[tuple[int, int]]:
+        """`lookup`'s device-tier walk in Python (what `homing.router._walk.walk` computes):
+        `(slots that stopped matching, blocks matched)` pairs, the slots still matching at
+        the end last; the matched path is added to `_recent`. Empty: nothing matched."""
+        holders = self._holders
+        live = self._live
+        bs = self.block_size
+        stride = 4 * bs
+        view = memoryview(
+            token_bytes(prompt_ids if len(prompt_ids) == n * bs else prompt_ids[: n * bs])
+        )
         get = holders.get
         xx = _xxh3
         h = xx(view[:stride], self._root) & KEY_MASK
         m = get(h)
         if m is None:
-            return _NO_MATCHES
+            return []
         active = m if clean else m & live
         if not active:
-            return _NO_MATCHES
+            return []
         path = [h]
         append = path.append
         drops: list[tuple[int, int]] = []  # (slots that stopped matching, blocks matched)
@@ -392,22 +447,7 @@ class PrefixIndex:
         if active:
             drops.append((active, len(path)))
         self._recent.update(path)
-        tokens: dict[str, int] = {}
-        owner = self._owner.__getitem__
-        approx_mask = self._approx_mask
-        guessed: dict[str, int] = {}
-        for mask, depth in drops:
-            exact = mask & ~approx_mask
-            if exact:
-                tokens.update(zip(map(owner, _slots(exact)), repeat(depth * bs)))
-            if mask & approx_mask:
-                guessed.update(zip(map(owner, _slots(mask & approx_mask)), repeat(depth * bs)))
-        approximate: frozenset[str] = frozenset()
-        if guessed:
-            approximate = frozenset(w for w, t in guessed.items() if t > tokens.get(w, 0))
-            for w in approximate:
-                tokens[w] = guessed[w]
-        return Matches(tokens, None, approximate)
+        return drops
 
     def _lookup_tiered(self, view: memoryview, n: int, stride: int) -> Matches:
         """`lookup`'s walk when host-tier or shared blocks exist: tracks the any-tier and
@@ -647,6 +687,7 @@ class PrefixIndex:
             self._serial.append(0)
         self._serial[slot] += 1
         self._owner[slot] = worker_id
+        self._owners_memo.clear()
         self._count[slot] = 0
         bit = self._one[slot]
         self._live |= bit
@@ -663,6 +704,7 @@ class PrefixIndex:
         self._approx_mask &= ~bit
         self._dead |= bit
         self._owner[slot] = None
+        self._owners_memo.clear()
         dropped = self._count[slot]
         self._count[slot] = 0
         return dropped

@@ -20,9 +20,11 @@ DEFAULT_HORIZON_S = 10.0
 class DispatchLedger:
     """Per-worker (time, uncached tokens) of the router's own recent dispatches.
 
-    `has_pending`: the set of workers with kept entries (a cheap membership test for the
-    hot loop). Queries with a later `since` drop the entries before it for good (a newer
-    record has absorbed them), so each entry is visited O(1) times.
+    `oldest`: time (s) of the oldest kept entry per worker with kept entries, and `sums` its
+    kept tokens: the hot loop reads `sums[w]` directly when `oldest[w] >= since` (nothing
+    to drop) and calls `pending` otherwise. Queries with a later `since` drop the entries
+    before it for good (a newer record has absorbed them), so each entry is visited O(1)
+    times.
     """
 
     def __init__(self, horizon_s: float = DEFAULT_HORIZON_S) -> None:
@@ -30,18 +32,19 @@ class DispatchLedger:
             raise ValueError(f"horizon_s must be > 0, got {horizon_s}")
         self.horizon_s = horizon_s
         self._entries: dict[str, deque[tuple[float, int]]] = {}
-        self._sums: dict[str, int] = {}
-        self.has_pending: set[str] = set()
+        self.sums: dict[str, int] = {}
+        self.oldest: dict[str, float] = {}
 
     def record(self, worker_id: str, at: float, tokens: int) -> None:
         """Note `tokens` uncached prompt tokens sent to `worker_id` at time `at` (s)."""
         entries = self._entries.get(worker_id)
         if entries is None:
             entries = self._entries[worker_id] = deque()
-            self._sums[worker_id] = 0
+            self.sums[worker_id] = 0
+        if not entries:
+            self.oldest[worker_id] = at
         entries.append((at, tokens))
-        self._sums[worker_id] += tokens
-        self.has_pending.add(worker_id)
+        self.sums[worker_id] += tokens
         self._drop_before(worker_id, entries, at - self.horizon_s)
 
     def pending(self, worker_id: str, since: float | None) -> int:
@@ -51,18 +54,20 @@ class DispatchLedger:
             return 0
         if since is not None and entries[0][0] < since:
             self._drop_before(worker_id, entries, since)
-        return self._sums[worker_id]
+        return self.sums[worker_id]
 
     def _drop_before(self, worker_id: str, entries: deque[tuple[float, int]], t: float) -> None:
-        total = self._sums[worker_id]
+        total = self.sums[worker_id]
         while entries and entries[0][0] < t:
             total -= entries.popleft()[1]
-        self._sums[worker_id] = total
-        if not entries:
-            self.has_pending.discard(worker_id)
+        self.sums[worker_id] = total
+        if entries:
+            self.oldest[worker_id] = entries[0][0]
+        else:
+            self.oldest.pop(worker_id, None)
 
     def forget(self, worker_id: str) -> None:
         """Drop `worker_id`'s entries (it left the pool)."""
         self._entries.pop(worker_id, None)
-        self._sums.pop(worker_id, None)
-        self.has_pending.discard(worker_id)
+        self.sums.pop(worker_id, None)
+        self.oldest.pop(worker_id, None)

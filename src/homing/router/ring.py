@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 import xxhash
 
@@ -106,6 +106,10 @@ class HashRing:
 
     def ensure(self, worker_ids: Iterable[str]) -> None:
         """Add every worker of `worker_ids` not yet on the ring."""
+        if not isinstance(worker_ids, Collection):
+            worker_ids = list(worker_ids)  # an iterator is read twice below
+        if self._members.issuperset(worker_ids):
+            return
         for worker_id in worker_ids:
             if worker_id not in self._members:
                 self.add(worker_id)
@@ -135,10 +139,17 @@ class HashRing:
     ) -> list[tuple[str, int]]:
         """The first `count` workers clockwise from `key` among `loads`' keys whose load is
         under `bound`, each with how many full workers were passed before it."""
+        return self.candidates_by(key, loads.get, bound, count)
+
+    def candidates_by(
+        self, key: int, load_of: Callable[[str], int | None], bound: int, count: int
+    ) -> list[tuple[str, int]]:
+        """`candidates` with loads read on demand: `load_of(worker)` is the worker's load,
+        None for a worker that is not a candidate (only walked workers are asked)."""
         out: list[tuple[str, int]] = []
         passed = 0
         for worker_id in self.walk(key):
-            load = loads.get(worker_id)
+            load = load_of(worker_id)
             if load is None:
                 continue
             if load < bound:

@@ -126,7 +126,8 @@ def test_removed_worker_leaves_index_ring_and_ledger() -> None:
     router.remove_worker("w1")
     assert router.index.match(TOKENS) == {}
     assert "w1" not in router.policy.ring  # type: ignore[attr-defined]
-    assert "w1" not in router.ledger.has_pending
+    assert "w1" not in router.ledger.oldest
+    assert router.ledger.pending("w1", None) == 0
 
 
 def test_metrics_observe_decisions_batches_and_flushes() -> None:

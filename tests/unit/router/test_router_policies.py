@@ -257,10 +257,26 @@ class TestCacheAware:
             )
             for w in workers
         }
-        chosen, _, _ = self.policy._cheapest(
+        chosen, *_ = self.policy._cheapest(
             workers, self.index.lookup(PROMPT), len(PROMPT), None, []
         )
         assert chosen.worker_id == min(costs, key=lambda w: costs[w])
+
+    def test_the_inlined_ledger_read_equals_pending(self) -> None:
+        """Dispatches after a worker's load record count as queued prefill; those before it
+        were absorbed by the record and count for nothing (the ledger's `pending`)."""
+        ledger = self.policy.ledger
+        ledger.record("w0", 5.0, 4000)
+        ledger.record("w0", 6.0, 1000)
+        found = self.index.lookup(PROMPT)
+        workers = [snap("w0", load_at=5.5), snap("w1", load_at=5.5)]
+        chosen, *_ = self.policy._cheapest(workers, found, len(PROMPT), None, [])
+        assert chosen.worker_id == "w1"  # w0 still has 1,000 tokens pending
+        assert ledger.pending("w0", 5.5) == 1000
+        workers = [snap("w0", load_at=6.5), snap("w1", load_at=6.5)]
+        chosen, *_ = self.policy._cheapest(workers, found, len(PROMPT), None, [])
+        assert chosen.worker_id == "w0"  # all absorbed: a tie, broken by id
+        assert "w0" not in ledger.oldest
 
     def test_the_inlined_veto_equals_the_filter(self) -> None:
         """The policy's one-pass veto vetoes exactly what `filters.overloaded` returns."""
@@ -302,5 +318,6 @@ class TestFiltersAndLedger:
         assert ledger.pending("w0", 1.5) == 50
         ledger.record("w0", 20.0, 7)
         assert ledger.pending("w0", None) == 7
+        assert ledger.oldest["w0"] == 20.0 and ledger.sums["w0"] == 7
         ledger.forget("w0")
-        assert ledger.pending("w0", None) == 0 and "w0" not in ledger.has_pending
+        assert ledger.pending("w0", None) == 0 and "w0" not in ledger.oldest

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from homing.router.cost import CostWeights
 from homing.router.filters import OverloadThresholds, not_draining
@@ -63,6 +64,9 @@ DEFAULT_HIT_LOAD_FACTOR = 1.5
 #: Floor of the affinity capacity (requests): below 8 in flight a prefix holder is never
 #: vetoed for load (smg's spill gate never drops under an absolute margin either).
 DEFAULT_HIT_MIN_BOUND = 8
+
+
+_DRAINING = attrgetter("draining")
 
 
 @dataclass(frozen=True)
@@ -103,13 +107,11 @@ class CacheAwarePolicy(BasePolicy):
         prompt_tokens = len(request.prompt_ids)
         found = self.index.lookup(request.prompt_ids)
         total = 0
-        draining = False
         for w in workers:
             load = w.running + w.waiting
             total += w.in_flight if w.in_flight > load else load
-            draining = draining or w.draining
         candidates = workers
-        if draining:
+        if any(map(_DRAINING, workers)):
             candidates = not_draining(workers)
             total = sum(w.load for w in candidates)
         n = len(candidates)
@@ -121,12 +123,12 @@ class CacheAwarePolicy(BasePolicy):
             chosen = self._cheapest(candidates, found, prompt_tokens, None, [])
             assert chosen is not None
             return self._decision(chosen[0], "overload", found, prompt_tokens)
-        chosen, best_eff, floor = scored
+        chosen, best_eff, floor, vetoed_eff = scored
         if not found.tokens:
             return self._ring(request, candidates, set(vetoed), bound, found, False, 0.0)
         worth = cfg.weights.lower_tier_worth
         useful = max(self.index.block_size, math.ceil(cfg.min_match_ratio * prompt_tokens))
-        vetoed_holder = any(found.effective(wid, worth) - floor >= useful for wid in vetoed)
+        vetoed_holder = vetoed_eff - floor >= useful
         if best_eff - floor < useful:
             return self._ring(request, candidates, set(vetoed), bound, found, vetoed_holder, floor)
         advantage = found.effective(chosen.worker_id, worth) - floor
@@ -143,58 +145,67 @@ class CacheAwarePolicy(BasePolicy):
         prompt_tokens: int,
         bound: int | None,
         vetoed: list[str],
-    ) -> tuple[WorkerSnapshot, float, float] | None:
+    ) -> tuple[WorkerSnapshot, float, float, float] | None:
         """One pass over `workers`: those `filters.overloaded(workers, thresholds, bound)`
         would return (inlined; no veto at all when `bound` is None) go to `vetoed`; among
-        the others, the worker of least `cost_w` (inlined `cost.estimated_cost`; ties by
-        load, then id), the largest effective match and the smallest (0 when one of them
-        holds nothing). None when every worker is vetoed."""
+        the others, the worker of least `cost_w` (inlined `cost.estimated_cost` and
+        `DispatchLedger.pending`; ties by load, then id), the largest effective match and
+        the smallest (0 when one of them holds nothing); last, the largest effective match
+        of a vetoed worker (0 when none). None when every worker is vetoed."""
         cfg = self.config
         weights = cfg.weights
         a, b, d, h = weights.prefill, weights.queue, weights.decode, weights.lower_tier_worth
         max_usage, max_waiting = cfg.overload.max_token_usage, cfg.overload.max_waiting
         check = bound is not None
         cap = bound if bound is not None else 0
-        pending = self.ledger.pending
-        has_pending = self.ledger.has_pending
-        matched = found.tokens
+        ledger = self.ledger
+        pending = ledger.pending
+        oldest = ledger.oldest.get
+        sums = ledger.sums
+        matched = found.tokens.get
         device = found.device
         best: WorkerSnapshot | None = None
-        best_key: tuple[float, int, str] | None = None
+        best_cost = math.inf
+        best_load = 0
         best_eff = 0.0
+        vetoed_eff = 0.0
         floor = math.inf
         for w in workers:
             wid = w.worker_id
-            load = w.running + w.waiting
-            if w.in_flight > load:
-                load = w.in_flight
-            if check and (w.token_usage >= max_usage or w.waiting >= max_waiting or load >= cap):
-                vetoed.append(wid)
-                continue
-            tokens = matched.get(wid)
-            if tokens is None:
-                eff = 0.0
-            elif device is None:
-                eff = float(tokens)
+            if device is None:
+                eff = matched(wid, 0)
             else:
-                dev = device.get(wid, 0)
+                tokens = matched(wid, 0)
+                dev = device.get(wid, 0) if tokens else 0
                 eff = dev + h * (tokens - dev)
+            waiting = w.waiting
+            load = w.running + waiting
+            in_flight = w.in_flight
+            if in_flight > load:
+                load = in_flight
+            if check and (load >= cap or w.token_usage >= max_usage or waiting >= max_waiting):
+                vetoed.append(wid)
+                if eff > vetoed_eff:
+                    vetoed_eff = eff
+                continue
             if eff > best_eff:
                 best_eff = eff
             if eff < floor:
                 floor = eff
             queued = w.queued_prefill_tokens or 0
-            if wid in has_pending:
-                queued += pending(wid, w.load_at)
+            first = oldest(wid)
+            if first is not None:
+                since = w.load_at
+                queued += sums[wid] if since is None or first >= since else pending(wid, since)
             uncached = prompt_tokens - eff
-            cost = a * (uncached if uncached > 0 else 0.0) + b * queued + d * load
-            if best_key is None or cost <= best_key[0]:
-                key = (cost, load, wid)
-                if best_key is None or key < best_key:
-                    best, best_key = w, key
+            cost = (a * uncached if uncached > 0 else 0.0) + b * queued + d * load
+            if cost < best_cost or (
+                cost == best_cost and best is not None and (load, wid) < (best_load, best.worker_id)
+            ):
+                best, best_cost, best_load = w, cost, load
         if best is None:
             return None
-        return best, best_eff, floor
+        return best, best_eff, floor, vetoed_eff
 
     def _ring(
         self,
@@ -209,17 +220,23 @@ class CacheAwarePolicy(BasePolicy):
         """Bounded-load ring choice keyed past the `shared_tokens` every eligible worker
         holds; vetoed workers count as full. Of the key's first `ring_choices` workers under
         the bound, the one of least queue and decode cost (`b * Q + d * L`) takes it."""
-        ids = [w.worker_id for w in candidates]
-        self.ring.ensure(ids)
         by_id = {w.worker_id: w for w in candidates}
-        loads = {w.worker_id: max(w.in_flight, w.running + w.waiting) for w in candidates}
-        for wid in vetoed:
-            loads[wid] = bound
+        self.ring.ensure(by_id)
+
+        def load_of(worker_id: str) -> int | None:
+            w = by_id.get(worker_id)
+            if w is None:
+                return None
+            if worker_id in vetoed:
+                return bound
+            load = w.running + w.waiting
+            return w.in_flight if w.in_flight > load else load
+
         bs = self.index.block_size
         key = routing_key(request, bs, int(shared_tokens) // bs)
-        options = self.ring.candidates(key, loads, bound, self.config.ring_choices)
+        options = self.ring.candidates_by(key, load_of, bound, self.config.ring_choices)
         if not options:  # unreachable while some candidate is eligible
-            chosen_id = min((w for w in ids if w not in vetoed), key=lambda w: (loads[w], w))
+            chosen_id = min((w for w in by_id if w not in vetoed), key=lambda w: (load_of(w), w))
             passed = 1
         else:
             weights = self.config.weights
@@ -228,7 +245,7 @@ class CacheAwarePolicy(BasePolicy):
             def queue_cost(item: tuple[str, int]) -> tuple[float, int]:
                 w = by_id[item[0]]
                 queued = (w.queued_prefill_tokens or 0) + ledger.pending(w.worker_id, w.load_at)
-                return (weights.queue * queued + weights.decode * loads[w.worker_id], item[1])
+                return (weights.queue * queued + weights.decode * (load_of(item[0]) or 0), item[1])
 
             chosen_id, passed = min(options, key=queue_cost)
         if vetoed_holder:

@@ -1,0 +1,31 @@
+"""Native parts of the router's core (the affinity index's hot paths), built by `pip install`.
+
+Both extensions are optional: where one cannot be built (no C compiler, no xxHash header)
+the install still succeeds and `homing.router.native` falls back to the pure-Python code,
+which computes the same results. `make` installs Debian's `libxxhash-dev` when its header
+is missing, so the README's commands always build them.
+"""
+
+from setuptools import Extension, setup
+
+FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
+setup(
+    ext_modules=[
+        # Prefix walk over the index's block-key chain (xxHash's XXH3 from libxxhash).
+        Extension(
+            "homing.router._walk",
+            sources=["src/homing/router/_native/walk.c"],
+            libraries=["xxhash"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
+        # Reader of the fast-path events of a serialized KvEventBatch.
+        Extension(
+            "homing.router._kvwire",
+            sources=["src/homing/router/_native/kvwire.c"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
+    ],
+)

@@ -1,0 +1,29 @@
+"""The common events of a serialized `KvEventBatch`, read in C (`_native/kvwire.c`).
+
+Built by `make` (`pip install -e .`); optional: `homing.router.events.ingest_batch` falls
+back to reading the message in Python where it is missing.
+"""
+
+def parse_events(
+    raw: bytes, /
+) -> list[list[tuple[int, int | None, bytes, int]] | tuple[list[int], int | None, bool] | int]:
+    """The events of the serialized `KvEventBatch` `raw`, in stream order, as items:
+
+    - a `list` of `(engine_hash, parent_engine_hash or None, token bytes, tier)`: a run of
+      consecutive stored events of the fast shape (one block without lora_id or extra
+      keys; no lora_name, cache_salt, kv_cache_spec_kind, non-zero sliding window or
+      REMOTE locality). Token bytes are the token ids as uint32 little-endian; tier is the
+      `tier` field when set and not UNSPECIFIED, else the block's `cache_level + 1` when
+      set, else DEVICE.
+    - a `tuple` `(engine_hashes, tier or None, shared)` for a removed event: tier as for
+      stored events but None when neither is set; `shared` when locality is REMOTE.
+    - an `int`: the index in `batch.events` of any other event (cleared, other stored
+      shapes, no data, or a field not read as the schema says: a repeated singular, an
+      unexpected wire type, an out-of-range value). Python reads it from the message.
+
+    Unknown fields are skipped. Raises ValueError ("malformed KvEventBatch: ... at byte
+    N") when `raw` is not a well-formed protobuf message (a truncated varint, a length
+    past the end, an invalid wire type or tag); never where upb parses `raw`. The rest of
+    an event returned as an index is not read, so bytes malformed only there pass.
+    TypeError: `raw` does not support the buffer protocol.
+    """

@@ -1,0 +1,722 @@
+"""The native KV-event reader (`homing.router._kvwire`) feeds the index exactly what the
+pure-Python path (`ingest_batch_python`) feeds it, and rejects malformed bytes cleanly."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pytest
+from google.protobuf.message import DecodeError
+from smg_grpc_proto.generated import common_pb2
+
+from homing.router import events
+from homing.router.events import BatchCounts, KvEvent, ingest_batch, ingest_batch_python
+from homing.router.index import PrefixIndex
+
+try:
+    from homing.router import _kvwire
+except ImportError:  # pragma: no cover - reported by test_extension_is_built
+    _kvwire = None
+
+needs_native = pytest.mark.skipif(
+    _kvwire is None, reason="homing.router._kvwire not built (see test_extension_is_built)"
+)
+
+BS = 16
+U32 = 2**32 - 1
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+MALFORMED = re.compile(r"^malformed KvEventBatch: .+ at byte \d+$")
+
+
+def test_extension_is_built() -> None:
+    """`make` (pip install -e .) builds the extension; without it ingestion runs ~2x slower."""
+    assert _kvwire is not None, (
+        "homing.router._kvwire is not built: run `make` (or `.venv/bin/python -m pip install "
+        "--no-build-isolation -e .`) with a C compiler installed (Debian: apt-get install gcc)"
+    )
+    assert events._kvwire is _kvwire
+
+
+# ------------------------------------------------------------------ recording sink
+
+
+class RecordingSink:
+    """Records every call `ingest_batch` makes, with plain copies of its arguments."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def store_blocks(
+        self, worker_id: str, items: Sequence[tuple[int, int | None, bytes, int]]
+    ) -> int:
+        copied = [tuple(item) for item in items]
+        for engine_hash, parent, data, tier in copied:
+            assert type(engine_hash) is int and type(tier) is int
+            assert parent is None or type(parent) is int
+            assert type(data) is bytes
+        self.calls.append(("store", worker_id, copied))
+        # a count that depends on the items, so BatchCounts is checked too
+        return sum(1 for _, _, data, _ in copied if len(data) == 4 * BS)
+
+    def remove_blocks(
+        self,
+        worker_id: str,
+        engine_hashes: Iterable[int],
+        tier: int | None = None,
+        shared: bool = False,
+    ) -> None:
+        assert tier is None or type(tier) is int
+        self.calls.append(("remove", worker_id, list(engine_hashes), tier, bool(shared)))
+
+    def apply(self, worker_id: str, event: KvEvent) -> None:
+        self.calls.append(("apply", worker_id, event))
+
+
+def run_both(batch: common_pb2.KvEventBatch) -> tuple[RecordingSink, BatchCounts]:
+    """Feed `batch` through the native and the Python path; assert the same calls and
+    counts; return the sink and counts."""
+    native, python = RecordingSink(), RecordingSink()
+    got = ingest_batch(batch, native, "w")
+    want = ingest_batch_python(batch, python, "w")
+    assert native.calls == python.calls
+    assert got == want
+    return native, got
+
+
+def ingest_raw(raw: bytes, sink: RecordingSink) -> BatchCounts:
+    """The native path on bytes as given (not re-serialized by upb)."""
+    assert _kvwire is not None
+    items = _kvwire.parse_events(raw)
+    return events._ingest_items(items, common_pb2.KvEventBatch.FromString(raw), sink, "w")
+
+
+# ------------------------------------------------------------------ random batches
+
+
+def _hash(rng: random.Random) -> int:
+    return rng.choice([rng.randrange(I64_MIN, I64_MAX + 1), rng.randrange(-5, 2**20), I64_MIN])
+
+
+def _tokens(rng: random.Random) -> list[int]:
+    n = BS if rng.random() < 0.9 else rng.choice([0, 1, BS - 1, BS + 1, 2 * BS])
+    return [rng.choice([0, 1, 127, 128, U32, rng.randrange(U32 + 1)]) for _ in range(n)]
+
+
+def _tier(rng: random.Random) -> int | None:
+    """None: unset; else a KvCacheTier value, now and then one the schema does not name."""
+    if rng.random() < 0.1:
+        return rng.choice([5, 7, -1, 2**31 - 1])
+    return rng.choice([None, None, 0, 1, 2, 3, 4])
+
+
+def _level(rng: random.Random) -> int | None:
+    if rng.random() < 0.1:
+        return rng.choice([9, -1, -(2**31), 2**31 - 1])
+    return rng.choice([None, None, None, 0, 1, 2, 3])
+
+
+def _locality(rng: random.Random) -> int | None:
+    if rng.random() < 0.05:
+        return rng.choice([3, -2])
+    return rng.choice([None, None, 0, 1, 1, 2])
+
+
+# the fast shape (expected in a native list) and every way out of it
+STORED_KINDS = [
+    *["fast"] * 16,
+    "lora_name",
+    "cache_salt",
+    "spec_kind",
+    "spec_full",
+    "sliding",
+    "remote",
+    "lora_id",
+    "extra_keys",
+    "multi",
+    "no_blocks",
+]
+
+
+class Gen:
+    """Random batches; `expected` records how the native reader should classify each event
+    ('fast', 'removed' or 'index') where the schema makes that certain."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.known: list[int] = []
+
+    def _parent(self) -> int | None:
+        rng = self.rng
+        if not self.known or rng.random() < 0.2:
+            return None if rng.random() < 0.7 else _hash(rng)
+        return rng.choice(self.known[-32:])
+
+    def stored(self, ev: common_pb2.KvCacheEvent) -> str:
+        rng = self.rng
+        kind = rng.choice(STORED_KINDS)
+        st = ev.stored
+        n_blocks = {"multi": rng.randint(2, 4), "no_blocks": 0}.get(kind, 1)
+        parent = self._parent()
+        if parent is not None:
+            st.parent_block_hash = parent
+        tier, level, locality = _tier(rng), _level(rng), _locality(rng)
+        if kind == "remote":
+            locality = 2
+        elif locality == 2:
+            locality = 1
+        if tier is not None:
+            st.tier = tier
+        if locality is not None:
+            st.locality = locality
+        for _ in range(n_blocks):
+            h = _hash(rng)
+            self.known.append(h)
+            block = st.blocks.add(block_hash=h, token_ids=_tokens(rng))
+            if rng.random() < 0.5:
+                block.block_size = BS
+            if level is not None:
+                block.cache_level = level
+        # fields the Python fast path ignores, and empty namespace strings
+        if rng.random() < 0.3:
+            st.medium = rng.choice(["", "GPU", "cpu_pinned"])
+        if rng.random() < 0.3:
+            st.group_idx = rng.choice([0, 1, U32])
+        if rng.random() < 0.2:
+            st.ownership = "engine"
+        if rng.random() < 0.2:
+            st.session_id = "s1"
+        if rng.random() < 0.2:
+            st.lora_name = ""
+        if rng.random() < 0.2:
+            st.cache_salt = ""
+        if rng.random() < 0.2:
+            st.kv_cache_spec_kind = ""
+        if rng.random() < 0.2:
+            st.kv_cache_spec_sliding_window = 0
+        if kind == "lora_name":
+            st.lora_name = "adapter-1"
+        elif kind == "cache_salt":
+            st.cache_salt = "salt"
+        elif kind == "spec_kind":
+            st.kv_cache_spec_kind = "sliding_window"
+        elif kind == "spec_full":
+            st.kv_cache_spec_kind = "FullAttentionSpec"
+        elif kind == "sliding":
+            st.kv_cache_spec_sliding_window = rng.choice([1, 4096, U32])
+        elif kind == "lora_id":
+            st.blocks[0].lora_id = rng.choice([0, 3, -1])
+        elif kind == "extra_keys":
+            key = st.blocks[0].extra_keys.add()
+            rng.choice([lambda: None, lambda: setattr(key, "text", "x")])()
+        if kind != "fast":
+            return "index"
+        # in range for the native reader: a named tier, non-negative int32 cache_level/locality
+        tier_ok = tier is None or 0 <= tier <= 4
+        level_ok = level is None or level >= 0
+        locality_ok = locality is None or locality >= 0
+        return "fast" if tier_ok and level_ok and locality_ok else "index"
+
+    def removed(self, ev: common_pb2.KvCacheEvent) -> str:
+        rng = self.rng
+        rm = ev.removed
+        n = rng.choice([0, 1, 1, 2, 5])
+        pool = self.known[-64:] or [0]
+        rm.block_hashes.extend(
+            rng.choice(pool) if rng.random() < 0.8 else _hash(rng) for _ in range(n)
+        )
+        tier, level, locality = _tier(rng), _level(rng), _locality(rng)
+        if tier is not None:
+            rm.tier = tier
+        if level is not None:
+            rm.cache_level = level
+        if locality is not None:
+            rm.locality = locality
+        if rng.random() < 0.2:
+            rm.medium = "GPU"
+        if rng.random() < 0.2:
+            rm.group_idx = 1
+        if rng.random() < 0.2:
+            rm.ownership = "engine"
+        tier_ok = tier is None or 0 <= tier <= 4
+        level_ok = level is None or level >= 0
+        locality_ok = locality is None or locality >= 0
+        return "removed" if tier_ok and level_ok and locality_ok else "index"
+
+    def batch(self, n_events: int) -> tuple[common_pb2.KvEventBatch, list[str]]:
+        rng = self.rng
+        batch = common_pb2.KvEventBatch(sequence_number=rng.randrange(2**40))
+        if rng.random() < 0.5:
+            batch.timestamp = rng.random() * 1e9
+        if rng.random() < 0.3:
+            batch.dp_rank = rng.choice([0, 1, -1])
+        if rng.random() < 0.3:
+            batch.load.running_requests = 3
+            batch.load.token_usage = 0.5
+        if rng.random() < 0.2:
+            batch.snapshot.index = 1
+            batch.snapshot.count = 2
+        expected = []
+        for i in range(n_events):
+            ev = batch.events.add()
+            if rng.random() < 0.8:
+                ev.event_id = rng.choice([i, 0, 2**64 - 1])
+            r = rng.random()
+            if r < 0.70:
+                expected.append(self.stored(ev))
+            elif r < 0.88:
+                expected.append(self.removed(ev))
+            elif r < 0.95:
+                if rng.random() < 0.5:
+                    ev.cleared.ownership = "engine"
+                else:
+                    ev.cleared.SetInParent()
+                expected.append("index")
+            else:
+                expected.append("index")  # no data
+        return batch, expected
+
+
+def classify(items: list[Any], n_events: int) -> list[str]:
+    """The per-event classification of `parse_events` output (checks int indices)."""
+    out: list[str] = []
+    for item in items:
+        if type(item) is list:
+            assert item, "empty run"
+            out.extend("fast" for _ in item)
+        elif type(item) is tuple:
+            out.append("removed")
+        else:
+            assert type(item) is int and item == len(out)
+            out.append("index")
+    assert len(out) == n_events
+    # consecutive runs are merged
+    for a, b in itertools.pairwise(items):
+        assert not (type(a) is list and type(b) is list)
+    return out
+
+
+# ------------------------------------------------------------------ (a) equivalence
+
+
+@needs_native
+def test_random_batches_feed_the_same_calls() -> None:
+    """~3,000 random events: same sink calls and counts; the reader takes what it can."""
+    assert _kvwire is not None
+    gen = Gen(seed=20240601)
+    seen = {"fast": 0, "removed": 0, "index": 0}
+    for _ in range(150):
+        batch, expected = gen.batch(gen.rng.randint(0, 40))
+        items = _kvwire.parse_events(batch.SerializeToString())
+        assert classify(items, len(batch.events)) == expected
+        for kind in expected:
+            seen[kind] += 1
+        run_both(batch)
+    assert seen["fast"] > 800 and seen["removed"] > 300 and seen["index"] > 500, seen
+
+
+@needs_native
+def test_random_batches_build_the_same_index() -> None:
+    """Two real indexes, one fed natively and one in Python, end up identical."""
+    gen = Gen(seed=7)
+    native, python = PrefixIndex(BS), PrefixIndex(BS)
+    for i in range(120):
+        batch, _ = gen.batch(gen.rng.randint(1, 40))
+        worker = f"w{i % 3}"
+        assert ingest_batch(batch, native, worker) == ingest_batch_python(batch, python, worker)
+    assert native._holders == python._holders
+    assert list(native._holders) == list(python._holders)  # LRU order too
+    assert native._eng == python._eng
+    assert native._host == python._host
+    assert native._shared == python._shared
+    assert native.stats == python.stats
+    assert native.num_blocks > 100
+
+
+@needs_native
+def test_fast_values() -> None:
+    """The fast shape's tuple values: signed hashes, parent None, uint32-LE bytes, tier."""
+    assert _kvwire is not None
+    batch = common_pb2.KvEventBatch()
+    st = batch.events.add(event_id=1).stored
+    st.blocks.add(block_hash=-1, token_ids=[0, U32, 1, 2**31])
+    st = batch.events.add(event_id=2).stored
+    st.blocks.add(block_hash=I64_MIN, token_ids=[5], cache_level=2)
+    st.parent_block_hash = -1
+    st = batch.events.add(event_id=3).stored
+    st.blocks.add(block_hash=I64_MAX, token_ids=[], cache_level=2)
+    st.parent_block_hash = 0
+    st.tier = common_pb2.KV_CACHE_TIER_DISK
+    tokens = (0).to_bytes(4, "little") + U32.to_bytes(4, "little") + (1).to_bytes(4, "little")
+    assert _kvwire.parse_events(batch.SerializeToString()) == [
+        [
+            (-1, None, tokens + (2**31).to_bytes(4, "little"), 1),
+            (I64_MIN, -1, (5).to_bytes(4, "little"), 3),
+            (I64_MAX, 0, b"", 3),
+        ]
+    ]
+    run_both(batch)
+
+
+@needs_native
+def test_removed_values() -> None:
+    """Removed events: hashes as a list, tier (cache_level + 1 fallback) or None, shared."""
+    assert _kvwire is not None
+    batch = common_pb2.KvEventBatch()
+    batch.events.add().removed.block_hashes.extend([1, -1, I64_MIN])
+    rm = batch.events.add().removed
+    rm.cache_level = 0
+    rm.locality = common_pb2.KV_CACHE_LOCALITY_REMOTE
+    rm = batch.events.add().removed
+    rm.tier = common_pb2.KV_CACHE_TIER_UNSPECIFIED
+    rm.cache_level = 1
+    rm.block_hashes.append(7)
+    rm = batch.events.add().removed
+    rm.tier = common_pb2.KV_CACHE_TIER_EXTERNAL
+    rm.cache_level = 1
+    rm.locality = common_pb2.KV_CACHE_LOCALITY_LOCAL
+    assert _kvwire.parse_events(batch.SerializeToString()) == [
+        ([1, -1, I64_MIN], None, False),
+        ([], 1, True),
+        ([7], 2, False),
+        ([], 4, False),
+    ]
+    run_both(batch)
+
+
+@needs_native
+def test_a_python_read_fast_event_joins_the_run() -> None:
+    """An event the reader leaves to Python (tier 7) but Python reads as the fast shape
+    stays in the same `store_blocks` run as its neighbours."""
+    batch = common_pb2.KvEventBatch()
+    for i, tier in enumerate([1, 7, 1]):
+        st = batch.events.add().stored
+        st.blocks.add(block_hash=i, token_ids=[i] * BS)
+        st.tier = tier
+    assert _kvwire is not None
+    items = _kvwire.parse_events(batch.SerializeToString())
+    assert [type(x) for x in items] == [list, int, list]
+    sink, counts = run_both(batch)
+    assert [c[0] for c in sink.calls] == ["store"]
+    assert counts == BatchCounts(stored=3)
+
+
+# ------------------------------------------------------------------ wire encoding helpers
+
+
+def varint(v: int) -> bytes:
+    v &= 2**64 - 1
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def tag(field: int, wt: int) -> bytes:
+    return varint(field << 3 | wt)
+
+
+def fv(field: int, v: int) -> bytes:
+    """A varint field."""
+    return tag(field, 0) + varint(v)
+
+
+def fl(field: int, payload: bytes) -> bytes:
+    """A length-delimited field."""
+    return tag(field, 2) + varint(len(payload)) + payload
+
+
+def event_stored(stored: bytes) -> bytes:
+    return fl(3, fl(2, stored))
+
+
+UNKNOWN = (
+    fv(99, 5)
+    + fl(100, b"unknown!")
+    + tag(101, 5)
+    + b"\x00\x00\x00\x00"
+    + tag(102, 1)
+    + b"\x00" * 8
+    + tag(103, 3)
+    + fv(1, 1)
+    + tag(104, 3)
+    + tag(104, 4)
+    + tag(103, 4)
+    + fv(2**29 - 1, 1)
+)
+
+
+# ------------------------------------------------------------------ (b) unknown fields
+
+
+@needs_native
+def test_unknown_fields_are_skipped_at_every_level() -> None:
+    """Unknown fields (every wire type, nested groups) in the batch, an event, a stored
+    event, a block and a removed event change nothing."""
+    assert _kvwire is not None
+    batch = common_pb2.KvEventBatch(sequence_number=3)
+    st = batch.events.add(event_id=1).stored
+    st.parent_block_hash = 9
+    st.blocks.add(block_hash=10, token_ids=list(range(BS)), cache_level=1)
+    batch.events.add(event_id=2).removed.block_hashes.extend([10, -3])
+    batch.events.add(event_id=3).cleared.SetInParent()
+    plain = _kvwire.parse_events(batch.SerializeToString())
+    assert [type(x) for x in plain] == [list, tuple, int]
+
+    appended = batch.SerializeToString() + UNKNOWN
+    assert _kvwire.parse_events(appended) == plain
+    assert _kvwire.parse_events(UNKNOWN + batch.SerializeToString()) == plain
+
+    # nested: upb keeps unknown fields of each message and writes them back out
+    nested = common_pb2.KvEventBatch()
+    nested.CopyFrom(batch)
+    ev0, ev1 = nested.events[0], nested.events[1]
+    ev0.stored.blocks[0].MergeFromString(UNKNOWN)
+    ev0.stored.MergeFromString(UNKNOWN)
+    ev0.MergeFromString(UNKNOWN)
+    ev1.removed.MergeFromString(UNKNOWN)
+    nested.MergeFromString(UNKNOWN)
+    raw = nested.SerializeToString()
+    assert raw.count(b"unknown!") == 5
+    assert _kvwire.parse_events(raw) == plain
+    run_both(nested)
+
+
+@needs_native
+def test_unpacked_and_split_repeated_scalars() -> None:
+    """token_ids and block_hashes unpacked, packed in two chunks, or mixed: same items."""
+    assert _kvwire is not None
+    tokens = [0, 1, 300, U32]
+    packed = b"".join(varint(t) for t in tokens)
+    block_variants = [
+        fv(1, -5) + fl(2, packed),
+        fv(1, -5) + b"".join(fv(2, t) for t in tokens),
+        fv(1, -5) + fl(2, packed[:1]) + fl(2, packed[1:]),
+        fv(2, tokens[0]) + fl(2, packed[1:]) + fv(1, -5),
+    ]
+    hashes = [3, -(2**63), -1]
+    removed_variants = [
+        fl(1, b"".join(varint(h) for h in hashes)),
+        b"".join(fv(1, h) for h in hashes),
+        fv(1, hashes[0]) + fl(1, b"".join(varint(h) for h in hashes[1:])),
+    ]
+    want_tokens = b"".join(t.to_bytes(4, "little") for t in tokens)
+    for block in block_variants:
+        for removed in removed_variants:
+            raw = event_stored(fl(1, block)) + fl(3, fl(3, removed))
+            assert _kvwire.parse_events(raw) == [
+                [(-5, None, want_tokens, 1)],
+                (hashes, None, False),
+            ]
+            native, python = RecordingSink(), RecordingSink()
+            batch = common_pb2.KvEventBatch.FromString(raw)
+            assert ingest_raw(raw, native) == ingest_batch_python(batch, python, "w")
+            assert native.calls == python.calls
+
+
+# the reader hands these back to Python (bytes upb accepts, values it would truncate or
+# merge, wire types the schema does not give): (stored payload, reason)
+DOUBTFUL_STORED = [
+    (fl(1, fv(1, 1) + fv(1, 2)), "block_hash twice"),
+    (fl(1, fv(1, 1)) + fl(1, fv(1, 2)), "two blocks"),
+    (fl(1, fv(1, 1) + fv(2, 2**32)), "token id above uint32"),
+    (fl(1, fv(1, 1) + fl(2, varint(2**40))), "packed token id above uint32"),
+    (fl(1, fv(1, 1) + fv(5, 1) + fv(5, 2)), "cache_level twice"),
+    (fl(1, fv(1, 1) + fv(5, 2**32 + 1)), "cache_level truncated by upb"),
+    (fl(1, fv(1, 1) + fv(5, -1)), "negative cache_level"),
+    (fl(1, fv(1, 1) + fv(4, 0)), "lora_id 0"),
+    (fl(1, fv(1, 1) + fl(6, b"")), "empty extra key"),
+    (fl(1, fl(1, b"")), "block_hash as bytes"),
+    (fl(1, fv(1, 1) + tag(2, 5) + b"\0\0\0\0"), "token id as fixed32"),
+    (fl(1, fv(1, 1)) + fv(2, 1) + fv(2, 2), "parent twice"),
+    (fl(1, fv(1, 1)) + fv(3, 2**32 + 2), "tier truncated by upb"),
+    (fl(1, fv(1, 1)) + fv(3, 1) + fv(3, 2), "tier twice"),
+    (fl(1, fv(1, 1)) + fv(3, 5), "unnamed tier"),
+    (fl(1, fv(1, 1)) + fv(3, -1), "negative tier"),
+    (fl(1, fv(1, 1)) + fv(7, 2**32), "sliding window truncated to 0 by upb"),
+    (fl(1, fv(1, 1)) + fv(8, 2**32 + 2), "locality truncated to REMOTE by upb"),
+    (fl(1, fv(1, 1)) + fv(8, -1), "negative locality"),
+    (fl(1, fv(1, 1)) + fv(8, 0) + fv(8, 1), "locality twice"),
+    (fl(1, fv(1, 1)) + fv(6, 1), "spec kind as varint"),
+    (fl(1, fv(1, 1)) + fv(11, 1), "lora_name as varint"),
+    (fl(1, fv(1, 1)) + tag(2, 1) + b"\0" * 8, "parent as fixed64"),
+    (fl(1, fv(1, 1)) + fl(5, b""), "group_idx as bytes"),
+    (fv(1, 1), "blocks as varint"),
+    (b"", "no blocks"),
+]
+
+DOUBTFUL_REMOVED = [
+    (fv(3, 1) + fv(3, 2), "tier twice"),
+    (fv(3, 9), "unnamed tier"),
+    (fv(2, -1), "negative cache_level"),
+    (fv(2, 2**32), "cache_level truncated by upb"),
+    (fv(6, 2**32 + 2), "locality truncated by upb"),
+    (fv(6, 2) + fv(6, 2), "locality twice"),
+    (tag(1, 1) + b"\0" * 8, "hash as fixed64"),
+    (fl(4, b"") + fv(4, 1), "medium as varint"),
+]
+
+DOUBTFUL_EVENTS = [
+    (fl(2, fl(1, fv(1, 1))) + fl(3, b""), "stored then removed"),
+    (fl(2, fl(1, fv(1, 1))) + fl(2, fv(3, 2)), "stored twice (upb merges)"),
+    (fl(3, b"") + fl(3, b""), "removed twice"),
+    (fl(4, b""), "cleared"),
+    (fv(1, 3), "no data"),
+    (b"", "empty"),
+    (fv(2, 1), "stored as varint"),
+    (fl(1, b"") + fl(2, fl(1, fv(1, 1))), "event_id as bytes"),
+]
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "event",
+    [pytest.param(fl(2, s), id="stored: " + why) for s, why in DOUBTFUL_STORED]
+    + [pytest.param(fl(3, r), id="removed: " + why) for r, why in DOUBTFUL_REMOVED]
+    + [pytest.param(e, id="event: " + why) for e, why in DOUBTFUL_EVENTS],
+)
+def test_doubtful_events_go_back_to_python(event: bytes) -> None:
+    """Each event the reader is not certain of comes back as its index, between two fast
+    events, and the result is what the Python path makes of upb's parse."""
+    assert _kvwire is not None
+    fast = event_stored(fl(1, fv(1, 1) + fl(2, varint(7))))
+    raw = fast + fl(3, event) + fast
+    items = _kvwire.parse_events(raw)
+    assert [type(x) for x in items] == [list, int, list] and items[1] == 1
+    native, python = RecordingSink(), RecordingSink()
+    batch = common_pb2.KvEventBatch.FromString(raw)
+    assert ingest_raw(raw, native) == ingest_batch_python(batch, python, "w")
+    assert native.calls == python.calls
+
+
+# ------------------------------------------------------------------ (c) malformed bytes
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\x08", "truncated varint at byte 1"),
+        (b"\x08" + b"\xff" * 10 + b"\x01", "varint longer than 10 bytes at byte 1"),
+        (b"\x1a\x05ab", "length-delimited field runs past the end at byte 1"),
+        (b"\x1a\x03" + b"\x12\x05ab", "length-delimited field runs past the end at byte 3"),
+        (b"\x1a\x06\x12\x04\x0a\x02\x08\x80", "truncated varint at byte 7"),
+        (b"\x11\x00\x00", "truncated fixed64 at byte 1"),
+        (b"\x15\x00", "truncated fixed32 at byte 1"),
+        (b"\x0f", "invalid wire type at byte 1"),
+        (b"\x00", "field number 0 at byte 0"),
+        (b"\x0c", "unexpected end-group at byte 1"),
+        (b"\x0b", "unterminated group at byte 1"),
+        (b"\x0b\x14", "mismatched end-group at byte 1"),
+        (b"\x80\x80\x80\x80\x80\x02", "tag out of range at byte 0"),
+        (b"\x1b" * 101 + b"\x1c" * 101, "groups nested too deep at byte 101"),
+    ],
+)
+def test_malformed_bytes_raise(raw: bytes, message: str) -> None:
+    """Bytes that are no protobuf message raise ValueError naming what and where; upb
+    rejects them too."""
+    assert _kvwire is not None
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        _kvwire.parse_events(raw)
+    assert MALFORMED.match(str(info.value))
+    assert str(info.value) == f"malformed KvEventBatch: {message}"
+    with pytest.raises(DecodeError):
+        common_pb2.KvEventBatch.FromString(raw)
+
+
+def _sample_batch() -> bytes:
+    gen = Gen(seed=99)
+    batch, _ = gen.batch(12)
+    batch.load.running_requests = 2
+    batch.snapshot.count = 3
+    return batch.SerializeToString() + UNKNOWN
+
+
+@needs_native
+def test_every_truncation() -> None:
+    """Every prefix of a real batch: ValueError exactly where upb fails to parse, else the
+    same sink calls as the Python path on upb's parse."""
+    assert _kvwire is not None
+    raw = _sample_batch()
+    assert len(raw) > 300
+    failures = 0
+    for n in range(len(raw)):
+        cut = raw[:n]
+        try:
+            batch = common_pb2.KvEventBatch.FromString(cut)
+        except DecodeError:
+            batch = None
+        if batch is None:
+            with pytest.raises(ValueError) as info:
+                _kvwire.parse_events(cut)
+            assert MALFORMED.match(str(info.value))
+            failures += 1
+            continue
+        native, python = RecordingSink(), RecordingSink()
+        assert ingest_raw(cut, native) == ingest_batch_python(batch, python, "w")
+        assert native.calls == python.calls
+    assert failures > len(raw) // 2
+
+
+@needs_native
+def test_random_corruption_never_crashes() -> None:
+    """Random byte flips: a list or ValueError; where upb parses the bytes, the reader does
+    too and feeds the same calls."""
+    assert _kvwire is not None
+    raw = _sample_batch()
+    rng = random.Random(5)
+    parsed = 0
+    for _ in range(1500):
+        buf = bytearray(raw)
+        for _ in range(rng.randint(1, 3)):
+            buf[rng.randrange(len(buf))] = rng.randrange(256)
+        cut = (
+            bytes(buf[: rng.randint(len(buf) // 2, len(buf))]) if rng.random() < 0.2 else bytes(buf)
+        )
+        try:
+            batch = common_pb2.KvEventBatch.FromString(cut)
+        except DecodeError:
+            try:
+                _kvwire.parse_events(cut)
+            except ValueError as err:
+                assert MALFORMED.match(str(err))
+            continue
+        parsed += 1
+        native, python = RecordingSink(), RecordingSink()
+        assert ingest_raw(cut, native) == ingest_batch_python(batch, python, "w")
+        assert native.calls == python.calls
+    assert parsed > 100
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x4b\x00\x00\x4c",  # field number 0 inside an unknown group
+        b"\x4b\x03\x04\x4c",  # an empty group numbered 0 inside one
+        b"\x1b" * 100 + b"\x1c" * 100,  # 100 nested groups: upb's limit
+        b"\x08" + b"\xff" * 9 + b"\x7f",  # a 10-byte varint whose last byte overflows
+    ],
+)
+def test_accepts_what_upb_accepts(raw: bytes) -> None:
+    """Corners of the wire format upb parses: the reader parses them too."""
+    assert _kvwire is not None
+    common_pb2.KvEventBatch.FromString(raw)
+    assert _kvwire.parse_events(raw) == []
+
+
+@needs_native
+def test_rejects_non_buffers() -> None:
+    assert _kvwire is not None
+    with pytest.raises(TypeError):
+        _kvwire.parse_events("text")  # type: ignore[arg-type]
+    assert _kvwire.parse_events(b"") == []
+    assert _kvwire.parse_events(memoryview(b"\x08\x01")) == []

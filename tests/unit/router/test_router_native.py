@@ -1,0 +1,117 @@
+"""The C prefix walk (`homing.router._walk`) computes what the pure-Python code computes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from homing.router import hashing
+from homing.router.events import BlocksStored, StoredBlock
+from homing.router.hashing import DEFAULT_HASH_SEED, iter_block_hashes, native_walk
+from homing.router.index import PrefixIndex
+
+BS = 4
+
+
+def test_the_extension_is_built() -> None:
+    """`make` builds it (setup.py; needs a C compiler and Debian's libxxhash-dev)."""
+    assert native_walk is not None, "homing.router._walk is missing: run `make` to build it"
+
+
+needs_native = pytest.mark.skipif(native_walk is None, reason="homing.router._walk not built")
+
+
+@needs_native
+@pytest.mark.parametrize("block_size", [1, 3, 16, 32, 64])
+def test_block_keys_equal_the_python_chain(block_size: int) -> None:
+    """Same keys for ids on both sides of CPython's one-digit limit (2**30) and up to
+    2**32 - 1, any length (a trailing partial block is ignored), any parent."""
+    rng = random.Random(block_size)
+    edges = [0, 1, 2**30 - 1, 2**30, 2**31, 2**32 - 1]
+    for length in (0, block_size - 1, block_size, 5 * block_size + 1, 700):
+        ids = [
+            rng.choice(edges) if rng.random() < 0.2 else rng.randrange(2**17) for _ in range(length)
+        ]
+        parent = rng.randrange(2**60)
+        assert hashing.block_hashes(ids, block_size, parent) == list(
+            iter_block_hashes(ids, block_size, parent)
+        )
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [(2**32, OverflowError), (-1, OverflowError), (1.5, TypeError), ("7", TypeError)],
+)
+def test_bad_token_ids_raise_what_the_python_path_raises(bad: object, error: type) -> None:
+    ids = [1, 2, 3, bad]
+    with pytest.raises(error):
+        hashing.block_hashes(ids, 4, DEFAULT_HASH_SEED)
+    with pytest.raises(error):
+        list(iter_block_hashes(ids, 4, DEFAULT_HASH_SEED))  # type: ignore[arg-type]
+
+
+def _store(index: PrefixIndex, worker: str, tokens: list[int], tag: str) -> None:
+    blocks = tuple(
+        StoredBlock(
+            engine_hash=hash((tag, worker, i)), token_ids=tuple(tokens[i * BS : (i + 1) * BS])
+        )
+        for i in range(len(tokens) // BS)
+    )
+    index.apply(worker, BlocksStored(blocks=blocks))
+
+
+@needs_native
+def test_walk_equals_the_python_walk_on_a_random_index() -> None:
+    """Random branching conversations on 12 workers, some flushed (retired slots, so the
+    walk must mask by `live`), some credited by approximate records: for every probe the
+    (slots, depth) drops and the recently-used marks are identical."""
+    rng = random.Random(7)
+    index = PrefixIndex(BS, max_blocks=100_000)
+    trunks = [[rng.randrange(50_000) for _ in range(BS * 24)] for _ in range(6)]
+    workers = [f"w{i}" for i in range(12)]
+    for step in range(400):
+        trunk = rng.choice(trunks)
+        cut = rng.randrange(1, len(trunk) // BS) * BS
+        tokens = trunk[:cut] + [rng.randrange(50_000) for _ in range(BS * rng.randrange(0, 6))]
+        worker = rng.choice(workers)
+        if rng.random() < 0.1:
+            index.record_approximate(f"a{step % 3}", tokens, now=0.0)
+        else:
+            _store(index, worker, tokens, f"s{step}")
+        if rng.random() < 0.03:
+            index.flush_worker(rng.choice(workers))
+    assert index._dead | index._sweeping, "scenario must leave retired slots to mask"
+    probes = 0
+    for _ in range(300):
+        trunk = rng.choice(trunks)
+        tokens = trunk[: rng.randrange(0, len(trunk))] + [rng.randrange(50_000) for _ in range(7)]
+        n = len(tokens) // BS
+        for clean in (False, True):
+            before = set(index._recent)
+            expected = index._walk_python(tokens, n, clean) if n else []
+            recent_py = set(index._recent)
+            index._recent = set(before)
+            got = native_walk(
+                tokens, BS, index._root, index._holders, index._live, clean, index._recent
+            )
+            assert got == expected
+            assert index._recent == recent_py
+            probes += bool(got)
+    assert probes > 100  # most probes matched something
+
+
+@needs_native
+def test_lookup_answers_the_same_with_and_without_the_extension(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    index = PrefixIndex(BS)
+    prompt = list(range(100, 100 + 10 * BS))
+    _store(index, "w0", prompt, "a")
+    _store(index, "w1", prompt[: 4 * BS], "b")
+    native = index.lookup(prompt)
+    monkeypatch.setattr("homing.router.index.native_walk", None)
+    python = index.lookup(prompt)
+    assert native.tokens == python.tokens == {"w0": 10 * BS, "w1": 4 * BS}
+    assert native.approximate == python.approximate
