@@ -97,3 +97,18 @@ def test_candidates_lists_the_first_workers_under_the_bound() -> None:
         (walk[2], 1),
         (walk[3], 1),
     ]
+
+
+def test_ensure_adds_a_pool_in_one_go_and_builds_the_same_ring() -> None:
+    """A pool joining at once (a set, a list or a generator) gives the ring that adding its
+    workers one by one gives, and a repeated ensure changes nothing."""
+    one_by_one = HashRing()
+    for i in range(12):
+        one_by_one.add(f"w{i}")
+    for workers in ({f"w{i}" for i in range(12)}, [f"w{i}" for i in range(12)]):
+        ring = HashRing()
+        ring.ensure(workers)
+        ring.ensure(iter(workers))
+        assert (ring._points, ring._owners) == (one_by_one._points, one_by_one._owners)
+        assert len(ring._points) == 12 * ring.vnodes
+    assert ring_of(12).members() == one_by_one.members()
