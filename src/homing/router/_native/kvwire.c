@@ -10,9 +10,9 @@
  * event back to Python. Unknown field numbers are skipped, as upb skips them. Bytes that
  * are not a protobuf message at all (a truncated varint, a length past the end, wire type
  * 6 or 7) raise ValueError; wherever upb accepts the bytes this file does too (fuzzed in
- * tests/unit/test_kvwire.py). The rest of an event handed back to Python is not read (upb
- * has parsed it), so bytes malformed only there do not raise. Every read is checked
- * against the end of its enclosing field.
+ * tests/unit/router/test_router_kvwire.py). The rest of an event handed back to Python is
+ * not read (upb has parsed it), so bytes malformed only there do not raise. Every read is
+ * checked against the end of its enclosing field.
  *
  * Schema: smg-grpc-proto 0.4.28, common.proto (KvEventBatch, KvCacheEvent, KvBlocksStored,
  * KvBlock, KvBlocksRemoved).
