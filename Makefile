@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test proto bench bench-sim bench-gateway bench-router bench-routers lint format clean redis-server native-deps
+.PHONY: run test proto bench bench-sim bench-gateway bench-router bench-routers lint format clean redis-server native-deps apt-libxxhash
 
 NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
 
@@ -12,6 +12,9 @@ $(VENV)/.installed: pyproject.toml $(NATIVE) | native-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	@$(PY) -c 'import homing.router._walk, homing.router._kvwire' 2>/dev/null || \
+	  echo "make: warning: the router's C extensions were not built (no C compiler or no" \
+	       "xxhash.h); it runs in pure Python. Fix that, then: make clean && make"
 	touch $@
 
 # Stubs for our own API, generated into src/homing/v1 (not committed).
@@ -39,11 +42,19 @@ define apt-install
 }
 endef
 
-# The router's C extensions (setup.py) hash with xxHash's own library: its header comes from
-# libxxhash-dev (without it the install falls back to pure Python, and the test that checks
-# the extension is built fails, saying so).
+# The router's C extensions (setup.py) hash with xxHash's own library. When the compiler
+# cannot find xxhash.h, Debian's libxxhash-dev is installed if apt-get exists; if that is
+# not possible the install goes on without the extensions (pure Python: same results,
+# slower), says so, and the test that checks they are built fails naming the reason.
+XXHASH_FOUND := echo '\#include <xxhash.h>' | $${CC:-cc} -E -x c - >/dev/null 2>&1
+
 native-deps:
-	$(call apt-install,[ -f /usr/include/xxhash.h ],libxxhash-dev)
+	@$(XXHASH_FOUND) || ! command -v apt-get >/dev/null 2>&1 || \
+	  $(MAKE) --no-print-directory apt-libxxhash || \
+	  echo "make: warning: could not install libxxhash-dev; the router runs in pure Python"
+
+apt-libxxhash:
+	$(call apt-install,$(XXHASH_FOUND),libxxhash-dev)
 
 # The quota tests start their own redis-server on a free loopback port.
 redis-server:

@@ -1,9 +1,10 @@
 """Native parts of the router's core (the affinity index's hot paths), built by `pip install`.
 
-Both extensions are optional: where one cannot be built (no C compiler, no xxHash header)
-the install still succeeds and `homing.router.native` falls back to the pure-Python code,
-which computes the same results. `make` installs Debian's `libxxhash-dev` when its header
-is missing, so the README's commands always build them.
+Both extensions are optional: where one cannot be built (no C compiler, no xxHash >= 0.8
+header) the install still succeeds and the router uses its pure-Python code, which
+computes the same results (`homing.router.hashing` / `index` for `_walk`,
+`homing.router.events` for `_kvwire`). `make` installs Debian's `libxxhash-dev` when the
+header is missing and apt-get is there, and warns when the extensions were not built.
 """
 
 from setuptools import Extension, setup

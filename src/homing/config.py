@@ -64,9 +64,9 @@ class CostWeightSettings(_Section):
     tokens per request on the worker, `lower_tier_worth` h: share of a recompute that a
     host/remote-tier hit saves."""
 
-    prefill: float = Field(default=3.0, ge=0)
-    queue: float = Field(default=1.0, ge=0)
-    decode: float = Field(default=128.0, ge=0)
+    prefill: float = Field(default=3.0, ge=0, allow_inf_nan=False)
+    queue: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    decode: float = Field(default=128.0, ge=0, allow_inf_nan=False)
     lower_tier_worth: float = Field(default=0.8, ge=0, le=1)
 
 

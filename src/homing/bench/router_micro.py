@@ -49,7 +49,7 @@ from typing import Any
 import xxhash
 from smg_grpc_proto.generated import common_pb2
 
-from homing.router import Router, RouteRequest, WorkerSnapshot, events, index
+from homing.router import Router, RouteRequest, WorkerSnapshot, events, hashing, index
 
 #: The cell whose p99 has a target, and which `--compare-python` repeats in pure Python.
 TARGET_CELL = (2048, 64)
@@ -192,12 +192,13 @@ class _PurePython:
     """Within this block the router runs without its C extensions (the fallback path)."""
 
     def __enter__(self) -> None:
-        self._saved = (index.native_walk, events._kvwire)
+        self._saved = (index.native_walk, events._kvwire, hashing._native_block_keys)
         index.native_walk = None
         events._kvwire = None
+        hashing._native_block_keys = None
 
     def __exit__(self, *exc: object) -> None:
-        index.native_walk, events._kvwire = self._saved
+        index.native_walk, events._kvwire, hashing._native_block_keys = self._saved
 
 
 def native_built() -> dict[str, bool]:
@@ -238,7 +239,7 @@ def compare_decisions(
 def compare_ingest(blocks: int, workers: int = 64) -> dict[str, float]:
     """Blocks/s of `Router.apply_kv_batch` with and without the C extensions: two fresh
     routers fed the same `blocks` blocks (conversation shape of `Population`), batch by
-    batch in turn."""
+    batch in turn, each going first every other time."""
     system = _tokens(0, SYSTEM_TOKENS)
     shared = SYSTEM_TOKENS // BLOCK
     own = 2048 // BLOCK - shared
@@ -255,8 +256,9 @@ def compare_ingest(blocks: int, workers: int = 64) -> dict[str, float]:
     routers = {name: Router("cache_aware", max_blocks=2 * blocks) for name in ("native", "python")}
     spent = {"native": 0.0, "python": 0.0}
     perf = time.perf_counter
-    for worker, batches in feeds:
-        for name, router in routers.items():
+    for turn, (worker, batches) in enumerate(feeds):
+        order = list(routers.items())
+        for name, router in order if turn % 2 else reversed(order):
             with _PurePython() if name == "python" else contextlib.nullcontext():
                 t0 = perf()
                 for batch in batches:

@@ -5,7 +5,7 @@ back to reading the message in Python where it is missing.
 """
 
 def parse_events(
-    raw: bytes, /
+    raw: bytes | bytearray | memoryview, /
 ) -> list[list[tuple[int, int | None, bytes, int]] | tuple[list[int], int | None, bool] | int]:
     """The events of the serialized `KvEventBatch` `raw`, in stream order, as items:
 

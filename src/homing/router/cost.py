@@ -28,6 +28,7 @@ GB/s, recompute runs at ~16k tokens/s x 320 KB/token for llama-3.1-70b); ours.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from homing.router.scorers import decode_load, queued_prefill_tokens, uncached_prefill_tokens
@@ -36,8 +37,8 @@ from homing.router.scorers import decode_load, queued_prefill_tokens, uncached_p
 @dataclass(frozen=True)
 class CostWeights:
     """Weights of the scoring rule (module docstring): `prefill` a, `queue` b, `decode` d
-    (tokens per request), `lower_tier_worth` h in [0, 1]. ValueError for negative weights or
-    h outside [0, 1]."""
+    (tokens per request), `lower_tier_worth` h in [0, 1]. ValueError for a weight that is
+    negative or not finite, or h outside [0, 1]."""
 
     prefill: float = 3.0
     queue: float = 1.0
@@ -45,8 +46,9 @@ class CostWeights:
     lower_tier_worth: float = 0.8
 
     def __post_init__(self) -> None:
-        if min(self.prefill, self.queue, self.decode) < 0:
-            raise ValueError(f"cost weights must be >= 0: {self}")
+        weights = (self.prefill, self.queue, self.decode)
+        if not all(0 <= w < math.inf for w in weights):  # False for NaN too
+            raise ValueError(f"cost weights must be finite and >= 0: {self}")
         if not 0.0 <= self.lower_tier_worth <= 1.0:
             raise ValueError(f"lower_tier_worth must be in [0, 1], got {self.lower_tier_worth}")
 

@@ -20,6 +20,7 @@ holds one key object per block, so 60 bits saves 4 bytes a block. The chance tha
 from __future__ import annotations
 
 import sys
+import warnings
 from array import array
 from collections.abc import Iterator, Sequence
 
@@ -103,3 +104,24 @@ def block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> list[i
     if _native_block_keys is not None:
         return _native_block_keys(token_ids, block_size, root)
     return list(iter_block_hashes(token_ids, block_size, root))
+
+
+def _native_agrees() -> bool:
+    """The C extension's keys equal the `xxhash` package's on a fixed probe: the two link
+    separate builds of xxHash (the system's libxxhash, the package's bundled copy), and
+    events are keyed by one while lookups hash with the other."""
+    assert _native_block_keys is not None
+    probe = [(i * 2_654_435_761) % 2**32 for i in range(40)]  # ids up to 2**32 - 1
+    return _native_block_keys(probe, 16, DEFAULT_HASH_SEED) == list(
+        iter_block_hashes(probe, 16, DEFAULT_HASH_SEED)
+    )
+
+
+if _native_block_keys is not None and not _native_agrees():  # pragma: no cover
+    warnings.warn(
+        "homing.router._walk hashes differently from the xxhash package: using pure Python",
+        RuntimeWarning,
+        stacklevel=1,
+    )
+    _native_block_keys = None
+    native_walk = None

@@ -437,7 +437,7 @@ class PrefixIndex:
             if m is None:
                 break
             if m != active:
-                kept = active & m if clean else active & m & live
+                kept = active & m  # within `live` already (the first mask was masked)
                 if kept != active:
                     drops.append((active ^ kept, len(path)))
                     active = kept

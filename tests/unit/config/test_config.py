@@ -61,3 +61,13 @@ def test_policy_must_be_known() -> None:
     """Only the built-in policies are accepted."""
     with pytest.raises(ValueError, match="cache_aware"):
         HomingConfig.model_validate({"router": {"policy": "random"}})
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1.0"])
+def test_cost_weights_must_be_finite_and_non_negative(tmp_path: Path, value: str) -> None:
+    """TOML allows inf and nan; a weight must be a real number >= 0 (the scoring rule
+    compares costs), and the error names the key."""
+    path = tmp_path / "c.toml"
+    path.write_text(f"[router.weights]\ndecode = {value}\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: router\.weights\.decode: "):
+        load_config(path)

@@ -89,10 +89,10 @@ def test_walk_equals_the_python_walk_on_a_random_index() -> None:
         tokens = trunk[: rng.randrange(0, len(trunk))] + [rng.randrange(50_000) for _ in range(7)]
         n = len(tokens) // BS
         for clean in (False, True):
-            before = set(index._recent)
+            index._recent = set()  # so a missing mark shows
             expected = index._walk_python(tokens, n, clean) if n else []
-            recent_py = set(index._recent)
-            index._recent = set(before)
+            recent_py = index._recent
+            index._recent = set()
             got = native_walk(
                 tokens, BS, index._root, index._holders, index._live, clean, index._recent
             )
@@ -115,3 +115,58 @@ def test_lookup_answers_the_same_with_and_without_the_extension(
     python = index.lookup(prompt)
     assert native.tokens == python.tokens == {"w0": 10 * BS, "w1": 4 * BS}
     assert native.approximate == python.approximate
+
+
+@needs_native
+@pytest.mark.parametrize(("bad", "error"), [(2**32, OverflowError), (1.5, TypeError)])
+def test_a_bad_id_past_the_match_raises_and_marks_nothing(
+    bad: object, error: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both paths check every id of the full blocks before the first lookup, so a bad id
+    raises even where nothing past block 0 matches, and no block is marked used."""
+    index = PrefixIndex(BS)
+    prompt = list(range(100, 100 + 4 * BS))
+    _store(index, "w0", prompt[:BS], "a")
+    probe = [*prompt[: 2 * BS], bad, *prompt[2 * BS + 1 :]]
+    index._recent = set()
+    with pytest.raises(error):
+        index.lookup(probe)  # type: ignore[arg-type]
+    monkeypatch.setattr("homing.router.index.native_walk", None)
+    with pytest.raises(error):
+        index.lookup(probe)  # type: ignore[arg-type]
+    assert index._recent == set()
+
+
+@needs_native
+def test_hostile_arguments_raise_instead_of_crashing() -> None:
+    """Direct calls with objects that run Python code mid-walk (a mask whose == empties the
+    dict, a `live` whose & empties the token list) neither crash nor read freed memory."""
+    holders: dict[int, object] = {}
+    ids = list(range(8 * BS))
+    keys = hashing.block_hashes(ids, BS, 5)
+
+    class Mask(int):
+        def __eq__(self, other: object) -> bool:
+            holders.clear()
+            return False
+
+        __hash__ = int.__hash__
+
+    holders.update({k: Mask(1 + (i % 2)) for i, k in enumerate(keys)})
+    drops = native_walk(ids, BS, 5, holders, 3, True, set())
+    assert isinstance(drops, list)
+
+    class Live(int):
+        def __rand__(self, other: int) -> int:
+            ids.clear()
+            return other
+
+    holders2 = dict.fromkeys(keys, 1)
+    assert native_walk(ids, BS, 5, holders2, Live(1), False, set()) == [(1, 8)]
+    assert ids == []  # emptied mid-walk; the walk had converted the ids before
+    ids = list(range(8 * BS))
+    assert hashing.block_hashes(ids, 2**62, 5) == []  # no allocation for zero blocks
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        hashing.block_hashes(ids, 0, 5)
+    with pytest.raises(ValueError, match="parent must be an int"):
+        hashing.block_hashes(ids, BS, -1)

@@ -5,6 +5,8 @@ worker."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from homing.router import (
@@ -321,3 +323,9 @@ class TestFiltersAndLedger:
         assert ledger.oldest["w0"] == 20.0 and ledger.sums["w0"] == 7
         ledger.forget("w0")
         assert ledger.pending("w0", None) == 0 and "w0" not in ledger.oldest
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0])
+def test_cost_weights_refuse_non_finite_or_negative_values(value: float) -> None:
+    with pytest.raises(ValueError, match="cost weights must be finite and >= 0"):
+        CostWeights(decode=value)

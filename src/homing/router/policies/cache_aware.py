@@ -199,8 +199,10 @@ class CacheAwarePolicy(BasePolicy):
                 queued += sums[wid] if since is None or first >= since else pending(wid, since)
             uncached = prompt_tokens - eff
             cost = (a * uncached if uncached > 0 else 0.0) + b * queued + d * load
-            if cost < best_cost or (
-                cost == best_cost and best is not None and (load, wid) < (best_load, best.worker_id)
+            if (
+                best is None
+                or cost < best_cost
+                or (cost == best_cost and (load, wid) < (best_load, best.worker_id))
             ):
                 best, best_cost, best_load = w, cost, load
         if best is None:
