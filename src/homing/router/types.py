@@ -32,9 +32,12 @@ class RouteRequest:
     session_key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WorkerSnapshot:
-    """One candidate worker as the policy sees it at decision time.
+    """One candidate worker as the policy sees it at decision time (read-only by contract;
+    not frozen because the gateway builds one per healthy worker for every request, and a
+    frozen dataclass's `__init__` costs 3x: 1.5 us against 0.5 us, ~60 us a request at 64
+    workers).
 
     `in_flight`: requests this gateway has dispatched and not yet finished (own accounting,
     exact and immediate). `running` / `waiting`: the engine's own counts from its latest
