@@ -8,13 +8,16 @@ PROTOS := $(wildcard proto/homing/v1/*.proto)
 
 NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
 
-$(VENV)/.installed: pyproject.toml $(NATIVE) | native-deps
+$(VENV)/.installed: pyproject.toml $(NATIVE)
+	@$(MAKE) --no-print-directory native-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	rm -f src/homing/router/*.so
 	$(PY) -m pip install --quiet -e '.[test]'
-	@$(PY) -c 'import homing.router._walk, homing.router._kvwire' 2>/dev/null || \
-	  echo "make: warning: the router's C extensions were not built (no C compiler or no" \
-	       "xxhash.h); it runs in pure Python. Fix that, then: make clean && make"
+	@for m in _walk _kvwire; do $(PY) -c "import homing.router.$$m" 2>/dev/null || \
+	  echo "make: warning: homing.router.$$m was not built (it needs a C compiler, and" \
+	       "_walk also xxhash.h >= 0.8 from libxxhash-dev); the router runs it in pure" \
+	       "Python. Fix that, then: make clean && make"; done
 	touch $@
 
 # Stubs for our own API, generated into src/homing/v1 (not committed).
@@ -42,15 +45,16 @@ define apt-install
 }
 endef
 
-# The router's C extensions (setup.py) hash with xxHash's own library. When the compiler
-# cannot find xxhash.h, Debian's libxxhash-dev is installed if apt-get exists; if that is
-# not possible the install goes on without the extensions (pure Python: same results,
-# slower), says so, and the test that checks they are built fails naming the reason.
+# The router's C extensions (setup.py) hash with xxHash's own library. At each install
+# (.venv/.installed), when the compiler cannot find xxhash.h, Debian's libxxhash-dev is
+# installed if apt-get exists; if that is not possible the install goes on without the
+# extension (pure Python: same results, slower), says so, and the test that checks it is
+# built fails naming what it needs.
 XXHASH_FOUND := echo '\#include <xxhash.h>' | $${CC:-cc} -E -x c - >/dev/null 2>&1
 
 native-deps:
 	@$(XXHASH_FOUND) || ! command -v apt-get >/dev/null 2>&1 || \
-	  $(MAKE) --no-print-directory apt-libxxhash || \
+	  $(MAKE) --no-print-directory apt-libxxhash 2>/dev/null || \
 	  echo "make: warning: could not install libxxhash-dev; the router runs in pure Python"
 
 apt-libxxhash:

@@ -10,8 +10,10 @@ def block_keys(token_ids: Sequence[int], block_size: int, parent: int) -> list[i
     """Chained 60-bit keys of every full block of `token_ids` (`block_size` tokens each)
     from `parent`: `XXH3_64(uint32-LE ids, seed=previous key) & (2**60 - 1)`.
 
-    OverflowError for an id outside [0, 2**32), TypeError for a non-int id, ValueError for
-    `block_size` <= 0 or `parent` outside [0, 2**64)."""
+    OverflowError for an id outside [0, 2**32), TypeError for an id that is not an int (an
+    object with only `__index__`, such as a numpy integer, is refused, though the
+    pure-Python path takes it), ValueError for `block_size` <= 0 or `parent` outside
+    [0, 2**64)."""
 
 def walk(
     token_ids: Sequence[int],
@@ -26,4 +28,6 @@ def walk(
     key missing from `holders` (key -> slot mask); `(slots that stopped matching, blocks
     matched before)` pairs in walk order, the slots matching to the end last, masks taken
     `& live` unless `clean`. Every matched key is added to `recent`. Empty: no match.
-    Errors as `block_keys` (raised on reaching the bad block)."""
+    Errors as `block_keys`, raised before the first lookup (every id of the full blocks is
+    checked first); TypeError when `holders` is not exactly a dict or `recent` exactly a
+    set."""

@@ -46,7 +46,10 @@ class CostWeights:
     lower_tier_worth: float = 0.8
 
     def __post_init__(self) -> None:
-        weights = (self.prefill, self.queue, self.decode)
+        try:
+            weights = [float(w) for w in (self.prefill, self.queue, self.decode)]
+        except OverflowError:  # an int beyond float range
+            weights = [math.inf]
         if not all(0 <= w < math.inf for w in weights):  # False for NaN too
             raise ValueError(f"cost weights must be finite and >= 0: {self}")
         if not 0.0 <= self.lower_tier_worth <= 1.0:

@@ -35,8 +35,8 @@ MALFORMED = re.compile(r"^malformed KvEventBatch: .+ at byte \d+$")
 def test_extension_is_built() -> None:
     """`make` (pip install -e .) builds the extension; without it ingestion runs ~2x slower."""
     assert _kvwire is not None, (
-        "homing.router._kvwire is not built: run `make` (or `.venv/bin/python -m pip install "
-        "--no-build-isolation -e .`) with a C compiler installed (Debian: apt-get install gcc)"
+        "homing.router._kvwire is not built: it needs a C compiler (Debian: apt-get install "
+        "gcc); then `make clean && make`"
     )
     assert events._kvwire is _kvwire
 

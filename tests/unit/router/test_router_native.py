@@ -16,7 +16,10 @@ BS = 4
 
 def test_the_extension_is_built() -> None:
     """`make` builds it (setup.py; needs a C compiler and Debian's libxxhash-dev)."""
-    assert native_walk is not None, "homing.router._walk is missing: run `make` to build it"
+    assert native_walk is not None, (
+        "homing.router._walk is not built: it needs a C compiler and xxhash.h >= 0.8 (Debian: "
+        "apt-get install gcc libxxhash-dev); then `make clean && make`"
+    )
 
 
 needs_native = pytest.mark.skipif(native_walk is None, reason="homing.router._walk not built")
@@ -170,3 +173,21 @@ def test_hostile_arguments_raise_instead_of_crashing() -> None:
         hashing.block_hashes(ids, 0, 5)
     with pytest.raises(ValueError, match="parent must be an int"):
         hashing.block_hashes(ids, BS, -1)
+
+
+@needs_native
+def test_walk_refuses_dict_and_set_subclasses() -> None:
+    """Subclasses would have their overrides bypassed (the walk reads and writes the
+    objects directly), so they are refused."""
+
+    class Holders(dict):  # type: ignore[type-arg]
+        pass
+
+    class Recent(set):  # type: ignore[type-arg]
+        pass
+
+    ids = list(range(4 * BS))
+    with pytest.raises(TypeError, match="holders: dict and recent: set"):
+        native_walk(ids, BS, 5, Holders(), 1, True, set())
+    with pytest.raises(TypeError, match="holders: dict and recent: set"):
+        native_walk(ids, BS, 5, {}, 1, True, Recent())

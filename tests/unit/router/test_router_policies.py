@@ -325,7 +325,7 @@ class TestFiltersAndLedger:
         assert ledger.pending("w0", None) == 0 and "w0" not in ledger.oldest
 
 
-@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0])
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0, 10**400])
 def test_cost_weights_refuse_non_finite_or_negative_values(value: float) -> None:
     with pytest.raises(ValueError, match="cost weights must be finite and >= 0"):
         CostWeights(decode=value)

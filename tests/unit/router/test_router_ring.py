@@ -106,9 +106,10 @@ def test_ensure_adds_a_pool_in_one_go_and_builds_the_same_ring() -> None:
     for i in range(12):
         one_by_one.add(f"w{i}")
     for workers in ({f"w{i}" for i in range(12)}, [f"w{i}" for i in range(12)]):
-        ring = HashRing()
-        ring.ensure(workers)
-        ring.ensure(iter(workers))
-        assert (ring._points, ring._owners) == (one_by_one._points, one_by_one._owners)
-        assert len(ring._points) == 12 * ring.vnodes
+        for first, second in ((workers, iter(workers)), (iter(workers), workers)):
+            ring = HashRing()
+            ring.ensure(first)
+            ring.ensure(second)
+            assert (ring._points, ring._owners) == (one_by_one._points, one_by_one._owners)
+            assert len(ring._points) == 12 * ring.vnodes
     assert ring_of(12).members() == one_by_one.members()

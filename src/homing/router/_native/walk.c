@@ -229,9 +229,15 @@ walk(PyObject *self, PyObject *args)
     Py_ssize_t bs;
     int clean;
     Chain c;
-    if (!PyArg_ParseTuple(args, "OnOO!OpO!:walk", &ids, &bs, &root_obj, &PyDict_Type,
-                          &holders, &live, &clean, &PySet_Type, &recent))
+    if (!PyArg_ParseTuple(args, "OnOOOpO:walk", &ids, &bs, &root_obj, &holders, &live,
+                          &clean, &recent))
         return NULL;
+    /* Exactly a dict and a set: they are read and written directly, so a subclass's
+     * overrides would be bypassed. */
+    if (!PyDict_CheckExact(holders) || !PySet_CheckExact(recent)) {
+        PyErr_SetString(PyExc_TypeError, "walk() needs holders: dict and recent: set");
+        return NULL;
+    }
     if (chain_open(&c, ids, bs, root_obj, "root") < 0)
         return NULL;
     PyObject *active = NULL; /* owned */
