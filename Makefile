@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml $(NATIVE)
 	$(PY) -m pip install --quiet --upgrade pip
 	rm -f src/homing/router/*.so
 	$(PY) -m pip install --quiet -e '.[test]'
-	@for m in _walk _kvwire; do $(PY) -c "import homing.router.$$m" 2>/dev/null || \
+	@for m in _walk _kvwire _cost; do $(PY) -c "import homing.router.$$m" 2>/dev/null || \
 	  echo "make: warning: homing.router.$$m was not built (it needs a C compiler, and" \
 	       "_walk also xxhash.h >= 0.8 from libxxhash-dev); the router runs it in pure" \
 	       "Python. Fix that, then: make clean && make"; done

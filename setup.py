@@ -1,9 +1,9 @@
 """Native parts of the router's core (the affinity index's hot paths), built by `pip install`.
 
-Both extensions are optional: where one cannot be built (no C compiler, no xxHash >= 0.8
+The extensions are optional: where one cannot be built (no C compiler, no xxHash >= 0.8
 header) the install still succeeds and the router uses its pure-Python code, which
 computes the same results (`homing.router.hashing` / `index` for `_walk`,
-`homing.router.events` for `_kvwire`). `make` installs Debian's `libxxhash-dev` when the
+`homing.router.policies.cache_aware` for `_cost`, `homing.router.events` for `_kvwire`). `make` installs Debian's `libxxhash-dev` when the
 header is missing and apt-get is there, and warns when the extensions were not built.
 """
 
@@ -18,6 +18,13 @@ setup(
             "homing.router._walk",
             sources=["src/homing/router/_native/walk.c"],
             libraries=["xxhash"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
+        # cache_aware's cost pass over the candidate snapshots.
+        Extension(
+            "homing.router._cost",
+            sources=["src/homing/router/_native/cost.c"],
             extra_compile_args=FLAGS,
             optional=True,
         ),

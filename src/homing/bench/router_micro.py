@@ -16,7 +16,7 @@ write one JSON file. Figures (targets from issue 4):
 - bytes per indexed block: `tracemalloc` growth of the index while `blocks` distinct blocks
   are ingested, divided by `num_blocks`. Target: <= 150.
 - native vs pure Python (`--compare-python`, on by default): the router's C extensions
-  (`homing.router._walk`, `homing.router._kvwire`) are switched off and on in this process
+  (`homing.router._walk`, `_kvwire`, `_cost`) are switched off and on in this process
   to measure the pure-Python fallback in the same run, for the decision at 2k tokens x 64
   workers (same index, interleaved rounds) and for ingestion (two fresh routers fed the
   same batches, interleaved); reported as ratios.
@@ -50,6 +50,7 @@ import xxhash
 from smg_grpc_proto.generated import common_pb2
 
 from homing.router import Router, RouteRequest, WorkerSnapshot, events, hashing, index
+from homing.router.policies import cache_aware
 
 #: The cell whose p99 has a target, and which `--compare-python` repeats in pure Python.
 TARGET_CELL = (2048, 64)
@@ -192,18 +193,33 @@ class _PurePython:
     """Within this block the router runs without its C extensions (the fallback path)."""
 
     def __enter__(self) -> None:
-        self._saved = (index.native_walk, events._kvwire, hashing._native_block_keys)
+        self._saved = (
+            index.native_walk,
+            events._kvwire,
+            hashing._native_block_keys,
+            cache_aware.native_cost,
+        )
         index.native_walk = None
         events._kvwire = None
         hashing._native_block_keys = None
+        cache_aware.native_cost = None
 
     def __exit__(self, *exc: object) -> None:
-        index.native_walk, events._kvwire, hashing._native_block_keys = self._saved
+        (
+            index.native_walk,
+            events._kvwire,
+            hashing._native_block_keys,
+            cache_aware.native_cost,
+        ) = self._saved
 
 
 def native_built() -> dict[str, bool]:
     """Which C extensions this process uses."""
-    return {"walk": index.native_walk is not None, "kvwire": events._kvwire is not None}
+    return {
+        "walk": index.native_walk is not None,
+        "kvwire": events._kvwire is not None,
+        "cost": cache_aware.native_cost is not None,
+    }
 
 
 def compare_decisions(

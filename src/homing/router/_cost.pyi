@@ -1,0 +1,40 @@
+"""cache_aware's cost pass over the candidate snapshots in C (src/homing/router/_native/cost.c).
+
+Same decisions as `CacheAwarePolicy._cheapest_python` (tests/unit/router/
+test_router_native_cost.py); costs in double precision.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+def bind(snapshot_type: type, /) -> None:
+    """Read `snapshot_type`'s fields through its slot descriptors (other objects are read
+    by attribute name). TypeError when a field is not a slot."""
+
+def load_total(workers: Sequence[Any], /) -> tuple[int, bool]:
+    """Sum over `workers` of `max(in_flight, running + waiting)` (requests), and whether
+    one of them drains. AttributeError / TypeError for objects without those int fields."""
+
+def cheapest(
+    workers: Sequence[Any],
+    matched: dict[str, int],
+    device: dict[str, int] | None,
+    prompt_tokens: float,
+    prefill: float,
+    queue: float,
+    decode: float,
+    lower_tier_worth: float,
+    max_token_usage: float,
+    max_waiting: float,
+    bound: int | None,
+    oldest: dict[str, float],
+    sums: dict[str, int],
+    pending: Callable[[str, float], int],
+    vetoed: list[str],
+    /,
+) -> tuple[Any, float, float, float] | None:
+    """The cost pass of `CacheAwarePolicy._cheapest_python`: vetoed worker ids are appended
+    to `vetoed`; returns (cheapest eligible snapshot, largest and smallest effective match
+    among eligible workers, largest effective match of a vetoed worker) in tokens, or None
+    when every worker is vetoed. `pending(worker, since)` is called when a worker's oldest
+    ledger entry predates its load record (it drops the absorbed entries)."""

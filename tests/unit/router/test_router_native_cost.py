@@ -1,0 +1,112 @@
+"""The C cost pass (`homing.router._cost`) decides what `_cheapest_python` decides."""
+
+from __future__ import annotations
+
+import copy
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from homing.router.cost import CostWeights
+from homing.router.index import Matches, PrefixIndex
+from homing.router.ledger import DispatchLedger
+from homing.router.policies import cache_aware
+from homing.router.policies.cache_aware import CacheAwareConfig, CacheAwarePolicy
+from homing.router.types import WorkerSnapshot
+
+
+def test_the_extension_is_built() -> None:
+    assert cache_aware.native_cost is not None, (
+        "homing.router._cost is not built: it needs a C compiler (Debian: apt-get install "
+        "gcc); then `make clean && make`"
+    )
+
+
+needs_native = pytest.mark.skipif(cache_aware.native_cost is None, reason="not built")
+
+
+def _scenario(rng: random.Random) -> tuple[list[WorkerSnapshot], Matches, DispatchLedger]:
+    n = rng.choice([1, 2, 5, 16, 64])
+    workers = [
+        WorkerSnapshot(
+            worker_id=f"w{rng.randrange(100):02d}" if rng.random() < 0.3 else f"w{i}",
+            in_flight=rng.randrange(0, 20),
+            running=rng.randrange(0, 20),
+            waiting=rng.choice([0, 0, 1, 5, 31, 32, 40]),
+            token_usage=rng.choice([0, 0.3, 0.94, 0.95, 0.99]),
+            max_running_requests=256,
+            queued_prefill_tokens=rng.choice([None, 0, 100, 5000]),
+            load_at=rng.choice([None, 1.0, 2.0, 3.0]),
+            draining=rng.random() < 0.05,
+        )
+        for i in range(n)
+    ]
+    ids = [w.worker_id for w in workers]
+    tokens = {w: rng.choice([16, 256, 1024, 2048]) for w in rng.sample(ids, rng.randrange(n + 1))}
+    device = None
+    if rng.random() < 0.3:
+        device = {w: rng.choice([0, t // 2, t]) for w, t in tokens.items() if rng.random() < 0.8}
+    ledger = DispatchLedger()
+    for _ in range(rng.randrange(0, 3 * n)):
+        ledger.record(rng.choice(ids), rng.choice([0.5, 1.5, 2.5, 3.5]), rng.randrange(5000))
+    return workers, Matches(tokens, device), ledger
+
+
+@needs_native
+def test_cost_pass_equals_the_python_pass_on_random_scenarios() -> None:
+    """Same winner, same largest/smallest/vetoed effective match, same vetoed list, and the
+    same ledger afterwards, for random loads, tiers, ties, vetoes and pending dispatches."""
+    rng = random.Random(11)
+    weights = [CostWeights(), CostWeights(prefill=1.0, decode=0.0), CostWeights(queue=0.0)]
+    for trial in range(3000):
+        workers, found, ledger = _scenario(rng)
+        config = CacheAwareConfig(weights=weights[trial % 3])
+        policies = []
+        for _ in range(2):
+            policy = CacheAwarePolicy(PrefixIndex(16), config, copy.deepcopy(ledger))
+            policies.append(policy)
+        bound = rng.choice([None, 0, 3, 8, 20])
+        prompt = rng.choice([0, 16, 1000, 2048, 4096])
+        vetoed_c: list[str] = []
+        vetoed_py: list[str] = []
+        got = policies[0]._cheapest(workers, found, prompt, bound, vetoed_c)
+        want = policies[1]._cheapest_python(workers, found, prompt, bound, vetoed_py)
+        assert vetoed_c == vetoed_py
+        if want is None:
+            assert got is None
+            continue
+        assert got is not None
+        assert got[0] is want[0]
+        assert got[1:] == pytest.approx(want[1:])
+        assert policies[0].ledger.sums == policies[1].ledger.sums
+        assert policies[0].ledger.oldest == policies[1].ledger.oldest
+
+
+@needs_native
+def test_load_total_and_other_snapshot_types() -> None:
+    """Objects that are not `WorkerSnapshot`s are read by attribute name, with the same
+    answer; the load total and the draining flag match the Python sum."""
+    rng = random.Random(3)
+    workers, found, ledger = _scenario(rng)
+    lookalikes = [SimpleNamespace(**{f: getattr(w, f) for f in w.__slots__}) for w in workers]
+    native = cache_aware.native_cost
+    assert native is not None
+    total, draining = native.load_total(lookalikes)
+    assert total == sum(w.load for w in workers)
+    assert draining == any(w.draining for w in workers)
+    policy = CacheAwarePolicy(PrefixIndex(16), ledger=ledger)
+    a = policy._cheapest(lookalikes, found, 2048, None, [])  # type: ignore[arg-type]
+    b = policy._cheapest(workers, found, 2048, None, [])
+    assert a is not None and b is not None
+    assert a[0].worker_id == b[0].worker_id and a[1:] == b[1:]
+
+
+@needs_native
+def test_bad_snapshots_raise() -> None:
+    native = cache_aware.native_cost
+    assert native is not None
+    with pytest.raises(AttributeError):
+        native.load_total([object()])
+    with pytest.raises(TypeError):
+        native.load_total([WorkerSnapshot(worker_id="w0", in_flight="3")])  # type: ignore[arg-type]
