@@ -63,8 +63,16 @@ def test_cost_pass_equals_the_python_pass_on_random_scenarios() -> None:
         workers, found, ledger = _scenario(rng)
         config = CacheAwareConfig(weights=weights[trial % 3])
         policies = []
-        for _ in range(2):
+        calls: list[list[tuple[str, float]]] = [[], []]
+        for log in calls:
             policy = CacheAwarePolicy(PrefixIndex(16), config, copy.deepcopy(ledger))
+            real = policy.ledger.pending
+
+            def logged(wid: str, since: float, real=real, log=log) -> int:
+                log.append((wid, since))
+                return real(wid, since)
+
+            policy.ledger.pending = logged  # type: ignore[method-assign]
             policies.append(policy)
         bound = rng.choice([None, 0, 3, 8, 20])
         prompt = rng.choice([0, 16, 1000, 2048, 4096])
@@ -78,7 +86,8 @@ def test_cost_pass_equals_the_python_pass_on_random_scenarios() -> None:
             continue
         assert got is not None
         assert got[0] is want[0]
-        assert got[1:] == pytest.approx(want[1:])
+        assert got[1:] == want[1:]  # floats from C, ints or floats from Python: equal values
+        assert calls[0] == calls[1]  # `pending` (it mutates the ledger) called alike
         assert policies[0].ledger.sums == policies[1].ledger.sums
         assert policies[0].ledger.oldest == policies[1].ledger.oldest
 
@@ -110,3 +119,38 @@ def test_bad_snapshots_raise() -> None:
         native.load_total([object()])
     with pytest.raises(TypeError):
         native.load_total([WorkerSnapshot(worker_id="w0", in_flight="3")])  # type: ignore[arg-type]
+
+
+@needs_native
+def test_hostile_inputs_raise_instead_of_crashing() -> None:
+    """A `pending` that empties the worker list mid-pass, request counts beyond 64 bits and
+    a type borrowing WorkerSnapshot's slot descriptors neither crash nor give a silently
+    wrong answer."""
+    native = cache_aware.native_cost
+    assert native is not None
+    workers = [WorkerSnapshot(worker_id=f"w{i}", load_at=5.0) for i in range(4)]
+    oldest = {w.worker_id: 1.0 for w in workers}
+    sums = dict.fromkeys(oldest, 10)
+
+    def pending(wid: str, since: float) -> int:
+        workers.clear()
+        return 0
+
+    best = native.cheapest(
+        workers, {}, None, 100, 3.0, 1.0, 128.0, 0.8, 0.95, 32, None, oldest, sums, pending, []
+    )
+    assert best is not None and best[0].worker_id == "w0"
+    huge = [WorkerSnapshot(worker_id="a", running=2**63 - 1, waiting=1)]
+    with pytest.raises(OverflowError, match="request counts out of range"):
+        native.load_total(huge)
+
+    class Fake:
+        worker_id = WorkerSnapshot.worker_id  # another type's slot descriptor
+
+    for name in ("in_flight", "running", "waiting", "token_usage", "queued_prefill_tokens",
+                 "load_at", "draining"):  # fmt: skip
+        setattr(Fake, name, getattr(WorkerSnapshot, name))
+    with pytest.raises(TypeError, match="is not a slot"):
+        native.bind(Fake)
+    native.bind(WorkerSnapshot)  # still bound to the real type
+    assert native.load_total([WorkerSnapshot(worker_id="w", in_flight=3)]) == (3, False)

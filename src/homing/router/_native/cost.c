@@ -7,12 +7,15 @@
  * ledger's pending tokens, the tie-break), in double precision, only faster. The rule's
  * constants come in as arguments; nothing here decides policy. A snapshot's fields are
  * read through their slot descriptors when the object is exactly the WorkerSnapshot type
- * the module was given, else by attribute name.
+ * the module was given, else by attribute name. Request counts must fit in 64 bits
+ * (OverflowError otherwise) and token counts and weights below 2**53 to be exact.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #if PY_VERSION_HEX < 0x030C0000
-#include <structmember.h> /* PyMember_GetOne before 3.12 */
+#include <structmember.h> /* PyMember_GetOne and T_OBJECT_EX before 3.12 */
+#else
+#define T_OBJECT_EX Py_T_OBJECT_EX
 #endif
 #include <math.h>
 #include <string.h>
@@ -80,7 +83,10 @@ bind(PyObject *self, PyObject *type)
         PyObject *descr = PyObject_GetAttr(type, field_names[f]);
         if (descr == NULL)
             return NULL;
-        int ok = Py_TYPE(descr) == &PyMemberDescr_Type;
+        /* A slot of this type (or a base) holding an object: what PyMember_GetOne reads. */
+        int ok = Py_TYPE(descr) == &PyMemberDescr_Type &&
+                 PyType_IsSubtype((PyTypeObject *)type, PyDescr_TYPE(descr)) &&
+                 ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
         if (ok)
             members[f] = ((PyMemberDescrObject *)descr)->d_member;
         Py_DECREF(descr);
@@ -90,30 +96,54 @@ bind(PyObject *self, PyObject *type)
             return NULL;
         }
     }
-    Py_INCREF(type);
-    Py_XSETREF(snapshot_type, (PyTypeObject *)type);
+    PyTypeObject *old = snapshot_type;
+    snapshot_type = NULL; /* no fast path while the offsets change */
     memcpy(snapshot_members, members, sizeof(members));
+    Py_INCREF(type);
+    snapshot_type = (PyTypeObject *)type;
+    Py_XDECREF(old);
     Py_RETURN_NONE;
+}
+
+/* max(in_flight, running + waiting) into *load; -1 when the sum overflows. */
+static inline int
+checked_load(long long in_flight, long long running, long long waiting, long long *load)
+{
+    if (__builtin_add_overflow(running, waiting, load))
+        return -1;
+    if (in_flight > *load)
+        *load = in_flight;
+    return 0;
+}
+
+static void
+overflow(void)
+{
+    PyErr_SetString(PyExc_OverflowError, "request counts out of range");
 }
 
 /* load_total(workers) -> (total, any_draining): sum of max(in_flight, running + waiting). */
 static PyObject *
 load_total(PyObject *self, PyObject *workers)
 {
-    PyObject *seq = PySequence_Fast(workers, "workers must be a sequence");
+    /* A tuple of our own: attribute reads may run Python code that changes `workers`. */
+    PyObject *seq = PySequence_Tuple(workers);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
     long long total = 0;
     int draining = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *w = PySequence_Fast_GET_ITEM(seq, i);
-        long long in_flight, running, waiting;
+        PyObject *w = PyTuple_GET_ITEM(seq, i);
+        long long in_flight, running, waiting, load;
         if (field_ll(w, F_IN_FLIGHT, &in_flight) < 0 || field_ll(w, F_RUNNING, &running) < 0 ||
             field_ll(w, F_WAITING, &waiting) < 0)
             goto fail;
-        long long load = running + waiting;
-        total += in_flight > load ? in_flight : load;
+        if (checked_load(in_flight, running, waiting, &load) < 0 ||
+            __builtin_add_overflow(total, load, &total)) {
+            overflow();
+            goto fail;
+        }
         PyObject *d = field(w, F_DRAINING);
         if (d == NULL)
             goto fail;
@@ -175,17 +205,18 @@ cheapest(PyObject *self, PyObject *args)
         if (cap == -1.0 && PyErr_Occurred())
             return NULL;
     }
-    PyObject *seq = PySequence_Fast(workers, "workers must be a sequence");
+    /* A tuple of our own: `pending` and attribute reads may run Python code. */
+    PyObject *seq = PySequence_Tuple(workers);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
     PyObject *best = NULL; /* owned */
     PyObject *best_id = NULL; /* owned */
     PyObject *wid = NULL;  /* owned, per worker */
     double best_cost = INFINITY, best_eff = 0.0, vetoed_eff = 0.0, floor_eff = INFINITY;
     long long best_load = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *w = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *w = PyTuple_GET_ITEM(seq, i);
         wid = field(w, F_WORKER_ID);
         if (wid == NULL)
             goto fail;
@@ -201,13 +232,14 @@ cheapest(PyObject *self, PyObject *args)
                 goto fail;
             eff = dev + h * (tokens - dev);
         }
-        long long in_flight, running, waiting;
+        long long in_flight, running, waiting, load;
         if (field_ll(w, F_WAITING, &waiting) < 0 || field_ll(w, F_RUNNING, &running) < 0 ||
             field_ll(w, F_IN_FLIGHT, &in_flight) < 0)
             goto fail;
-        long long load = running + waiting;
-        if (in_flight > load)
-            load = in_flight;
+        if (checked_load(in_flight, running, waiting, &load) < 0) {
+            overflow();
+            goto fail;
+        }
         if (check) {
             int over = (double)load >= cap;
             if (!over) {

@@ -59,10 +59,13 @@ from homing.router.types import RouteDecision, RouteRequest, WorkerSnapshot
 
 try:  # the C extension (setup.py): the same pass, ~3x faster
     from homing.router import _cost as native_cost
-
-    native_cost.bind(WorkerSnapshot)
 except ImportError:  # pragma: no cover - built by `make`; pure Python elsewhere
     native_cost = None
+if native_cost is not None:
+    try:  # read snapshots through their slots; if the layout changed, by attribute name
+        native_cost.bind(WorkerSnapshot)
+    except (TypeError, AttributeError):  # pragma: no cover - WorkerSnapshot lost its slots
+        pass
 
 #: Balance factor of the affinity veto: a prefix holder may take a request while its load
 #: is under `load_bound(L, n, 1.5, min_bound)`, SGLang's and smg's `balance_rel_threshold`
