@@ -56,10 +56,10 @@ field_ll(PyObject *w, int f, long long *out)
     return 0;
 }
 
+/* The owned reference v (NULL: an error is set) as a double, released; -1 on error. */
 static int
-field_double(PyObject *w, int f, double *out)
+take_double(PyObject *v, double *out)
 {
-    PyObject *v = field(w, f);
     if (v == NULL)
         return -1;
     double x = PyFloat_AsDouble(v);
@@ -68,6 +68,12 @@ field_double(PyObject *w, int f, double *out)
         return -1;
     *out = x;
     return 0;
+}
+
+static int
+field_double(PyObject *w, int f, double *out)
+{
+    return take_double(field(w, f), out);
 }
 
 /* bind(snapshot_type): read that type's fields through its slot descriptors. */
@@ -172,12 +178,7 @@ dict_number(PyObject *d, PyObject *key, double *out)
         return 0;
     }
     Py_INCREF(v); /* a non-number's __float__ could change the dict */
-    double x = PyFloat_AsDouble(v);
-    Py_DECREF(v);
-    if (x == -1.0 && PyErr_Occurred())
-        return -1;
-    *out = x;
-    return 0;
+    return take_double(v, out);
 }
 
 /* cheapest(workers, matched, device, prompt_tokens, a, b, d, h, max_usage, max_waiting,
