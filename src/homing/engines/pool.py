@@ -118,6 +118,8 @@ class WorkerState:
     `last_error`: the latest failure seen (probe, discovery, stream), for logs and admin.
     `kv_epoch`: how many times the worker's index entries were flushed by the pool.
     `kv_stream`: "connecting", "open", "down" or "unsupported" (no SubscribeKvEvents).
+    `draining`: the worker is leaving (set by whoever retires it, e.g. a scale-down): the
+    router sends it nothing new unless every candidate drains.
     """
 
     worker_id: str
@@ -131,6 +133,7 @@ class WorkerState:
     last_error: str | None = None
     kv_epoch: int = 0
     kv_stream: str = "connecting"
+    draining: bool = False
 
 
 @dataclass
@@ -140,10 +143,6 @@ class _Worker:
     model_info: pb.GetModelInfoResponse | None = None
     server_info: pb.GetServerInfoResponse | None = None
     rank_loads: dict[int | None, EngineLoadView] = field(default_factory=dict)
-    kv_subscriptions: int = 0
-    kv_gaps: int = 0
-    kv_batches: int = 0
-    kv_resets: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -287,12 +286,6 @@ class WorkerPool:
     def page_size(self) -> int | None:
         """KV page size in tokens from server_args (None when not reported)."""
         value = _struct_number(self.server_info.server_args, "page_size")
-        return int(value) if value is not None else None
-
-    @property
-    def max_running_requests(self) -> int | None:
-        """The engine's admission window from server_args (None when not reported)."""
-        value = _struct_number(self.server_info.server_args, "max_running_requests")
         return int(value) if value is not None else None
 
     async def tokenizer_bundle(self) -> bytes:
@@ -509,7 +502,6 @@ class WorkerPool:
             # to it before may be trusted (it may have restarted or evicted meanwhile).
             if not unsupported:
                 self._flush(w, "subscribe")
-            w.kv_subscriptions += 1
             self._set_stream(w, "connecting")
             try:
                 async for batch in w.client.subscribe_kv_events(start_sequence_number=0):
@@ -521,15 +513,12 @@ class WorkerPool:
                     if step.load is not None:
                         self._apply_load(w, step.rank, step.load)
                     if step.reset:
-                        w.kv_resets += 1
                         log.warning("kv_sequence_reset", worker=worker_id, rank=step.rank)
                         self._flush(w, "restart")
                     elif step.flush:
-                        w.kv_gaps += 1
                         log.warning("kv_sequence_gap", worker=worker_id, lost_batches=step.gap)
                         self._flush(w, "gap")
                     if step.apply and len(batch.events):
-                        w.kv_batches += 1
                         self._router.apply_kv_batch(worker_id, batch, self._batch_lag(batch))
                 log.info("kv_stream_ended", worker=worker_id)
                 reason = "stream_end"

@@ -2,8 +2,9 @@
 
 Files: `types` (request, snapshot, decision), `hashing` (the router's block key), `events`
 (wire -> plain KV events), `index` (the affinity index), `ledger` (own dispatches between
-load records), `ring` (consistent hashing with bounded loads), `filters`, `scorers/` and
-`cost` (the one scoring rule), `policies/` (one file per policy), `router` (the facade).
+load records), `ring` (consistent hashing with bounded loads), `filters`, `cost` (the one
+scoring rule), `policies/` (one file per policy), `router` (the facade). C extensions of
+the hot paths: `_native/` (see setup.py).
 """
 
 from __future__ import annotations

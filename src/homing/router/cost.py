@@ -4,12 +4,21 @@ Rule of this file: one formula, in prompt-token equivalents (lower is better):
 
     cost_w = a * U_w + b * Q_w + d * L_w
 
-- U_w = P - (D_w + h * H_w): uncached prompt tokens on w (`scorers.prefill`); P prompt
+- U_w = P - (D_w + h * H_w), clamped to [0, P]: uncached prompt tokens on w; P prompt
   tokens, D_w / H_w the matched prefix on device / only in a lower tier (index), h the
-  lower-tier worth;
-- Q_w: prefill tokens queued on w ahead of the request (`scorers.queue`): the engine's
-  latest EngineLoad record plus the router's own dispatches since;
-- L_w: requests on w (`scorers.decode`), the decode batch the request joins.
+  lower-tier worth (the share of a recompute a lower-tier hit saves: it must be loaded
+  over PCIe or the network first). Prefill cost falls with exactly the cached share
+  (cached tokens are not recomputed; SGLang RadixAttention);
+- Q_w: prefill tokens queued on w ahead of the request: the engine's latest EngineLoad
+  record (`prefill_pending_tokens`, else `waiting_uncached_tokens`; 0 when it reports
+  neither) plus the router's own dispatches since (`DispatchLedger`), which the record
+  cannot contain yet; with first-come first-served scheduling the request waits for all of
+  it before its own prefill starts;
+- L_w = max(in_flight, running + waiting): requests on w (`WorkerSnapshot.load`), the
+  decode batch the request joins. Every running sequence adds its own decode token, KV
+  reads and per-sequence overhead to each step (the sim's step model: ~0.3-0.7 ms per
+  sequence on llama-3.1-70b TP8), so the batch sets the request's TPOT and slows its
+  prefill chunks; our own count and the engine's overlap, hence the max.
 
 Why these units and weights: with first-come first-served chunked prefill, the request's
 TTFT on w is about (Q_w + U_w) / prefill rate, so a queued token and an uncached token cost
@@ -30,8 +39,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-from homing.router.scorers import decode_load, queued_prefill_tokens, uncached_prefill_tokens
 
 
 @dataclass(frozen=True)
@@ -68,12 +75,13 @@ def estimated_cost(
     running: int,
     waiting: int,
 ) -> float:
-    """`cost_w` of the module docstring, in prompt-token equivalents."""
+    """`cost_w` of the module docstring, in prompt-token equivalents (the reference the
+    policies' inlined cost passes are tested against)."""
+    saved = device_tokens + weights.lower_tier_worth * lower_tier_tokens
+    uncached = float(min(max(prompt_tokens - saved, 0.0), prompt_tokens))
+    queued = (engine_queued or 0) + dispatched_since_record
     return (
-        weights.prefill
-        * uncached_prefill_tokens(
-            prompt_tokens, device_tokens, lower_tier_tokens, weights.lower_tier_worth
-        )
-        + weights.queue * queued_prefill_tokens(engine_queued, dispatched_since_record)
-        + weights.decode * decode_load(in_flight, running, waiting)
+        weights.prefill * uncached
+        + weights.queue * queued
+        + weights.decode * max(in_flight, running + waiting)
     )

@@ -33,6 +33,8 @@ from typing import Protocol
 
 from smg_grpc_proto.generated import common_pb2
 
+from homing.router.hashing import token_bytes
+
 try:  # the C extension (setup.py): same sink calls as the pure-Python path, faster
     from homing.router import _kvwire
 except ImportError:  # pragma: no cover - built by `make`; pure Python elsewhere
@@ -45,14 +47,6 @@ TIER_EXTERNAL = common_pb2.KV_CACHE_TIER_EXTERNAL
 
 
 _LITTLE = sys.byteorder == "little"
-
-
-def _as_bytes(token_ids: list[int]) -> bytes:
-    """uint32-LE bytes of `token_ids` (the same bytes `homing.router.hashing` hashes)."""
-    arr = array("I", token_ids)
-    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
-        arr.byteswap()
-    return arr.tobytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +228,7 @@ def _ingest_event(
                         stored.parent_block_hash if stored.HasField("parent_block_hash") else None,
                         array("I", block.token_ids[:]).tobytes()
                         if _LITTLE
-                        else _as_bytes(block.token_ids[:]),
+                        else token_bytes(block.token_ids[:]),
                         tier,
                     )
                 )

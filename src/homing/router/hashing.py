@@ -69,19 +69,6 @@ def chain_hash(parent: int, token_ids: Sequence[int]) -> int:
     return _xxh3(token_bytes(token_ids), parent) & KEY_MASK
 
 
-def chain_bytes(data: bytes, block_size: int, parent: int) -> list[int]:
-    """Keys of the consecutive full blocks in `data` (uint32-LE token bytes), chained from
-    `parent`. A trailing partial block is ignored."""
-    stride = 4 * block_size
-    out: list[int] = []
-    h = parent
-    view = memoryview(data)
-    for start in range(0, len(data) - stride + 1, stride):
-        h = _xxh3(view[start : start + stride], h) & KEY_MASK
-        out.append(h)
-    return out
-
-
 def iter_block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> Iterator[int]:
     """Lazily yield the chained key of each full block of `token_ids`, in order.
 

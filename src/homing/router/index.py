@@ -72,7 +72,6 @@ from homing.router.hashing import (
     KEY_MASK,
     _xxh3,
     block_hashes,
-    chain_bytes,
     native_walk,
     root_hash,
     token_bytes,
@@ -305,10 +304,6 @@ class PrefixIndex:
         if w.exact is not None:
             slots.append(w.exact)
         return sum(self._count[s] for s in slots if self._live >> s & 1)
-
-    def workers(self) -> list[str]:
-        """Workers with at least one block credited, sorted."""
-        return sorted(w for w in self._workers if self.worker_blocks(w) > 0)
 
     def mode(self, worker_id: str) -> WorkerMode:
         """ "exact" once the worker's stream delivered a stored event since its last flush,
@@ -561,9 +556,7 @@ class PrefixIndex:
         """Credit `worker_id` with every full block of `prompt_ids` for `approx_ttl_s`
         (approximate mode: the router sent it there). Ignored (returns 0) for a worker in
         exact mode; else returns the blocks recorded."""
-        w = self._workers.get(worker_id)
-        if w is None:
-            w = self._workers[worker_id] = _Worker()
+        w = self._worker(worker_id)
         if w.mode == "exact":
             return 0
         return self._record(w, worker_id, w.approx, prompt_ids, now, self._generation_s,
@@ -573,11 +566,10 @@ class PrefixIndex:
         """The router sent `prompt_ids` to `worker_id` at `now`: an approximate-mode record,
         or in exact mode a booking for `booking_ttl_s` (nothing when bookings are off).
         Returns the blocks credited."""
-        w = self._workers.get(worker_id)
-        if w is None:
-            w = self._workers[worker_id] = _Worker()
+        w = self._worker(worker_id)
         if w.mode != "exact":
-            return self.record_approximate(worker_id, prompt_ids, now)
+            return self._record(w, worker_id, w.approx, prompt_ids, now, self._generation_s,
+                                self.approx_ttl_s)  # fmt: skip
         if self.booking_ttl_s is None:
             return 0
         return self._record(
@@ -798,7 +790,7 @@ class PrefixIndex:
         tokens: list[int] = []
         for block in blocks[:usable]:
             tokens.extend(block.token_ids)
-        keys = chain_bytes(token_bytes(tokens), bs, parent)
+        keys = block_hashes(tokens, bs, parent)
         eng = self._eng
         for block, key in zip(blocks, keys, strict=False):
             eng[block.engine_hash & KEY_MASK] = key
@@ -814,27 +806,13 @@ class PrefixIndex:
         self._credit(slot, keys, device=event.tier == TIER_DEVICE)
         self.stats.stored += usable
 
-    def store_block(
-        self,
-        worker_id: str,
-        engine_hash: int,
-        parent_engine_hash: int | None,
-        data: bytes,
-        tier: int = TIER_DEVICE,
-    ) -> bool:
-        """A stored event with one full block (SGLang publishes one per page): `data` is
-        its token ids as uint32-LE bytes. Same rules as `apply`; True when credited."""
-        return self.store_blocks(worker_id, [(engine_hash, parent_engine_hash, data, tier)]) == 1
-
     def store_blocks(
         self, worker_id: str, items: Sequence[tuple[int, int | None, bytes, int]]
     ) -> int:
         """Consecutive one-block stored events of `worker_id`, each `(engine_hash,
         parent_engine_hash or None, token bytes, tier)`, in stream order (the fast path
         of `ingest_batch`). Returns the blocks credited."""
-        w = self._workers.get(worker_id)
-        if w is None:
-            w = self._workers[worker_id] = _Worker()
+        w = self._worker(worker_id)
         slot = w.exact if w.exact is not None else self._enter_exact(w, worker_id)
         holders = self._holders
         eng = self._eng

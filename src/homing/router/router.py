@@ -22,10 +22,6 @@ from smg_grpc_proto.generated import common_pb2
 from homing.clock import Clock, SystemClock
 from homing.router.events import (
     BatchCounts,
-    BlocksRemoved,
-    BlocksStored,
-    CacheCleared,
-    KvEvent,
     ingest_batch,
 )
 from homing.router.index import (
@@ -193,19 +189,6 @@ class Router:
         counts = ingest_batch(batch, index, worker_id)
         if index.has_retired():
             index.maintain()
-        self._after_batch(worker_id, was, counts, lag_s)
-
-    def apply_events(
-        self, worker_id: str, events: Sequence[KvEvent], lag_s: float | None = None
-    ) -> None:
-        """Apply plain-data events from `worker_id` in order."""
-        was = self.index.mode(worker_id)
-        self.index.apply_all(worker_id, events)
-        counts = BatchCounts(
-            stored=sum(len(e.blocks) for e in events if isinstance(e, BlocksStored)),
-            removed=sum(len(e.engine_hashes) for e in events if isinstance(e, BlocksRemoved)),
-            cleared=sum(1 for e in events if isinstance(e, CacheCleared)),
-        )
         self._after_batch(worker_id, was, counts, lag_s)
 
     def _after_batch(

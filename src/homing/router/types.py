@@ -101,7 +101,7 @@ class RouteDecision:
 def snapshot_from_state(state: WorkerState) -> WorkerSnapshot:
     """Build a `WorkerSnapshot` from a pool `WorkerState` (zeros where no load record yet)."""
     load = state.load
-    draining = bool(getattr(state, "draining", False))
+    draining = state.draining
     if load is None:
         return WorkerSnapshot(
             worker_id=state.worker_id, in_flight=state.in_flight, draining=draining
