@@ -172,10 +172,12 @@ async def test_requests_quota_is_429_with_retry_after_over_http(app: App) -> Non
         await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
-    with pytest.raises(openai.RateLimitError) as caught:
+    with capture_logs() as logs, pytest.raises(openai.RateLimitError) as caught:
         await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
+    done = [entry for entry in logs if entry["event"] == "request_done"]
+    assert [entry["outcome"] for entry in done] == ["error_429"]  # one line per request
     retry_after = int(caught.value.response.headers["retry-after"])
     assert 55 <= retry_after <= 60
     assert caught.value.body == {

@@ -195,10 +195,7 @@ async def _chunks(
 
     role = "assistant" if prepared.kind == "chat" else ""
     if not prepared.stream:
-        texts = ["" for _ in range(prepared.n)]
-        async for event in generation:
-            if isinstance(event, TextDelta):
-                texts[event.index] += event.text
+        texts = await generation.collect_texts()
         last = message(
             [
                 pb.Choice(

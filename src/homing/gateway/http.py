@@ -277,20 +277,20 @@ class HttpApi:
         return await self._serve(request, prepared)
 
     async def _serve(self, request: web.Request, prepared: PreparedRequest) -> web.StreamResponse:
-        async with self.service.open(prepared) as generation:
-            headers = {
-                "x-request-id": prepared.request_id,
-                "x-homing-worker": generation.worker_id or "",
-            }
-            if not prepared.stream:
-                texts = ["" for _ in range(prepared.n)]
-                async for event in generation:
-                    if isinstance(event, TextDelta):
-                        texts[event.index] += event.text
-                return web.json_response(
-                    full_body(prepared, generation, texts), headers=headers, dumps=_json_dumps
-                )
-            response = await self._stream(request, prepared, generation, headers)
+        try:
+            async with self.service.open(prepared) as generation:
+                headers = {
+                    "x-request-id": prepared.request_id,
+                    "x-homing-worker": generation.worker_id or "",
+                }
+                if not prepared.stream:
+                    texts = await generation.collect_texts()
+                    return web.json_response(
+                        full_body(prepared, generation, texts), headers=headers, dumps=_json_dumps
+                    )
+                response = await self._stream(request, prepared, generation, headers)
+        except APIError as err:  # the generation logged its own request_done line
+            return error_response(err, prepared.request_id)
         # The generation is closed (quota settled, stream slot released) before the client
         # sees the end of the stream, so its next request finds the slot free.
         await response.write(b"data: [DONE]\n\n")

@@ -605,6 +605,15 @@ class Generation:
 
     # -- accounting --
 
+    async def collect_texts(self) -> list[str]:
+        """Every choice's whole text, in choice order (the non-streamed answer): the deltas
+        joined once at the end (no string copied per token)."""
+        parts: list[list[str]] = [[] for _ in range(self.prepared.n)]
+        async for event in self:
+            if isinstance(event, TextDelta):
+                parts[event.index].append(event.text)
+        return ["".join(p) for p in parts]
+
     def finalize_usage(self) -> Usage:
         """The request's usage from the engines' counts (prompt once, completion summed)."""
         self.usage.completion_tokens = sum(self._completion_by_choice.values())
