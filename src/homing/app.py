@@ -132,7 +132,8 @@ class App:
         self.admission = AdmissionController(
             cfg.admission,
             model_id=model.model_id,
-            snapshots=lambda: [snapshot_from_state(w) for w in pool.healthy_workers()],
+            # lazy: the fast path stops at the first replica that is not overloaded
+            snapshots=lambda: (snapshot_from_state(w) for w in pool.healthy_workers()),
             metrics=metrics,
             # The router's own overload thresholds: admission queues exactly when the router
             # would find no replica it is willing to load further.

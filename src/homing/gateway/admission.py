@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,15 +68,21 @@ def replica_overloaded(
 
 
 def all_overloaded(
-    workers: Sequence[WorkerSnapshot], thresholds: OverloadThresholds, max_in_flight: int | None
+    workers: Iterable[WorkerSnapshot], thresholds: OverloadThresholds, max_in_flight: int | None
 ) -> bool:
     """True when there is at least one worker and every one is overloaded (no healthy
-    worker at all is the router's 503, not a reason to queue)."""
-    return bool(workers) and all(replica_overloaded(w, thresholds, max_in_flight) for w in workers)
+    worker at all is the router's 503, not a reason to queue). Stops at the first worker
+    that is not overloaded (with a lazy `workers`, no further snapshot is built)."""
+    seen = False
+    for w in workers:
+        if not replica_overloaded(w, thresholds, max_in_flight):
+            return False
+        seen = True
+    return seen
 
 
 def grantable(
-    workers: Sequence[WorkerSnapshot],
+    workers: Iterable[WorkerSnapshot],
     thresholds: OverloadThresholds,
     max_in_flight: int | None,
     consumed: dict[str, tuple[float | None, int]],
@@ -215,7 +221,7 @@ class AdmissionController:
         settings: AdmissionSettings,
         *,
         model_id: str,
-        snapshots: Callable[[], Sequence[WorkerSnapshot]],
+        snapshots: Callable[[], Iterable[WorkerSnapshot]],
         metrics: GatewayMetrics,
         thresholds: OverloadThresholds | None = None,
         clock: Clock | None = None,
