@@ -64,6 +64,7 @@ from homing.bench.report import Slo, summarize
 from homing.bench.sse import CompletionStream, SseDecoder, copy_stream_fields
 from homing.bench.traces import PromptBuilder, TraceRequest, load_trace
 from homing.router.hashing import DEFAULT_HASH_SEED, block_hashes, root_hash
+from homing.sim.metrics import scrape_total
 from homing.sim.timing import PrefillChunk, TimingModel, resolve_limits
 
 DEFAULT_TRACE = "../shared/traces/mooncake/conversation_trace.jsonl"
@@ -343,17 +344,17 @@ class Fleet:
                 await client.close()
 
     async def sim_stats(self) -> dict[str, float]:
-        """Summed sidecar counters: modelled and overrun wall seconds, steps."""
+        """Sidecar counters summed over the workers: modelled wall seconds and slip (wall
+        seconds of simulated progress lost because a sim fell behind), by sample name."""
         totals: Counter[str] = Counter()
-        names = ("homing_sim_modeled_wall_seconds", "homing_sim_overrun_wall_seconds")
+        names = ("homing_sim_modeled_wall_seconds_total", "homing_sim_slip_wall_seconds_total")
         async with aiohttp.ClientSession() as session:
             for url in self.urls:
                 port = int(url.rsplit(":", 1)[1]) + 1
                 async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
-                    for line in (await resp.text()).splitlines():
-                        for name in names:
-                            if line.startswith(name + "{") or line.startswith(name + "_total{"):
-                                totals[name] += float(line.rsplit(" ", 1)[1])
+                    text = await resp.text()
+                for name in names:
+                    totals[name] += scrape_total(text, name)
         return dict(totals)
 
     async def stop(self) -> None:
@@ -558,23 +559,18 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             row = run_summary(name, records, args, bound, worker_ids)
             row["wall_s"] = round(time.monotonic() - started, 1)
             row["branches"] = branches
-            row["sim_overrun_wall_s"] = round(
-                after.get("homing_sim_overrun_wall_seconds", 0.0)
-                - before.get("homing_sim_overrun_wall_seconds", 0.0),
-                2,
-            )
-            row["sim_modeled_wall_s"] = round(
-                after.get("homing_sim_modeled_wall_seconds", 0.0)
-                - before.get("homing_sim_modeled_wall_seconds", 0.0),
-                2,
-            )
+            for key, name in (
+                ("sim_slip_wall_s", "homing_sim_slip_wall_seconds_total"),
+                ("sim_modeled_wall_s", "homing_sim_modeled_wall_seconds_total"),
+            ):
+                row[key] = round(after.get(name, 0.0) - before.get(name, 0.0), 2)
             rows.append(row)
             print(
                 f"{name:>16}: hit {100 * row['hit_rate']:.1f}%  TTFT p50/p95 "
                 f"{row['ttft_p50_ms']}/{row['ttft_p95_ms']} ms  TPOT p95 {row['tpot_p95_ms']} ms  "
                 f"goodput {row['goodput_rps']}  max/mean {row['max_mean_load']}  errors "
-                f"{row['errors']}  ({row['wall_s']} s wall, sim overrun "
-                f"{row['sim_overrun_wall_s']} s)",
+                f"{row['errors']}  ({row['wall_s']} s wall, sim slip "
+                f"{row['sim_slip_wall_s']} s)",
                 flush=True,
             )
     finally:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from homing.sim.engine_loop import LoopStats
 from homing.sim.faults import FaultState
@@ -153,3 +154,15 @@ def worker_registry(snapshot: Callable[[], WorkerSnapshot]) -> CollectorRegistry
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SimMetricsCollector(snapshot))
     return registry
+
+
+def scrape_total(text: str, sample: str) -> float:
+    """Sum over label sets of the samples named `sample` (e.g.
+    "homing_sim_slip_wall_seconds_total") in Prometheus exposition `text`; 0 when absent.
+    Parsed with prometheus-client's own text parser."""
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == sample
+    )

@@ -35,7 +35,6 @@ import contextlib
 import json
 import os
 import platform
-import re
 import signal
 import sys
 import time
@@ -49,6 +48,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from homing.bench.traces import PromptBuilder, TraceRequest, load_trace
+from homing.sim.metrics import scrape_total
 
 SEARCH_STEP = 1.25
 """`--search` multiplies the speedup by this after every trial that kept up."""
@@ -82,15 +82,6 @@ class TrialResult:
     kept_up: bool
 
 
-def _scrape(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", line)
-        if match:
-            total += float(match.group(1))
-    return total
-
-
 def _cpu_seconds(pid: int) -> float:
     """utime + stime of a process (Linux /proc), in seconds; 0 where unavailable."""
     try:
@@ -115,11 +106,11 @@ async def _metrics(http: aiohttp.ClientSession, ports: list[int]) -> _Sample:
     for port in ports:
         async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
             text = await response.text()
-        modeled += _scrape(text, "homing_sim_modeled_wall_seconds_total")
-        lag += _scrape(text, "homing_sim_lag_wall_seconds_total")
-        slip += _scrape(text, "homing_sim_slip_wall_seconds_total")
-        steps += _scrape(text, "homing_sim_steps_total")
-        worst = max(worst, _scrape(text, "homing_sim_max_lag_wall_seconds"))
+        modeled += scrape_total(text, "homing_sim_modeled_wall_seconds_total")
+        lag += scrape_total(text, "homing_sim_lag_wall_seconds_total")
+        slip += scrape_total(text, "homing_sim_slip_wall_seconds_total")
+        steps += scrape_total(text, "homing_sim_steps_total")
+        worst = max(worst, scrape_total(text, "homing_sim_max_lag_wall_seconds"))
     return _Sample(modeled, lag, slip, steps, worst)
 
 
