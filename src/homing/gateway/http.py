@@ -324,7 +324,7 @@ class HttpApi:
         try:
             async for event in generation:
                 if isinstance(event, TextDelta):
-                    await send(chunker.chunk(event.index, content=event.text))
+                    await response.write(chunker.content_event(event.index, event.text))
                 elif isinstance(event, ChoiceFinished):
                     await send(chunker.chunk(event.index, finish_reason=event.reason))
         except APIError as err:
@@ -343,6 +343,24 @@ class ChunkBuilder:
         prefix = "chatcmpl-" if prepared.kind == "chat" else "cmpl-"
         self.id = prefix + prepared.request_id
         self.object = "chat.completion.chunk" if prepared.kind == "chat" else "text_completion"
+        # A content delta's SSE event is these constant parts around the choice index and
+        # the text: encoded once here, not per token (same bytes as the dict path).
+        envelope = _json_dumps(
+            {"id": self.id, "object": self.object, "created": prepared.created,
+             "model": prepared.model.model_id}
+        )  # fmt: skip
+        self._head = "data: " + envelope[:-1] + ',"choices":[{"index":'
+        self._field = ',"delta":{"content":' if prepared.kind == "chat" else ',"text":'
+        self._tail = (
+            ("}" if prepared.kind == "chat" else "")
+            + ',"logprobs":null,"finish_reason":null}]'
+            + (',"usage":null' if prepared.include_usage else "")
+            + "}\n\n"
+        )
+
+    def content_event(self, index: int, text: str) -> bytes:
+        """The SSE event (`data: ...` and the blank line) of `chunk(index, content=text)`."""
+        return f"{self._head}{index}{self._field}{_json_dumps(text)}{self._tail}".encode()
 
     def _base(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {
