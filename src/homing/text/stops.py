@@ -68,6 +68,8 @@ class StopMatcher:
         On a match the result carries the text before the stop (held text included) and
         `matched`; every later push returns StopResult("", None).
         """
+        if not self._stops:  # nothing to match or hold back (the common request)
+            return StopResult(text)
         if self._matched is not None:
             return StopResult("")
         pending = self._pending + text
