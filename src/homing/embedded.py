@@ -10,16 +10,13 @@ grace period.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
-import signal
-import sys
 from dataclasses import dataclass
 
 import structlog
 
 from homing.config import SimSettings
+from homing.sim.process import spawn_sim, terminate
 
 log = structlog.get_logger("homing.embedded")
 
@@ -39,13 +36,9 @@ class SimLauncher:
         self.settings = settings
         self.children: list[SimProcess] = []
 
-    def _argv(self) -> list[str]:
+    def _args(self) -> list[str]:
         s = self.settings
         return [
-            sys.executable,
-            "-m",
-            "homing",
-            "sim",
             "--workers",
             "1",
             "--host",
@@ -80,44 +73,12 @@ class SimLauncher:
         return [child.url for child in self.children]
 
     async def _start_one(self) -> None:
-        process = await asyncio.create_subprocess_exec(
-            *self._argv(),
-            stdout=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.DEVNULL,
-        )
-        assert process.stdout is not None
-        while True:
-            line = await process.stdout.readline()
-            if not line:
-                code = await process.wait()
-                raise RuntimeError(f"simulated worker exited with code {code} before it was ready")
-            try:
-                message = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(message, dict) and message.get("event") == "ready":
-                url = message["workers"][0]["url"]
-                self.children.append(SimProcess(process, url))
-                log.info("sim_worker_ready", url=url, pid=process.pid)
-                # Keep draining stdout so the child never blocks on a full pipe.
-                asyncio.get_running_loop().create_task(_drain(process.stdout))
-                return
+        process, ready = await spawn_sim(self._args())
+        url = ready["workers"][0]["url"]
+        self.children.append(SimProcess(process, url))
+        log.info("sim_worker_ready", url=url, pid=process.pid)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM every child, SIGKILL those still alive after `grace_s`."""
         children, self.children = self.children, []
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                child.process.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                await asyncio.wait_for(child.process.wait(), grace_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.kill()
-                await child.process.wait()
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.read(65536):
-        pass
+        await terminate((child.process for child in children), grace_s)

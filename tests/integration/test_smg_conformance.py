@@ -18,7 +18,6 @@ import contextlib
 import json
 import re
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -30,6 +29,7 @@ import pytest
 import pytest_asyncio
 
 from homing.sim.generation import CORPUS
+from homing.sim.process import spawn_sim, terminate
 from homing.sim.worker import free_port_pair
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -69,38 +69,17 @@ class Stack:
 
 
 async def start_sim() -> SimProcess:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "homing",
-        "sim",
-        "--workers",
-        "1",
-        "--port",
-        "0",
-        "--speedup",
-        "20",
-        stdout=asyncio.subprocess.PIPE,
+    process, ready = await spawn_sim(
+        ["--workers", "1", "--port", "0", "--speedup", "20"],
         stderr=asyncio.subprocess.DEVNULL,
-        stdin=asyncio.subprocess.DEVNULL,
+        timeout_s=30,
     )
-    assert process.stdout is not None
-    ready = json.loads(await asyncio.wait_for(process.stdout.readline(), timeout=30))
     worker = ready["workers"][0]
     return SimProcess(process, worker["port"], worker["metrics_port"])
 
 
 async def stop_process(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(process.wait(), timeout=10)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
+    await terminate([process], grace_s=10)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

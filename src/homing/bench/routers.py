@@ -43,10 +43,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -65,6 +63,7 @@ from homing.bench.sse import CompletionStream, SseDecoder, copy_stream_fields
 from homing.bench.traces import PromptBuilder, TraceRequest, load_trace
 from homing.router.hashing import DEFAULT_HASH_SEED, block_hashes, root_hash
 from homing.sim.metrics import scrape_total
+from homing.sim.process import spawn_sim, terminate
 from homing.sim.timing import PrefillChunk, TimingModel, resolve_limits
 
 DEFAULT_TRACE = "../shared/traces/mooncake/conversation_trace.jsonl"
@@ -313,17 +312,14 @@ class Fleet:
         for i in range(args.workers % args.sim_procs):
             per[i] += 1
         for n in per:
-            argv = [
-                sys.executable, "-m", "homing", "sim", "--workers", str(n), "--port", "0",
-                "--model", args.model, "--gpu", args.gpu, "--tp", str(args.tp),
-                "--speedup", str(args.speedup), "--stream-interval", str(args.stream_interval),
-            ]  # fmt: skip
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
-            )
-            assert proc.stdout is not None
-            line = await asyncio.wait_for(proc.stdout.readline(), 120)
-            ready = json.loads(line)
+            proc, ready = await spawn_sim(
+                [
+                    "--workers", str(n), "--port", "0", "--model", args.model, "--gpu", args.gpu,
+                    "--tp", str(args.tp), "--speedup", str(args.speedup),
+                    "--stream-interval", str(args.stream_interval),
+                ],
+                stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
             self.procs.append(proc)
             self.urls.extend(w["url"] for w in ready["workers"])
 
@@ -358,13 +354,8 @@ class Fleet:
         return dict(totals)
 
     async def stop(self) -> None:
-        """SIGTERM every sim process and wait."""
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 10)
+        """SIGTERM every sim process, SIGKILL after 10 s."""
+        await terminate(self.procs, grace_s=10)
 
 
 async def _wait_http(
@@ -420,14 +411,7 @@ async def start_gateway(
 
 async def stop_process(proc: asyncio.subprocess.Process) -> None:
     """SIGTERM, then SIGKILL after 30 s."""
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), 30)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+    await terminate([proc], grace_s=30)
 
 
 async def homing_branches(target: Target) -> dict[str, float]:

@@ -35,8 +35,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
-import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -49,6 +47,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from homing.bench.traces import PromptBuilder, TraceRequest, load_trace
 from homing.sim.metrics import scrape_total
+from homing.sim.process import spawn_sim, terminate
 
 SEARCH_STEP = 1.25
 """`--search` multiplies the speedup by this after every trial that kept up."""
@@ -128,29 +127,12 @@ async def run_trial(
 ) -> TrialResult:
     """Start a sim process, replay `requests` at `speedup` for `duration_s` wall seconds, and
     measure (see the module docstring). Raises RuntimeError when the sim does not start."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "homing",
-        "sim",
-        "--workers",
-        str(workers),
-        "--model",
-        model,
-        "--speedup",
-        str(speedup),
-        "--port",
-        "0",
-        stdout=asyncio.subprocess.PIPE,
+    process, ready = await spawn_sim(
+        ["--workers", str(workers), "--model", model, "--speedup", str(speedup), "--port", "0"],
         stderr=asyncio.subprocess.DEVNULL,
-        stdin=asyncio.subprocess.DEVNULL,
+        timeout_s=60,
     )
     try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), timeout=60)
-        if not line:
-            raise RuntimeError("the sim process exited before it was ready")
-        ready = json.loads(line)
         ports = [w["port"] for w in ready["workers"]]
         metrics_ports = [w["metrics_port"] for w in ready["workers"]]
         return await _drive(
@@ -167,13 +149,7 @@ async def run_trial(
             routing=routing,
         )
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), timeout=15)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await terminate([process], grace_s=15)
 
 
 async def _drive(
