@@ -127,8 +127,6 @@ class EngineLoop:
         self._task: asyncio.Task[None] | None = None
         self._in_step = False
         self._stopping = False
-        self.steps = 0
-        self.last_step: StepResult | None = None
         self.faults = faults or FaultState()
         self.stats = LoopStats()
 
@@ -267,8 +265,6 @@ class EngineLoop:
                 start_wall = now_wall - CATCH_UP_WALL_S
                 self.stats.slip_wall_s += start_wall - loop_deadline
             result = self.scheduler.step(self.sim_now())
-            self.steps += 1
-            self.last_step = result
             self._pending_events.extend(result.kv_events)
             if not result.did_work:
                 # nothing can run until something changes (a request arrives or leaves)

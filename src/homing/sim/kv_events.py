@@ -160,7 +160,7 @@ class KvEventHub:
         running / waiting / waiting-uncached figures sends a `load_only` record."""
         if not self._subscribers:
             return
-        core = self._core_source() if self._core_source is not None else _core(self._load_source())
+        core = self._current_core()
         for subscriber in self._subscribers:
             if subscriber._last_core != core:
                 subscriber._mark_load_dirty()
@@ -216,9 +216,16 @@ class KvEventHub:
             load.queues.CopyFrom(common_pb2.EngineQueues(waiting=stats.num_waiting))
         return load
 
+    def _current_core(self) -> tuple[int, int, int]:
+        """(running, waiting, waiting uncached tokens) now, without a full load record when
+        the engine offers the cheap source."""
+        if self._core_source is not None:
+            return self._core_source()
+        return _core(self._load_source())
+
     def _busy(self) -> bool:
-        stats = self._load_source()
-        return stats.num_running + stats.num_waiting > 0
+        running, waiting, _ = self._current_core()
+        return running + waiting > 0
 
 
 class KvSubscription:

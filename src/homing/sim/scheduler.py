@@ -503,7 +503,7 @@ class Scheduler:
         for state in decoding:
             handle = state.handle
             assert handle is not None
-            if state.kv_len + 1 > (handle.shared_pages + handle.private_pages) * page:
+            if state.kv_len + 1 > handle.capacity_tokens(page):
                 need += 1
         retracted = 0
         if need > self.cache.available_pages:
@@ -546,9 +546,9 @@ class Scheduler:
         for state in decoding:
             handle = state.handle
             assert handle is not None
-            if state.kv_len + 1 <= (
-                handle.shared_pages + handle.private_pages
-            ) * page or self.cache.grow(handle, state.kv_len + 1, now):
+            if state.kv_len + 1 <= handle.capacity_tokens(page) or self.cache.grow(
+                handle, state.kv_len + 1, now
+            ):
                 batch.append(state)
             else:  # a single request that outgrew the pool even alone: retract it too
                 self._retract(state, now)
@@ -604,7 +604,7 @@ class Scheduler:
         clip = self.config.clip_max_new_tokens
         for state in self._running:
             assert state.handle is not None
-            held = (state.handle.shared_pages + state.handle.private_pages) * self.config.page_size
+            held = state.handle.capacity_tokens(self.config.page_size)
             remaining_out = max(state.req.max_new_tokens - len(state.output_ids), 0)
             want = state.fill_len + min(remaining_out, clip) * self.new_token_ratio
             total += max(want - held, 0.0)
