@@ -154,7 +154,8 @@ class RouterMetrics:
             buckets=LAG_BUCKETS,
             registry=self.registry,
         )
-        self._decision_children: dict[str, Any] = {}
+        self._decision_children: dict[tuple[str, str], Any] = {}
+        self._batch_children: dict[str, tuple[Any, ...]] = {}
         self._prefix = self.matched_prefix.labels(model)
         self._lag = self.lag.labels(model)
         self.registry.register(_IndexCollector(self))
@@ -174,21 +175,27 @@ class RouterMetrics:
 
     def on_decision(self, decision: _Decision) -> None:
         """Count the decision and its matched prefix."""
-        child = self._decision_children.get(decision.branch)
+        key = (self.router.policy_name, decision.branch)  # the policy can be switched
+        child = self._decision_children.get(key)
         if child is None:
-            child = self.decisions.labels(self.model, self.router.policy_name, decision.branch)
-            self._decision_children[decision.branch] = child
+            child = self._decision_children[key] = self.decisions.labels(self.model, *key)
         child.inc()
         self._prefix.observe(decision.matched_tokens)
 
     def on_kv_batch(self, worker_id: str, counts: _Counts, lag_s: float | None) -> None:
         """Count the batch, its events by kind and its lag."""
-        self.batches.labels(self.model, worker_id).inc()
-        for kind, n in (("stored", counts.stored), ("removed", counts.removed)):
+        children = self._batch_children.get(worker_id)
+        if children is None:  # labels() looked up once per worker, not per batch
+            children = self._batch_children[worker_id] = (
+                self.batches.labels(self.model, worker_id),
+                *(self.events.labels(self.model, worker_id, k) for k in _EVENT_KINDS),
+            )
+        children[0].inc()
+        for child, n in zip(
+            children[1:], (counts.stored, counts.removed, counts.cleared), strict=True
+        ):
             if n:
-                self.events.labels(self.model, worker_id, kind).inc(n)
-        if counts.cleared:
-            self.events.labels(self.model, worker_id, "cleared").inc(counts.cleared)
+                child.inc(n)
         if lag_s is not None:
             self._lag.observe(lag_s)
 
@@ -201,6 +208,9 @@ class RouterMetrics:
     def value(self, name: str, **labels: str) -> float:
         """The current value of sample `name` with `labels` (0 when absent); for tests."""
         return self.registry.get_sample_value(name, {"model": self.model, **labels}) or 0.0
+
+
+_EVENT_KINDS = ("stored", "removed", "cleared")
 
 
 class _IndexCollector(Collector):

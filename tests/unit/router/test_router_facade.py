@@ -148,6 +148,15 @@ def test_metrics_observe_decisions_batches_and_flushes() -> None:
     assert metrics.value("homing_router_kv_event_lag_seconds_count") == 1
     assert metrics.value("homing_router_worker_mode", worker="w1", mode="approximate") == 1
     assert metrics.value("homing_router_index_blocks", worker="w1") == 0
+    router.apply_kv_batch("w1", stored_batch(2, TOKENS, 10))
+    assert metrics.value("homing_router_kv_event_batches_total", worker="w1") == 2
+    cold = RouteRequest(list(range(90_000, 90_064)))
+    pair = [WorkerSnapshot("w0"), WorkerSnapshot("w1")]
+    assert router.select(cold, pair).branch == "ring"
+    router.set_policy("consistent_hash")  # the same branch name under another policy
+    assert router.select(cold, pair).branch == "ring"
+    for policy in ("cache_aware", "consistent_hash"):
+        assert metrics.value("homing_router_decisions_total", policy=policy, branch="ring") == 1
 
 
 def test_settings_build_the_router_and_override_per_model() -> None:
