@@ -93,6 +93,13 @@ def model_not_found(model: str) -> APIError:
     )
 
 
+def internal_error() -> APIError:
+    """500 for a fault in the gateway itself (the details go to the log, not the client)."""
+    return APIError(
+        500, "Internal error in the gateway.", code="internal_error", type="server_error"
+    )
+
+
 def no_capacity(message: str, retry_after_s: int = 1) -> APIError:
     """503 when no healthy replica can take the request."""
     return APIError(

@@ -29,7 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from homing.gateway.auth import KeyRing, Principal
-from homing.gateway.errors import APIError
+from homing.gateway.errors import APIError, internal_error
 from homing.gateway.requests import parse_chat, parse_completion
 from homing.gateway.service import (
     ChoiceFinished,
@@ -91,10 +91,7 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
         return error_response(api_err, request_id)
     except Exception:
         log.exception("internal_error", request_id=request_id, path=request.path)
-        err = APIError(
-            500, "Internal error in the gateway.", code="internal_error", type="server_error"
-        )
-        return error_response(err, request_id)
+        return error_response(internal_error(), request_id)
     if not response.prepared:
         response.headers["x-request-id"] = request_id
     return response

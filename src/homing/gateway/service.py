@@ -37,7 +37,7 @@ from homing.engines.client import EngineError, GenerateDone, GenerateParams, Tok
 from homing.engines.pool import WorkerPool
 from homing.gateway.admission import AdmissionController
 from homing.gateway.auth import Principal, check_model
-from homing.gateway.errors import APIError, invalid, model_not_found, no_capacity
+from homing.gateway.errors import APIError, internal_error, invalid, model_not_found, no_capacity
 from homing.gateway.quotas.guard import QuotaGuard, QuotaTicket
 from homing.gateway.requests import ChatRequest, CompletionRequest
 from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
@@ -708,6 +708,4 @@ def _as_api_error(err: BaseException) -> APIError:
         if err.code == grpc.StatusCode.ABORTED:
             return no_capacity("The worker aborted the request; retry it.")
         return no_capacity(f"The worker failed: {err.message}")
-    return APIError(
-        500, "Internal error in the gateway.", code="internal_error", type="server_error"
-    )
+    return internal_error()
