@@ -57,6 +57,7 @@ from typing import Any
 
 import aiohttp
 
+from homing.bench.loadgen import completion_body
 from homing.bench.records import RequestRecord
 from homing.bench.report import Slo, summarize
 from homing.bench.sse import CompletionStream, SseDecoder, copy_stream_fields
@@ -64,7 +65,7 @@ from homing.bench.traces import PromptBuilder, TraceRequest, load_trace
 from homing.router.hashing import DEFAULT_HASH_SEED, block_hashes, root_hash
 from homing.sim.metrics import scrape_total
 from homing.sim.process import spawn_sim, terminate
-from homing.sim.timing import PrefillChunk, TimingModel, resolve_limits
+from homing.sim.timing import TimingModel, resolve_limits
 
 DEFAULT_TRACE = "../shared/traces/mooncake/conversation_trace.jsonl"
 HOMING_POLICIES = ("round_robin", "least_load", "consistent_hash", "cache_aware")
@@ -122,12 +123,7 @@ def offered_load(
     ordered = sorted(requests, key=lambda r: (r.arrival_s, r.index))
     work = 0.0
     for request, hit in zip(ordered, cached, strict=True):
-        new = request.prompt_tokens - hit
-        done, prefill = 0, 0.0
-        while done < new:
-            size = min(CHUNK, new - done)
-            prefill += timing.step_time_s([PrefillChunk(size, hit + done)])
-            done += size
+        prefill = timing.prefill_time_s(request.prompt_tokens - hit, hit, chunk_tokens=CHUNK)
         context = request.prompt_tokens + request.output_tokens // 2
         step = timing.decode_step_time_s(DECODE_REF_BATCH, context)
         work += prefill + request.output_tokens * step / DECODE_REF_BATCH
@@ -185,22 +181,13 @@ class Target:
 
 def _body(target: Target, prompt: list[int], max_tokens: int) -> bytes:
     if target.api == "openai":
-        doc: dict[str, Any] = {
-            "model": target.model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "temperature": 0,
-        }
-    else:
-        doc = {
-            "model": target.model,
-            "input_ids": prompt,
-            "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0},
-            "stream": True,
-        }
+        return completion_body(target.model, prompt, max_tokens)
+    doc = {
+        "model": target.model,
+        "input_ids": prompt,
+        "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0},
+        "stream": True,
+    }
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
