@@ -530,11 +530,11 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             row = run_summary(name, records, args, bound, worker_ids)
             row["wall_s"] = round(time.monotonic() - started, 1)
             row["branches"] = branches
-            for key, name in (
+            for key, sample in (
                 ("sim_slip_wall_s", "homing_sim_slip_wall_seconds_total"),
                 ("sim_modeled_wall_s", "homing_sim_modeled_wall_seconds_total"),
             ):
-                row[key] = round(after.get(name, 0.0) - before.get(name, 0.0), 2)
+                row[key] = round(after.get(sample, 0.0) - before.get(sample, 0.0), 2)
             rows.append(row)
             print(
                 f"{name:>16}: hit {100 * row['hit_rate']:.1f}%  TTFT p50/p95 "
