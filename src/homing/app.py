@@ -25,8 +25,9 @@ from homing.gateway.auth import KeyRing
 from homing.gateway.grpc_api import GrpcApi
 from homing.gateway.http import HttpApi
 from homing.gateway.metrics import GatewayMetrics
+from homing.gateway.prepare import ModelEntry
 from homing.gateway.quotas import QuotaGuard, QuotaStoreError, build_store
-from homing.gateway.service import InferenceService, ModelEntry
+from homing.gateway.service import InferenceService
 from homing.gateway.tls import read_pem_pair, server_ssl_context
 from homing.obs.metrics import RouterMetrics
 from homing.router import Router, snapshot_from_state

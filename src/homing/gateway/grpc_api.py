@@ -20,16 +20,16 @@ from grpc_reflection.v1alpha import reflection
 
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError
-from homing.gateway.requests import parse_chat, parse_completion
-from homing.gateway.service import (
+from homing.gateway.generation import (
     ChoiceFinished,
     Generation,
-    InferenceService,
-    PreparedRequest,
     TextDelta,
     log_rejection,
     new_request_id,
 )
+from homing.gateway.prepare import PreparedRequest
+from homing.gateway.requests import parse_chat, parse_completion
+from homing.gateway.service import InferenceService
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
 
@@ -120,7 +120,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
         async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
-            return await self.service.prepare_chat(
+            return await self.service.prepare.chat(
                 parse_chat(chat_body(request)),
                 request_id=request_id,
                 session_key=request.user or None,
@@ -134,7 +134,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CompletionChunk]:
         async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
-            return await self.service.prepare_completion(
+            return await self.service.prepare.completion(
                 parse_completion(completion_body(request)),
                 request_id=request_id,
                 session_key=request.user or None,

@@ -30,16 +30,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError, internal_error
-from homing.gateway.requests import parse_chat, parse_completion
-from homing.gateway.service import (
+from homing.gateway.generation import (
     ChoiceFinished,
     Generation,
-    InferenceService,
-    PreparedRequest,
     TextDelta,
     log_rejection,
     new_request_id,
 )
+from homing.gateway.prepare import PreparedRequest
+from homing.gateway.requests import parse_chat, parse_completion
+from homing.gateway.service import InferenceService
 
 log = structlog.get_logger("homing.http")
 
@@ -253,7 +253,7 @@ class HttpApi:
         """`POST /v1/chat/completions`."""
         principal = self._principal(request)
         req = parse_chat(await _read_json(request, self.body_timeout_s))
-        prepared = await self.service.prepare_chat(
+        prepared = await self.service.prepare.chat(
             req,
             request_id=request[REQUEST_ID],
             session_key=_session_key(request),
@@ -265,7 +265,7 @@ class HttpApi:
         """`POST /v1/completions` (prompt as a string or a list of token ids)."""
         principal = self._principal(request)
         req = parse_completion(await _read_json(request, self.body_timeout_s))
-        prepared = await self.service.prepare_completion(
+        prepared = await self.service.prepare.completion(
             req,
             request_id=request[REQUEST_ID],
             session_key=_session_key(request),

@@ -3,7 +3,7 @@
 The rule of this file: a body either becomes a typed request (`ChatRequest` or
 `CompletionRequest`) or raises `APIError(400, ...)` with OpenAI's error shape and the
 offending `param`. Nothing here tokenizes or touches a worker; the context-length check that
-needs the prompt's token count lives in `homing.gateway.service`.
+needs the prompt's token count lives in `homing.gateway.prepare`.
 Ranges follow the OpenAI API reference: temperature in [0, 2], top_p in (0, 1] (vLLM's
 bound: 0 would sample nothing), presence/frequency penalty in [-2, 2], at most 4 stop
 sequences; `n` is capped at 16 here to bound the engine work one request can ask for.

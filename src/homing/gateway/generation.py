@@ -1,0 +1,453 @@
+"""One routed request: its engine streams, its events, and its accounting.
+
+Rule of the file: a `Generation` is an async context manager and event iterator. Entering it
+charges the tenant's quota (`homing.gateway.quotas`, 429/503), waits for admission when every
+replica is overloaded (`homing.gateway.admission`, 503) and routes it to a replica, then
+runs the `n` engine streams; iterating it yields `TextDelta` and `ChoiceFinished` events in
+order per choice. Leaving the block by any path (normal end, client disconnect, error,
+cancellation) cancels the engine streams, which send `Abort`, releases the in-flight counts
+and the quota ticket exactly once and writes the request's log line.
+
+A transport failure of a worker before any token was produced is retried once on another
+replica (the failed one is reported to the pool's health accounting); a client's mistake
+never counts against a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import grpc
+import structlog
+
+from homing.engines.client import EngineError, GenerateDone, GenerateParams, TokenChunk
+from homing.gateway.errors import APIError, internal_error, invalid, no_capacity
+from homing.gateway.prepare import PreparedRequest
+from homing.gateway.quotas.guard import QuotaTicket
+from homing.text.detokenizer import IncrementalDetokenizer
+from homing.text.stops import StopMatcher
+
+if TYPE_CHECKING:
+    from homing.gateway.service import InferenceService
+
+log = structlog.get_logger("homing.request")
+
+# A transport failure before the first token is retried on another replica this many times.
+MAX_ROUTE_ATTEMPTS = 2
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New text for choice `index`."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ChoiceFinished:
+    """Choice `index` ended with `reason` ("stop", "length" or "abort")."""
+
+    index: int
+    reason: str
+
+
+Event = TextDelta | ChoiceFinished
+
+
+@dataclass
+class Usage:
+    """Token counts of a request: prompt counted once, completion summed over choices."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """prompt + completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+class _Retry(Exception):
+    """A worker failed before producing anything: route again."""
+
+    def __init__(self, worker_id: str, error: EngineError) -> None:
+        super().__init__(str(error))
+        self.worker_id = worker_id
+        self.error = error
+
+
+class Generation:
+    """One routed request with `n` choices; an async context manager and event iterator.
+
+    Attributes after entering: `worker_id` (the replica serving it); after the end:
+    `usage`, `finish_reasons`, `ttft_ms`, `tpot_ms`, `outcome`.
+    """
+
+    def __init__(self, service: InferenceService, prepared: PreparedRequest) -> None:
+        self.service = service
+        self.prepared = prepared
+        self.worker_id: str | None = None
+        self.usage = Usage(prompt_tokens=len(prepared.prompt_ids))
+        self.finish_reasons: dict[int, str] = {}
+        self.outcome = "ok"
+        self._queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._emitted = False
+        self._pending: list[Event] = []
+        self._started_at = time.monotonic()
+        self._first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self._completion_by_choice: dict[int, int] = {}
+        self._cached_by_choice: dict[int, int] = {}
+        self._open_choices = prepared.n
+        self._slots = contextlib.ExitStack()
+        self._failure: str | None = None
+        self._ticket: QuotaTicket | None = None
+        # Engine-side ids are ours alone: a client's x-request-id may repeat across requests.
+        self._engine_id = uuid.uuid4().hex
+
+    # -- lifecycle --
+
+    async def __aenter__(self) -> Generation:
+        self.service._enter()
+        try:
+            await self._start()
+        except BaseException as err:
+            self.outcome = _outcome_of(err)
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._failure is not None:
+            self.outcome = self._failure
+        elif exc is not None:
+            self.outcome = _outcome_of(exc)
+        elif self._open_choices > 0:
+            self.outcome = "client_closed"
+        await self._close()
+
+    async def _start(self) -> None:
+        """Charge the quota, wait for admission, then route, start the engine streams and
+        wait for the first event (retrying once)."""
+        p = self.prepared
+        service = self.service
+        if service.quotas is not None:
+            completion = p.max_new_tokens
+            if not p.max_tokens_given:  # the whole context would starve low-TPM tenants
+                completion = min(completion, service.quotas.settings.default_completion_reservation)
+            self._ticket = await service.quotas.reserve(
+                p.principal,
+                tokens=len(p.prompt_ids) + p.n * completion,
+                request_id=p.request_id,
+            )
+        if service.admission is not None:
+            priority = p.principal.priority if p.principal is not None else 0
+            await service.admission.admit(p.tenant, priority, p.request_id)
+        tried: list[str] = []
+        for attempt in range(MAX_ROUTE_ATTEMPTS):
+            worker_id = self.service.route(self.prepared, exclude=tried)
+            self.worker_id = worker_id
+            self._launch(worker_id)
+            first = await self._queue.get()
+            if isinstance(first, _Retry) and attempt + 1 < MAX_ROUTE_ATTEMPTS:
+                tried.append(worker_id)
+                await self._cancel_tasks()
+                self._queue = asyncio.Queue()
+                self._completion_by_choice.clear()
+                self._cached_by_choice.clear()
+                continue
+            if isinstance(first, BaseException):
+                raise _as_api_error(first)
+            if first is not None:
+                self._pending.append(first)
+            return
+
+    def _launch(self, worker_id: str) -> None:
+        # Count the request as in flight on the worker before any await, so the next routing
+        # decision (even within the same burst) already sees it.
+        pool = self.prepared.model.pool
+        for _ in range(self.prepared.n):
+            self._slots.enter_context(pool.track(worker_id))
+        for index in range(self.prepared.n):
+            self._tasks.append(asyncio.create_task(self._run_choice(index, worker_id)))
+
+    async def _cancel_tasks(self) -> None:
+        try:
+            for task in self._tasks:
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks.clear()
+        finally:
+            self._slots.close()
+
+    async def _close(self) -> None:
+        try:
+            await self._cancel_tasks()
+        finally:
+            try:
+                if self.service.quotas is not None:
+                    # Tokens charged by one rule on every path: what the engine was given and
+                    # produced (prompt + completion). A request that never reached a worker
+                    # (a 503 from admission or routing, a client gone while queued) is
+                    # refunded whole: it uses up no requests, tokens or stream slot.
+                    used = self.finalize_usage().total_tokens if self.worker_id else 0
+                    await self.service.quotas.settle(
+                        self._ticket, used, refund=self.worker_id is None
+                    )
+            finally:
+                self.service._leave()
+                self._log()
+
+    # -- iteration --
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        while self._pending:
+            yield self._take(self._pending.pop(0))
+        while self._open_choices > 0:
+            item = await self._queue.get()
+            if item is None:
+                continue
+            if isinstance(item, BaseException):
+                error = _as_api_error(item)
+                self._failure = f"error_{error.status}"
+                raise error
+            yield self._take(item)
+
+    def _take(self, event: Event) -> Event:
+        if isinstance(event, ChoiceFinished):
+            self._open_choices -= 1
+            self.finish_reasons[event.index] = event.reason
+        return event
+
+    # -- one choice's engine stream --
+
+    async def _run_choice(self, index: int, worker_id: str) -> None:
+        p = self.prepared
+        pool = p.model.pool
+        client = pool.client(worker_id)
+        detok = IncrementalDetokenizer(p.model.tokenizer, skip_special_tokens=p.skip_special_tokens)
+        stops = StopMatcher(p.stop_strings)
+        seed = None if p.seed is None else p.seed + index
+        params = GenerateParams(
+            request_id=f"{self._engine_id}-{index}",
+            input_ids=p.prompt_ids,
+            max_new_tokens=p.max_new_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            stop_token_ids=p.stop_token_ids,
+            ignore_eos=p.ignore_eos,
+            seed=seed,
+            frequency_penalty=p.frequency_penalty,
+            presence_penalty=p.presence_penalty,
+            skip_special_tokens=p.skip_special_tokens,
+            stream=True,
+        )
+        produced = False
+        try:
+            # The whole request (admission wait included) stays within the timeout.
+            waited_s = time.monotonic() - self._started_at
+            remaining_s = max(0.001, self.service.request_timeout_s - waited_s)
+            stream = client.generate(params, timeout_s=remaining_s)
+            try:
+                async for item in stream:
+                    reason = self._on_engine_item(index, item, detok, stops)
+                    produced = True
+                    if reason == "abort":
+                        # The worker ended the request itself (flush, restart, its own limits).
+                        raise EngineError(
+                            code=grpc.StatusCode.ABORTED,
+                            message="the worker aborted the request",
+                            transport=False,
+                        )
+                    if reason is not None:
+                        self._queue.put_nowait(ChoiceFinished(index, reason))
+                        return
+            finally:
+                await stream.aclose()  # early exit: the client sends Abort
+            # The stream ended without a complete message: a protocol violation.
+            raise EngineError(
+                code=grpc.StatusCode.INTERNAL,
+                message="worker stream ended without a complete message",
+                transport=True,
+            )
+        except EngineError as err:
+            # Our own whole-request deadline says nothing about the worker's health.
+            if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                pool.report_failure(worker_id, err)
+            if err.transport and not produced and not self._emitted:
+                self._queue.put_nowait(_Retry(worker_id, err))
+            else:
+                self._queue.put_nowait(err)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
+            log.exception("choice_failed", request_id=p.request_id, worker=worker_id)
+            self._queue.put_nowait(err)
+
+    def _on_engine_item(
+        self,
+        index: int,
+        item: TokenChunk | GenerateDone,
+        detok: IncrementalDetokenizer,
+        stops: StopMatcher,
+    ) -> str | None:
+        """Feed one engine message through detokenizer and stop matcher; the finish reason
+        when the choice ends."""
+        now = time.monotonic()
+        if item.token_ids:
+            if self._first_token_at is None:
+                self._first_token_at = now
+            self._last_token_at = now
+        self._cached_by_choice[index] = item.cached_tokens
+        self._completion_by_choice[index] = max(
+            self._completion_by_choice.get(index, 0),
+            item.completion_tokens
+            if isinstance(item, GenerateDone)
+            else self._completion_by_choice.get(index, 0) + len(item.token_ids),
+        )
+        text = detok.push(item.token_ids)
+        done = isinstance(item, GenerateDone)
+        if done:
+            text += detok.flush()
+        result = stops.push(text)
+        if result.text:
+            self._emit(TextDelta(index, result.text))
+        if result.matched is not None:
+            return "stop"
+        if isinstance(item, GenerateDone):
+            tail = stops.flush()
+            if tail:
+                self._emit(TextDelta(index, tail))
+            return item.finish_reason or "stop"
+        return None
+
+    def _emit(self, event: Event) -> None:
+        self._emitted = True
+        self._queue.put_nowait(event)
+
+    # -- accounting --
+
+    async def collect_texts(self) -> list[str]:
+        """Every choice's whole text, in choice order (the non-streamed answer): the deltas
+        joined once at the end (no string copied per token)."""
+        parts: list[list[str]] = [[] for _ in range(self.prepared.n)]
+        async for event in self:
+            if isinstance(event, TextDelta):
+                parts[event.index].append(event.text)
+        return ["".join(p) for p in parts]
+
+    def finalize_usage(self) -> Usage:
+        """The request's usage from the engines' counts (prompt once, completion summed)."""
+        self.usage.completion_tokens = sum(self._completion_by_choice.values())
+        self.usage.cached_tokens = self._cached_by_choice.get(0, 0)
+        return self.usage
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Time to first token in ms, from `open` to the first token of any choice."""
+        if self._first_token_at is None:
+            return None
+        return (self._first_token_at - self._started_at) * 1000.0
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first, in ms (choice-summed tokens)."""
+        tokens = sum(self._completion_by_choice.values())
+        if self._first_token_at is None or self._last_token_at is None or tokens < 2:
+            return None
+        per_choice = tokens / max(1, self.prepared.n)
+        if per_choice < 2:
+            return None
+        return (self._last_token_at - self._first_token_at) * 1000.0 / (per_choice - 1)
+
+    def _log(self) -> None:
+        usage = self.finalize_usage()
+        p = self.prepared
+        log.info(
+            "request_done",
+            request_id=p.request_id,
+            tenant=p.tenant,
+            api_key=p.principal.key_id if p.principal is not None else None,
+            model=p.model.model_id,
+            kind=p.kind,
+            worker=self.worker_id,
+            n=p.n,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+            ttft_ms=_round(self.ttft_ms),
+            tpot_ms=_round(self.tpot_ms),
+            finish_reasons=[self.finish_reasons.get(i) for i in range(p.n)],
+            outcome=self.outcome,
+        )
+
+
+def log_rejection(request_id: str, err: APIError, **fields: object) -> None:
+    """The one log line of a request refused before it reached a worker."""
+    log.info(
+        "request_done",
+        request_id=request_id,
+        outcome=f"error_{err.status}",
+        error_code=err.code,
+        **fields,
+    )
+
+
+def new_request_id(supplied: str | None = None) -> str:
+    """The client's `x-request-id` when it is sane (<= 128 printable chars), else a new one."""
+    if supplied and len(supplied) <= 128 and supplied.isprintable() and " " not in supplied:
+        return supplied
+    return uuid.uuid4().hex
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _outcome_of(err: BaseException) -> str:
+    if isinstance(err, asyncio.CancelledError):
+        return "client_closed"
+    if isinstance(err, APIError):
+        return f"error_{err.status}"
+    if isinstance(err, ConnectionError):
+        return "client_closed"
+    return "error"
+
+
+def _as_api_error(err: BaseException) -> APIError:
+    """Map what a choice task raised to the error the client sees."""
+    if isinstance(err, _Retry):
+        err = err.error
+    if isinstance(err, APIError):
+        return err
+    if isinstance(err, EngineError):
+        if err.code == grpc.StatusCode.INVALID_ARGUMENT:
+            return invalid(f"The worker rejected the request: {err.message}")
+        if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return APIError(429, f"The worker is out of capacity: {err.message}", retry_after_s=1)
+        if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return APIError(504, "The request timed out at the worker.", code="timeout")
+        if err.code == grpc.StatusCode.ABORTED:
+            return no_capacity("The worker aborted the request; retry it.")
+        return no_capacity(f"The worker failed: {err.message}")
+    return internal_error()

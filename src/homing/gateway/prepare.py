@@ -1,0 +1,215 @@
+"""Request preparation: a validated body becomes a `PreparedRequest` ready to route.
+
+Rule of the file: pure validation and tokenization of one request against one served model
+(chat template, prompt token ids, context window, stop tokens); a client's mistake raises
+`APIError` 4xx. Nothing here routes, charges a quota or talks to a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from homing.gateway.auth import Principal, check_model
+from homing.gateway.errors import APIError, invalid, model_not_found
+from homing.gateway.requests import ChatRequest, CompletionRequest
+from homing.router import Router
+from homing.text.tokenizer import TextTokenizer
+
+if TYPE_CHECKING:
+    from homing.engines.pool import WorkerPool
+
+Kind = Literal["chat", "text"]
+
+# Prompts longer than this (characters) are tokenized in a worker thread.
+THREADED_ENCODE_CHARS = 8192
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One served model: its id, tokenizer, context window and replica pool."""
+
+    model_id: str
+    tokenizer: TextTokenizer
+    max_context_length: int
+    pool: WorkerPool
+    router: Router
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request with its prompt tokenized; ready to route."""
+
+    request_id: str
+    kind: Kind
+    model: ModelEntry
+    prompt_ids: list[int]
+    max_new_tokens: int
+    max_tokens_given: bool
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    frequency_penalty: float
+    presence_penalty: float
+    stop_strings: list[str]
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    skip_special_tokens: bool
+    stream: bool
+    include_usage: bool
+    session_key: str | None
+    tenant: str | None = None
+    principal: Principal | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class Preparer:
+    """Validates and tokenizes requests for one served model.
+
+    `max_messages`: chat messages per request (400 past it; None = no limit).
+    """
+
+    def __init__(self, model: ModelEntry, *, max_messages: int | None = None) -> None:
+        self.model = model
+        self.max_messages = max_messages
+
+    def _model(self, name: str, principal: Principal | None) -> ModelEntry:
+        if name != self.model.model_id:
+            raise model_not_found(name)
+        check_model(principal, name)  # 404 for the tenant, 403 for the key
+        return self.model
+
+    async def _encode(self, text: str, param: str) -> list[int]:
+        """Token ids of `text`; long texts are encoded off the event loop (the `tokenizers`
+        library releases the GIL), so one large prompt does not stall other requests."""
+        tokenizer = self.model.tokenizer
+        try:
+            if len(text) > THREADED_ENCODE_CHARS:
+                return await asyncio.to_thread(tokenizer.encode, text)
+            return tokenizer.encode(text)
+        except (TypeError, ValueError) as err:  # e.g. a lone surrogate in the text
+            raise invalid(
+                f"'{param}' contains text that cannot be tokenized: {err}", param
+            ) from None
+
+    async def chat(
+        self,
+        req: ChatRequest,
+        *,
+        request_id: str,
+        session_key: str | None = None,
+        principal: Principal | None = None,
+    ) -> PreparedRequest:
+        """Apply the chat template and tokenize; raises `APIError` (404/403 model, 400
+        context or too many messages)."""
+        model = self._model(req.model, principal)
+        if self.max_messages is not None and len(req.messages) > self.max_messages:
+            raise invalid(
+                f"Invalid value for 'messages': at most {self.max_messages} messages are "
+                f"allowed, got {len(req.messages)}.",
+                "messages",
+            )
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            prompt_text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ValueError as err:
+            raise invalid(f"Invalid messages: {err}", "messages") from err
+        prompt_ids = await self._encode(prompt_text, "messages")
+        return self._prepared(
+            "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal
+        )
+
+    async def completion(
+        self,
+        req: CompletionRequest,
+        *,
+        request_id: str,
+        session_key: str | None = None,
+        principal: Principal | None = None,
+    ) -> PreparedRequest:
+        """Tokenize a text prompt or check a token-id prompt; raises `APIError` 400/403/404."""
+        model = self._model(req.model, principal)
+        if isinstance(req.prompt, str):
+            prompt_ids = await self._encode(req.prompt, "prompt")
+            if not prompt_ids:
+                raise invalid("The prompt must not be empty.", "prompt")
+        else:
+            prompt_ids = list(req.prompt)
+            vocab = model.tokenizer.vocab_size
+            bad = next((t for t in prompt_ids if t >= vocab), None)
+            if bad is not None:
+                raise invalid(
+                    f"Token id {bad} in 'prompt' is out of range for the vocabulary "
+                    f"(size {vocab}).",
+                    "prompt",
+                )
+        return self._prepared(
+            "text", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal
+        )
+
+    def _prepared(
+        self,
+        kind: Kind,
+        req: ChatRequest | CompletionRequest,
+        model: ModelEntry,
+        prompt_ids: list[int],
+        max_new_tokens: int | None,
+        request_id: str,
+        session_key: str | None,
+        principal: Principal | None = None,
+    ) -> PreparedRequest:
+        limit = model.max_context_length
+        room = limit - len(prompt_ids)
+        wanted = room if max_new_tokens is None else max_new_tokens
+        if room < 1 or wanted > room:
+            asked = len(prompt_ids) + (max_new_tokens or 1)
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{asked} tokens ({len(prompt_ids)} in the prompt, {max_new_tokens or 1} for the "
+                "completion). Please reduce the prompt or the completion length.",
+                param="messages" if kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        vocab = model.tokenizer.vocab_size
+        bad_stop = next((t for t in req.stop_token_ids if t >= vocab), None)
+        if bad_stop is not None:
+            raise invalid(
+                f"Token id {bad_stop} in 'stop_token_ids' is out of range for the vocabulary "
+                f"(size {vocab}).",
+                "stop_token_ids",
+            )
+        stop_token_ids = list(req.stop_token_ids)
+        for stop in req.stop_strings:
+            ids = model.tokenizer.encode(stop)
+            if len(ids) == 1 and ids[0] not in stop_token_ids:
+                stop_token_ids.append(ids[0])  # single-token stops also go to the engine
+        return PreparedRequest(
+            request_id=request_id,
+            kind=kind,
+            model=model,
+            prompt_ids=prompt_ids,
+            max_new_tokens=wanted,
+            max_tokens_given=max_new_tokens is not None,
+            n=req.n,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            stop_strings=req.stop_strings,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            skip_special_tokens=req.skip_special_tokens,
+            stream=req.stream,
+            include_usage=req.include_usage,
+            session_key=session_key or req.user,
+            tenant=principal.tenant if principal is not None else None,
+            principal=principal,
+        )
