@@ -73,15 +73,17 @@ def long_params(request_id: str) -> GenerateParams:
 
 
 async def test_generate_streams_chunks_then_done(client: EngineClient) -> None:
-    """Chunks come first, then one done; chunk + done tokens add up to completion_tokens."""
+    """Chunks come first, then one done; the chunks carry completion_tokens tokens and the
+    done repeats the last chunk's (so it adds none)."""
     params = GenerateParams("stream-1", PROMPT, max_new_tokens=24, temperature=0.0, ignore_eos=True)
     items = [item async for item in client.generate(params, timeout_s=30)]
     assert items and isinstance(items[-1], GenerateDone)
     assert all(isinstance(i, TokenChunk) for i in items[:-1])
     done = items[-1]
-    tokens = [t for i in items for t in i.token_ids]
+    tokens = [t for i in items[:-1] for t in i.token_ids]
     assert done.finish_reason == "length"
     assert len(tokens) == done.completion_tokens == 24
+    assert done.token_ids == items[-2].token_ids and done.new_tokens(len(tokens)) == ()
     assert done.prompt_tokens == len(PROMPT)
 
 
@@ -92,6 +94,7 @@ async def test_streamed_equals_non_streamed_at_temperature_zero(client: EngineCl
         async for i in client.generate(
             GenerateParams("s", PROMPT, max_new_tokens=40, temperature=0.0), timeout_s=30
         )
+        if isinstance(i, TokenChunk)
         for t in i.token_ids
     ]
     whole = [

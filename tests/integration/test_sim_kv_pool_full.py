@@ -58,7 +58,6 @@ async def test_a_full_kv_pool_queues_retracts_and_completes_every_request() -> N
                     if response.HasField("chunk"):
                         tokens += len(response.chunk.token_ids)
                     else:
-                        tokens += len(response.complete.output_ids)
                         reason = response.complete.finish_reason
                 return tokens, reason
 

@@ -133,10 +133,12 @@ class TokenChunk:
 class GenerateDone:
     """The end of a generation.
 
-    `token_ids`: the tokens the complete message carries (`output_ids`); when streaming
-    these are the final step's tokens not sent in a chunk, when not streaming all of them.
-    Never drop them. `finish_reason`: "stop" | "length" | "abort". `matched_stop`: the
-    stop token id or stop string the engine matched, else None.
+    `token_ids`: the tokens the complete message carries (`output_ids`): when not
+    streaming all of them; when streaming, SGLang 0.5.x repeats the last chunk's tokens here
+    and older servicers sent the final step's tokens only here, so take them through
+    `new_tokens`. `completion_tokens`: the engine's count of generated tokens.
+    `finish_reason`: "stop" | "length" | "abort". `matched_stop`: the stop token id or stop
+    string the engine matched, else None.
     """
 
     token_ids: tuple[int, ...]
@@ -145,6 +147,19 @@ class GenerateDone:
     completion_tokens: int
     cached_tokens: int
     matched_stop: int | str | None
+
+    def new_tokens(self, received: int) -> tuple[int, ...]:
+        """The tokens of `token_ids` not yet received, given `received` tokens from chunks.
+
+        The rule: a choice's tokens are those of its chunks; `output_ids` adds only the tail
+        that `completion_tokens` says is missing (none when the chunks carried them all; all
+        of `output_ids` when no chunk came). A servicer that leaves `completion_tokens` at 0
+        is taken at its `output_ids` when nothing was streamed, else adds nothing.
+        """
+        if self.completion_tokens <= 0:
+            return self.token_ids if received == 0 else ()
+        missing = min(self.completion_tokens - received, len(self.token_ids))
+        return self.token_ids[len(self.token_ids) - missing :] if missing > 0 else ()
 
 
 def build_sampling_params(params: GenerateParams) -> pb.SamplingParams:

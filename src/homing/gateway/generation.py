@@ -106,6 +106,8 @@ class Generation:
         self._started_at = time.monotonic()
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
+        # Per choice: tokens taken from the engine stream, and the engine's completion count.
+        self._received_by_choice: dict[int, int] = {}
         self._completion_by_choice: dict[int, int] = {}
         self._cached_by_choice: dict[int, int] = {}
         self._open_choices = prepared.n
@@ -168,6 +170,7 @@ class Generation:
                 tried.append(worker_id)
                 await self._cancel_tasks()
                 self._queue = asyncio.Queue()
+                self._received_by_choice.clear()
                 self._completion_by_choice.clear()
                 self._cached_by_choice.clear()
                 continue
@@ -313,19 +316,22 @@ class Generation:
     ) -> str | None:
         """Feed one engine message through detokenizer and stop matcher; the finish reason
         when the choice ends."""
-        now = time.monotonic()
-        if item.token_ids:
+        received = self._received_by_choice.get(index, 0)
+        if isinstance(item, GenerateDone):
+            token_ids = item.new_tokens(received)
+            completion = max(received + len(token_ids), item.completion_tokens)
+        else:
+            token_ids = item.token_ids
+            completion = received + len(token_ids)
+        if token_ids:
+            now = time.monotonic()
             if self._first_token_at is None:
                 self._first_token_at = now
             self._last_token_at = now
+        self._received_by_choice[index] = received + len(token_ids)
         self._cached_by_choice[index] = item.cached_tokens
-        self._completion_by_choice[index] = max(
-            self._completion_by_choice.get(index, 0),
-            item.completion_tokens
-            if isinstance(item, GenerateDone)
-            else self._completion_by_choice.get(index, 0) + len(item.token_ids),
-        )
-        text = detok.push(item.token_ids)
+        self._completion_by_choice[index] = completion
+        text = detok.push(token_ids)
         done = isinstance(item, GenerateDone)
         if done:
             text += detok.flush()

@@ -8,9 +8,12 @@ preset" (model x GPU x TP, see `homing.sim.timing`); the derivation happens in
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
+
+FinalTokens = Literal["chunk_and_complete", "complete_only"]
+FINAL_TOKENS: tuple[str, ...] = get_args(FinalTokens)
 
 
 class SimConfig(BaseModel):
@@ -37,6 +40,10 @@ class SimConfig(BaseModel):
             None = unbounded (SGLang's default).
         stream_interval: tokens per streamed chunk (SGLang `--stream-interval`, default 1).
         jitter: each step's time is scaled by U(1 - jitter, 1 + jitter) (0 = exact model).
+        final_tokens: where a streamed request's last step's tokens travel:
+            "chunk_and_complete" (SGLang 0.5.x's servicer: a last `chunk`, then a `complete`
+            whose `output_ids` repeat that chunk's tokens) or "complete_only" (older
+            servicers: only in the `complete`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -59,6 +66,7 @@ class SimConfig(BaseModel):
     max_queued_requests: int | None = Field(default=None, ge=0)
     stream_interval: int = Field(default=1, ge=1)
     jitter: float = Field(default=0.0, ge=0.0, lt=1.0)
+    final_tokens: FinalTokens = "chunk_and_complete"
 
     @property
     def model_name(self) -> str:

@@ -40,7 +40,7 @@ import sys
 
 import uvloop
 
-from homing.sim.config import SimConfig
+from homing.sim.config import FINAL_TOKENS, SimConfig
 from homing.sim.scheduler import SCHEDULE_POLICIES
 from homing.sim.timing import MODELS, TimingModel, model_spec, resolve_limits
 from homing.sim.worker import SimWorker
@@ -123,6 +123,13 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="scale each step's time by U(1 - J, 1 + J), 0 <= J < 1 (default 0)",
     )
     parser.add_argument(
+        "--final-tokens",
+        choices=FINAL_TOKENS,
+        default="chunk_and_complete",
+        help="where a stream's last step's tokens go: a chunk repeated in the complete "
+        "(SGLang 0.5.x, default) or the complete only (older servicers)",
+    )
+    parser.add_argument(
         "--served-model-name", default=None, help="model name to report (default: --model)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for sampled outputs and jitter")
@@ -157,6 +164,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_queued_requests=getattr(args, "max_queued_requests", None),
         stream_interval=getattr(args, "stream_interval", 1),
         jitter=getattr(args, "jitter", 0.0),
+        final_tokens=getattr(args, "final_tokens", "chunk_and_complete"),
     )
 
 

@@ -8,11 +8,12 @@ Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
 - Generate, stream=True: one `chunk` per scheduler step that produced tokens (its new
   `token_ids`, cumulative prompt/completion/cached counts, index 0; a handler that fell behind
   sends the steps it missed as one chunk, as a busy SGLang tokenizer manager batches outputs),
-  then always a `complete`
-  (finish_reason "stop" | "length" | "abort", counts, matched_token_id on an EOS/stop token).
-  Every token travels in exactly one chunk, so the streamed `complete` has no output_ids.
-  stream=False: a single `complete` carrying all output_ids. A client that goes away aborts
-  its request.
+  then always a `complete` (finish_reason "stop" | "length" | "abort", counts,
+  matched_token_id on an EOS/stop token). As SGLang 0.5.x's servicer does, the final step's
+  tokens come in a last chunk (empty when the step produced none) and the `complete`'s
+  `output_ids` repeat them; with `final_tokens = "complete_only"` they come only in the
+  `complete`, as older servicers sent them. stream=False: a single `complete` carrying all
+  output_ids. A client that goes away aborts its request.
 - A full waiting queue (`max_queued_requests`) -> UNAVAILABLE ("The request queue is full",
   SGLang's 503); an injected `reject` fault -> that status for every Generate.
 - HealthCheck: unhealthy while an injected `health: false` fault is in force; during an
@@ -222,6 +223,7 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             return
         rid = sim_request.request_id
         output_ids: list[int] = []
+        repeat_final = self.config.final_tokens == "chunk_and_complete"
         try:
             async for batch in stream.batches():
                 tokens: list[int] = []
@@ -234,8 +236,13 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
                         else:
                             output_ids.extend(item.token_ids)
                         continue
-                    if last is not None:
-                        yield _chunk_response(rid, tokens, last)
+                    if request.stream:
+                        # The final step's tokens: SGLang 0.5.x sends them in a last chunk
+                        # (possibly empty) and repeats them in the complete; older
+                        # servicers sent them in the complete only.
+                        if repeat_final:
+                            yield _chunk_response(rid, tokens, last or item)
+                        output_ids = tokens
                         last = None
                     yield pb.GenerateResponse(request_id=rid, complete=_complete(item, output_ids))
                 if last is not None:
@@ -470,9 +477,9 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
 
 
 def _chunk_response(
-    request_id: str, token_ids: list[int], last: RequestOutput
+    request_id: str, token_ids: list[int], last: RequestOutput | RequestFinished
 ) -> pb.GenerateResponse:
-    """A `chunk` message with `token_ids` and the counts of `last` (built in place)."""
+    """A `chunk` message with `token_ids` and the cumulative counts of `last`."""
     response = pb.GenerateResponse(request_id=request_id)
     chunk = response.chunk
     chunk.token_ids.extend(token_ids)

@@ -103,3 +103,28 @@ def test_url_parsing() -> None:
     assert grpc_target("grpc://127.0.0.1:5000") == "127.0.0.1:5000"
     with pytest.raises(ValueError):
         grpc_target("http://127.0.0.1:5000")
+
+
+def _done(output_ids: tuple[int, ...], completion_tokens: int) -> GenerateDone:
+    return GenerateDone(output_ids, "length", 10, completion_tokens, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("output_ids", "completion_tokens", "received", "expected"),
+    [
+        ((7, 8), 8, 8, ()),  # SGLang 0.5.x: the complete repeats the last chunk's tokens
+        ((7, 8), 8, 6, (7, 8)),  # older servicers: the final step only in the complete
+        ((1, 2, 3), 3, 0, (1, 2, 3)),  # not streamed: every token in the complete
+        ((1, 2, 3), 3, 2, (3,)),  # a tail shorter than output_ids
+        ((), 5, 5, ()),  # an empty final step
+        ((1, 2), 0, 0, (1, 2)),  # no count from the servicer, nothing streamed
+        ((1, 2), 0, 4, ()),  # no count from the servicer, tokens came in chunks
+        ((1, 2), 9, 3, (1, 2)),  # a count beyond output_ids takes all of them, no more
+    ],
+)
+def test_complete_adds_only_the_tail_the_chunks_missed(
+    output_ids: tuple[int, ...], completion_tokens: int, received: int, expected: tuple[int, ...]
+) -> None:
+    """`GenerateDone.new_tokens` returns the tail of output_ids that completion_tokens says
+    the chunks did not carry."""
+    assert _done(output_ids, completion_tokens).new_tokens(received) == expected
