@@ -182,6 +182,27 @@ async def test_unrenewed_slot_expires_with_its_lease(harness: Harness) -> None:
     assert await harness.store.reserve(charge(tenant)) is None
 
 
+async def test_full_streams_name_the_wait_only_for_a_slot_nobody_renews(
+    harness: Harness,
+) -> None:
+    """With every slot taken, the wait is unknown (-1) while the soonest lease is renewed on
+    time, and is the ms until it runs out once it has gone unrenewed past half a lease."""
+    tenant = ScopeLimits("t:a", streams=2)
+    held = [charge(tenant), charge(tenant)]
+    for slot in held:
+        assert await harness.store.reserve(slot) is None
+    harness.advance_ms(LEASE_MS // 3)
+    assert await harness.store.reserve(charge(tenant)) == Denial("t:a", "streams", 2, 2, 1, -1)
+    await harness.store.renew(held[1:])  # held[0]'s instance crashed: no more renewals
+    harness.advance_ms(LEASE_MS // 3)
+    left = LEASE_MS - 2 * (LEASE_MS // 3)
+    assert await harness.store.reserve(charge(tenant)) == Denial(
+        "t:a", "streams", 2, 2, 1, left
+    )
+    harness.advance_ms(left)
+    assert await harness.store.reserve(charge(tenant)) is None
+
+
 async def test_renewed_slot_outlives_its_first_lease(harness: Harness) -> None:
     """Renewing a running request's slot keeps it taken past the original lease."""
     tenant = ScopeLimits("t:a", streams=1)

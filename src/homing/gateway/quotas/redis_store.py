@@ -139,7 +139,13 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', s, '-inf', now)
     local used = redis.call('ZCARD', s)
     if used >= sl then
-      consider({0, i, 'streams', sl, used, 1, -1})
+      -- LeaseSet.wait_ms: a slot with under half its lease left is no longer renewed
+      local wait = -1
+      local first = redis.call('ZRANGE', s, 0, 0, 'WITHSCORES')
+      if #first == 2 and tonumber(first[2]) - now < lease / 2 then
+        wait = tonumber(first[2]) - now
+      end
+      consider({0, i, 'streams', sl, used, 1, wait})
     end
   end
 end

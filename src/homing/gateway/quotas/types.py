@@ -50,7 +50,8 @@ class Denial:
 
     `used`: what the scope had in use (requests, tokens or streams); `requested`: what this
     request asked for. `retry_after_ms`: when enough will have freed; None when waiting
-    cannot help (`requested > limit`), -1 when unknown (streams end when they end).
+    cannot help (`requested > limit`), -1 when unknown (live streams end when they end; a
+    slot a crashed instance left behind gives the ms until its lease runs out).
     """
 
     scope: str

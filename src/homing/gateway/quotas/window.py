@@ -109,6 +109,16 @@ class LeaseSet:
         """Remove a slot; 1 if it was live, else 0."""
         return 1 if self.expiry.pop(slot_id, None) is not None else 0
 
+    def wait_ms(self, now_ms: int, lease_ms: int) -> int:
+        """When a slot will certainly free, for a full set (call `expire` first): the ms
+        until the soonest expiry when that slot's holder stopped renewing it (less than half
+        its lease left: a running request renews it every third of a lease, so only a
+        crashed instance's slot gets that low), else -1 (live streams end when they end)."""
+        if not self.expiry:
+            return -1
+        left = min(self.expiry.values()) - now_ms
+        return left if left < lease_ms / 2 else -1
+
 
 def binding(denials: Sequence[Denial]) -> Denial | None:
     """The denial to report: one that can never pass, else the longest known wait, else
@@ -175,7 +185,7 @@ class InProcessQuotaStore:
                 checks.append(("tokens", s.tokens, w.used, wait))
             if s.streams is not None:
                 leases = self._leases(s.scope, now)
-                wait = 0 if leases.used < s.streams else -1
+                wait = 0 if leases.used < s.streams else leases.wait_ms(now, self.lease_ms)
                 checks.append(("streams", s.streams, leases.used, wait))
             for kind, limit, used, wait in checks:
                 if wait != 0:
