@@ -5,7 +5,7 @@ A leaf package: it depends on `tokenizers` and `jinja2` only, never on other hom
 """
 
 from homing.text.detokenizer import IncrementalDetokenizer
-from homing.text.stops import StopMatcher, StopResult
+from homing.text.stops import StopMatcher, StopResult, StopSet
 from homing.text.tokenizer import ChatTemplateError, TextTokenizer
 
 __all__ = [
@@ -13,5 +13,6 @@ __all__ = [
     "IncrementalDetokenizer",
     "StopMatcher",
     "StopResult",
+    "StopSet",
     "TextTokenizer",
 ]
