@@ -7,6 +7,13 @@ Hugging Face `transformers` does (an immutable sandboxed jinja2 environment with
 `strftime_now` and a non-ASCII-escaping `tojson` available; `bos_token`/`eos_token` passed as
 variables), so real models' templates render here as they do there.
 
+Special tokens come only from the template: `encode_chat` tokenizes a chat prompt so that the
+template's own text may produce added tokens (bos, eos, role markers) while message content is
+always plain text, and `encode_plain` does the same for any text. "Added tokens" are the whole
+added vocabulary (`Tokenizer.get_added_tokens_decoder()`), flagged special or not: DeepSeek's
+`<｜User｜>` and `<｜Assistant｜>` are added tokens not flagged special, which is why the
+library's `encode_special_tokens` switch (it skips only flagged ones) is not enough here.
+
 Files read (names as in a Hugging Face model directory):
 - `tokenizer.json` (required),
 - `tokenizer_config.json` (bos/eos/pad tokens, `chat_template`),
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -34,6 +42,12 @@ CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 GENERATION_CONFIG_FILE = "generation_config.json"
 _KNOWN_FILES = (TOKENIZER_FILE, CONFIG_FILE, CHAT_TEMPLATE_FILE, GENERATION_CONFIG_FILE)
+
+# Delimiters of the placeholders `encode_chat` renders in place of message content: Unicode
+# private-use code points (U+E000, U+E001), which no template in the wild writes; the opening
+# one is repeated until the template source does not hold it (see `_placeholder_pattern`).
+_PLACEHOLDER_OPEN = "\ue000"
+_PLACEHOLDER_CLOSE = "\ue001"
 
 
 class ChatTemplateError(ValueError):
@@ -91,6 +105,80 @@ def _as_id_list(value: object) -> list[int]:
     return []
 
 
+def _plain_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
+    """`tokenizer`'s pipeline without its added vocabulary: text in, ids of plain text out.
+
+    The same model, normalizer, pre-tokenizer and post-processor objects (shared, not copied:
+    building it takes microseconds), and no added tokens, so a special token's text such as
+    "<｜User｜>" encodes as the ordinary text it spells. Neither tokenizer is changed after
+    this, so both may encode from several threads at once.
+    """
+    plain = Tokenizer(tokenizer.model)
+    if tokenizer.normalizer is not None:
+        plain.normalizer = tokenizer.normalizer
+    if tokenizer.pre_tokenizer is not None:
+        plain.pre_tokenizer = tokenizer.pre_tokenizer
+    if tokenizer.post_processor is not None:
+        plain.post_processor = tokenizer.post_processor
+    return plain
+
+
+def _placeholder_pattern(template: str | None) -> tuple[str, re.Pattern[str]]:
+    """The opening delimiter of content placeholders and the pattern of one placeholder.
+
+    A placeholder is `open + message index + close`. `open` is U+E000 repeated until the
+    template source does not contain it, so the template's own text cannot spell one.
+    """
+    opening = _PLACEHOLDER_OPEN
+    while template is not None and opening in template:
+        opening += _PLACEHOLDER_OPEN
+    pattern = re.compile(f"{re.escape(opening)}([0-9]+){re.escape(_PLACEHOLDER_CLOSE)}")
+    return opening, pattern
+
+
+def _content_text(content: object) -> object:
+    """A content list of text parts joined into one string (as `ChatMessage.text()` does);
+    other part types are dropped; a string, None or anything else is returned unchanged."""
+    if not isinstance(content, list):
+        return content
+    return "".join(
+        part["text"]
+        for part in content
+        if isinstance(part, Mapping)
+        and part.get("type") == "text"
+        and isinstance(part.get("text"), str)
+    )
+
+
+def _fill(rendered: str, pieces: Sequence[str], contents: Sequence[str | None]) -> list[str] | None:
+    """The content texts that, put between the template `pieces`, give `rendered` exactly.
+
+    `contents[k]` is the message content whose placeholder stood between `pieces[k]` and
+    `pieces[k + 1]`. The template may have trimmed it (Jinja's `trim`, Python's `strip`), so
+    each slot takes the first of the content, stripped, left-stripped or right-stripped that
+    fits there and is followed by the next piece. None when no such filling exists (the
+    template changed content some other way, or rendered differently without it).
+    """
+    if not rendered.startswith(pieces[0]):
+        return None
+    position = len(pieces[0])
+    filled: list[str] = []
+    for content, after in zip(contents, pieces[1:], strict=True):
+        if content is None:
+            return None
+        for candidate in dict.fromkeys(
+            (content, content.strip(), content.lstrip(), content.rstrip())
+        ):
+            end = position + len(candidate)
+            if rendered.startswith(candidate, position) and rendered.startswith(after, end):
+                break
+        else:
+            return None
+        filled.append(candidate)
+        position = end + len(after)
+    return filled if position == len(rendered) else None
+
+
 def _parse_json(name: str, data: bytes) -> dict[str, Any]:
     try:
         parsed = json.loads(data.decode("utf-8"))
@@ -111,6 +199,10 @@ class TextTokenizer:
         bos_token_id / pad_token_id: ids of the config's `bos_token` / `pad_token`, or None.
         bos_token / eos_token / pad_token: their texts, or None.
         chat_template: the template source, or None when the files carry none.
+        added_token_ids: ids of the added vocabulary, flagged special or not (bos, eos, role
+            markers, ...): the ids only template text may produce (see `encode_chat`).
+        max_token_chars: the longest vocabulary entry in characters; a text longer than
+            this cannot be a single token.
     """
 
     def __init__(
@@ -129,7 +221,14 @@ class TextTokenizer:
         config = dict(config or {})
         generation_config = dict(generation_config or {})
         self._tokenizer = tokenizer
+        self._plain = _plain_tokenizer(tokenizer)
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.added_token_ids: frozenset[int] = frozenset(tokenizer.get_added_tokens_decoder())
+        # A vocabulary entry spells its token in at least as many characters as the token
+        # decodes to (byte-level entries use one character per byte).
+        self.max_token_chars: int = max(
+            (len(entry) for entry in tokenizer.get_vocab(with_added_tokens=True)), default=0
+        )
 
         self.bos_token: str | None = _token_content(config.get("bos_token"))
         self.eos_token: str | None = _token_content(config.get("eos_token"))
@@ -155,6 +254,7 @@ class TextTokenizer:
         self._template: jinja2.Template | None = (
             _compile_template(template) if template is not None else None
         )
+        self._placeholder_open, self._placeholder = _placeholder_pattern(template)
 
     # ---- construction -------------------------------------------------------------------
 
@@ -255,9 +355,19 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; no special tokens are added (the chat template adds bos).
 
-        Special-token texts inside `text` (e.g. "<｜User｜>") encode to their single ids.
+        Special-token texts inside `text` (e.g. "<｜User｜>") encode to their single ids: for
+        template text, stop strings, and prompts whose sender may write control tokens.
+        Raises TypeError for a str the library refuses (e.g. one with a lone surrogate).
         """
         return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text` as plain text: no added token (see `added_token_ids`) is matched,
+        so "<｜User｜>" gives the ids of its characters, never the role marker's id.
+
+        Text without added-token texts encodes as `encode` does. Raises TypeError as `encode`.
+        """
+        return self._plain.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; special tokens (bos, eos, pad, ...) left out unless asked for."""
@@ -277,11 +387,80 @@ class TextTokenizer:
         ValueError) when there is no template or rendering fails (including the template's
         own `raise_exception`, e.g. for an unknown role).
         """
+        return self._render([dict(message) for message in messages], add_generation_prompt)
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """Token ids of the chat prompt of `messages`, where only the template's own text may
+        produce added tokens (see `added_token_ids`) and message content never does.
+
+        A list `content` of text parts is joined first. The template is rendered twice: with
+        the real content, and with each non-empty content replaced by a placeholder. The
+        placeholder rendering, split at the placeholders, gives the template's pieces; they are
+        encoded with added tokens recognised, and the content between them with
+        `encode_plain`, so every content boundary is also a token boundary. The pieces and the
+        content (trimmed where the template trimmed it) must give the real rendering back.
+        When they cannot (a template that rewrites content in another way), the real rendering
+        is encoded whole and accepted only if its added tokens are, in order, exactly those of
+        the template's pieces. Only `content` is kept apart: other message fields (`role`, ...)
+        are template input and must be trusted.
+
+        For the served template this gives the ids `encode(apply_chat_template(...))` gave
+        for content free of added-token texts (its content always borders a role marker).
+        Raises ChatTemplateError (a ValueError) as `apply_chat_template` does, and when the
+        last check fails; TypeError as `encode` for text the library refuses.
+        """
+        given = [dict(message) for message in messages]
+        contents: dict[int, str] = {}
+        for index, message in enumerate(given):
+            if "content" in message:
+                message["content"] = content = _content_text(message["content"])
+                if isinstance(content, str) and content:
+                    contents[index] = content
+        rendered = self._render(given, add_generation_prompt)
+        masked = [
+            {**message, "content": f"{self._placeholder_open}{index}{_PLACEHOLDER_CLOSE}"}
+            if index in contents
+            else message
+            for index, message in enumerate(given)
+        ]
+        parts = self._placeholder.split(self._render(masked, add_generation_prompt))
+        pieces = parts[0::2]
+        slots = [contents.get(int(index)) for index in parts[1::2]]
+        filled = _fill(rendered, pieces, slots)
+        if filled is None:
+            return self._encode_checked(rendered, pieces)
+        ids: list[int] = []
+        for piece, content in zip(pieces, [*filled, ""], strict=True):
+            if piece:
+                ids.extend(self.encode(piece))
+            if content:
+                ids.extend(self.encode_plain(content))
+        return ids
+
+    def _encode_checked(self, rendered: str, pieces: Sequence[str]) -> list[int]:
+        """`encode(rendered)` when its added tokens are, in order, those of the template
+        `pieces`; else ChatTemplateError (content held added-token text the template did not
+        let us keep apart)."""
+        placed = [t for piece in pieces for t in self.encode(piece) if t in self.added_token_ids]
+        ids = self.encode(rendered)
+        if [t for t in ids if t in self.added_token_ids] != placed:
+            raise ChatTemplateError(
+                "message content contains special-token text, and this model's chat template "
+                "rewrites content, so that text cannot be kept apart from the template's own "
+                "special tokens"
+            )
+        return ids
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         if self._template is None:
             raise ChatTemplateError("this tokenizer has no chat template")
         try:
             return self._template.render(
-                messages=[dict(message) for message in messages],
+                messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
