@@ -3,8 +3,13 @@
 Rule of this file: the output of a request is a pure function of its inputs.
 - temperature <= 0 (greedy): a function of the prompt ids only, so the same prompt gives the
   same answer streamed or not, on any worker;
-- temperature > 0: a function of the request's seed (`custom_params["seed"]` when given, else
-  the request id) and the worker's configured seed.
+- temperature > 0: a function of the request's seed (the request id unless a caller gives
+  one) and the worker's configured seed;
+- a logit bias of -100 bans a token and one of +100 forces it, as OpenAI describes these
+  values: a banned id never appears (sentences lose it; a banned EOS moves the end to the next
+  EOS id, or removes it), and with forced ids every token is one of them, drawn from the same
+  seed, until the scheduler's limits end the answer. Biases strictly between have no
+  observable effect (the simulated worker has no logits).
 
 An answer is whole sentences drawn from a small corpus of readable English, Chinese and emoji
 text (so multi-byte characters split across tokens reach the detokenizer), about
@@ -19,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import random
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 CORPUS: tuple[str, ...] = (
@@ -45,6 +50,12 @@ CORPUS: tuple[str, ...] = (
     "The answer is 42 — and the question is still being computed 🤔.",
 )
 """The sentences answers are made of (our own text)."""
+
+BAN_BIAS = -100.0
+"""A logit bias at or below this bans its token (OpenAI's range ends at -100)."""
+
+FORCE_BIAS = 100.0
+"""A logit bias at or above this forces its token (OpenAI's range ends at +100)."""
 
 
 class Encoder(Protocol):
@@ -74,7 +85,9 @@ class PlannedOutput:
     """A request's answer, produced lazily: `token_at(i)` is output token i (0-based).
 
     Sentences are appended until at least `target_tokens` tokens, then `eos_token_id`
-    (unless `ignore_eos`, where sentences continue without end).
+    (unless `ignore_eos`, where sentences continue without end). With `forced` ids every
+    token is drawn from them instead; with no sentence left (`sentences` empty) the answer is
+    the EOS at once, or `filler` repeated when there is no EOS to give.
     """
 
     def __init__(
@@ -85,6 +98,9 @@ class PlannedOutput:
         target_tokens: int,
         eos_token_id: int | None,
         ignore_eos: bool,
+        *,
+        forced: Sequence[int] = (),
+        filler: int = 0,
     ) -> None:
         self._sentences = sentences
         self._spaced = spaced_sentences
@@ -92,6 +108,8 @@ class PlannedOutput:
         self._target = target_tokens
         self._eos = eos_token_id
         self._ignore_eos = ignore_eos or eos_token_id is None
+        self._forced = tuple(forced)
+        self._filler = filler
         self._tokens: list[int] = []
         self._ended = False
         self._last = -1
@@ -107,6 +125,17 @@ class PlannedOutput:
         return self._eos
 
     def _extend(self) -> None:
+        if self._forced:
+            self._tokens.append(self._forced[self._rng.randrange(len(self._forced))])
+            return
+        if not self._sentences:
+            if self._ignore_eos:
+                self._tokens.append(self._filler)
+                return
+            assert self._eos is not None
+            self._tokens.append(self._eos)
+            self._ended = True
+            return
         if not self._ignore_eos and len(self._tokens) >= self._target:
             assert self._eos is not None
             self._tokens.append(self._eos)
@@ -145,7 +174,8 @@ class OutputPlanner:
         self.min_tokens = min_tokens
         self.max_tokens = max_tokens
         self.worker_seed = worker_seed
-        self.eos_token_id = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
+        self.eos_token_ids = tuple(tokenizer.eos_token_ids)
+        self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
         self._sentences = tuple(tuple(tokenizer.encode(s)) for s in corpus)
         self._spaced = tuple(tuple(tokenizer.encode(" " + s)) for s in corpus)
 
@@ -157,15 +187,43 @@ class OutputPlanner:
         seed: int | str | None = None,
         request_id: str = "",
         ignore_eos: bool = False,
+        logit_bias: Mapping[int, float] | None = None,
     ) -> PlannedOutput:
         """The answer of one request: greedy (temperature <= 0) from the prompt alone, sampled
-        from `seed` (or `request_id` when None) otherwise."""
+        from `seed` (or `request_id` when None) otherwise; `logit_bias` (token id -> bias)
+        bans and forces tokens as the module docstring says."""
         if temperature <= 0.0:
             draw_seed = greedy_seed(input_ids)
         else:
             draw_seed = sampled_seed(seed if seed is not None else request_id, self.worker_seed)
         rng = random.Random(draw_seed)
         target = rng.randint(self.min_tokens, self.max_tokens)
+        bias = logit_bias or {}
+        banned = frozenset(t for t, b in bias.items() if b <= BAN_BIAS)
+        forced = sorted(t for t, b in bias.items() if b >= FORCE_BIAS)
+        if not banned:
+            return PlannedOutput(
+                self._sentences,
+                self._spaced,
+                rng,
+                target,
+                self.eos_token_id,
+                ignore_eos,
+                forced=forced,
+            )
+        pairs = [
+            (_without(plain, banned), _without(lead, banned))
+            for plain, lead in zip(self._sentences, self._spaced, strict=True)
+        ]
+        kept = [(plain, lead) for plain, lead in pairs if plain and lead]
+        sentences = tuple(plain for plain, _ in kept)
+        spaced = tuple(lead for _, lead in kept)
+        eos = next((e for e in self.eos_token_ids if e not in banned), None)
+        filler = next(t for t in range(len(banned) + 1) if t not in banned)
         return PlannedOutput(
-            self._sentences, self._spaced, rng, target, self.eos_token_id, ignore_eos
+            sentences, spaced, rng, target, eos, ignore_eos, forced=forced, filler=filler
         )
+
+
+def _without(tokens: Sequence[int], banned: frozenset[int]) -> tuple[int, ...]:
+    return tuple(t for t in tokens if t not in banned)

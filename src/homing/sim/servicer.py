@@ -21,8 +21,14 @@ Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
   after HEALTH_CHECK_TIMEOUT_S.
 - Invalid input -> INVALID_ARGUMENT: no tokenized input, empty input_ids, an id >= vocab_size,
   a prompt at or beyond the context window (or the KV pool), prompt + max_new_tokens beyond
-  the context window, temperature < 0, n > 1, a request id already in flight. max_new_tokens
-  unset means SGLang's default 128, cut to what the context window leaves.
+  the context window, temperature < 0, n > 1, a request id already in flight, a logit_bias
+  key that is not a token id of the vocabulary, and any constraint (json_schema, regex,
+  ebnf_grammar, structural_tag): the worker runs as SGLang with `--grammar-backend none`
+  (GetServerInfo says so) and answers with its message. max_new_tokens unset means SGLang's
+  default 128, cut to what the context window leaves. logit_bias bans (-100) and forces
+  (+100) tokens (see `homing.sim.generation`); the other sampling parameters shape a
+  distribution the simulated worker does not have, and `custom_params` (SGLang hands them to
+  custom logit processors only) are ignored, as by SGLang without such a processor.
 - Abort: the request leaves the scheduler at once and its stream ends with finish_reason
   "abort"; `success` tells whether it was found.
 - SubscribeKvEvents: `start_sequence_number` other than 0 -> OUT_OF_RANGE (the simulated
@@ -82,6 +88,13 @@ HEALTH_CHECK_TIMEOUT_S = 20.0
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 """GetLoads `include` values SGLang accepts."""
 
+GRAMMAR_UNSUPPORTED = (
+    "Grammar-based generation (json_schema, regex, ebnf, structural_tag) is not supported "
+    "when the server is launched with --grammar-backend none"
+)
+"""SGLang 0.5.23's refusal of a constrained request without a grammar backend (its scheduler's
+grammar manager, a 400); the simulated worker has no grammar backend."""
+
 
 class InvalidRequest(ValueError):
     """A Generate request the worker refuses (INVALID_ARGUMENT)."""
@@ -134,6 +147,23 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
 
     # ---- Generate ----
 
+    def _logit_bias(self, params: pb.SamplingParams) -> dict[int, float]:
+        """`logit_bias` keyed by token id, checked as SGLang's SamplingParams.verify does
+        (keys parse as int, dedup on the int, ids in [0, vocab_size)); InvalidRequest else."""
+        vocab = self.served.vocab_size
+        bias: dict[int, float] = {}
+        for key, value in params.logit_bias.items():
+            try:
+                token_id = int(key)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from None
+            if not 0 <= token_id < vocab:
+                raise InvalidRequest(
+                    f"logit_bias must has keys in [0, {vocab - 1}], got {token_id}."
+                )
+            bias[token_id] = value
+        return bias
+
     def build_request(self, request: pb.GenerateRequest) -> SimRequest:
         """Validate a GenerateRequest and turn it into a scheduler request.
         Raises InvalidRequest with a message for the client."""
@@ -176,17 +206,17 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
                 )
         else:
             max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, context - len(input_ids))
+        constraint = params.WhichOneof("constraint")
+        if constraint is not None and getattr(params, constraint):  # "" means unset, as SGLang
+            raise InvalidRequest(GRAMMAR_UNSUPPORTED)
+        logit_bias = self._logit_bias(params)
         request_id = request.request_id or uuid.uuid4().hex
-        seed: int | str | None = None
-        if "seed" in params.custom_params.fields:
-            value = params.custom_params["seed"]
-            seed = int(value) if isinstance(value, float) else str(value)
         output = self.planner.plan(
             input_ids,
             temperature=params.temperature,
-            seed=seed,
             request_id=request_id,
             ignore_eos=params.ignore_eos,
+            logit_bias=logit_bias,
         )
         return SimRequest(
             request_id=request_id,
@@ -323,6 +353,7 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             "context_length": limits.max_context_length,
             "mem_fraction_static": limits.mem_fraction_static,
             "schedule_policy": cfg.schedule_policy,
+            "grammar_backend": "none",
             "max_queued_requests": cfg.max_queued_requests,
             "stream_interval": cfg.stream_interval,
             "enable_mixed_chunk": True,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from homing.sim.generation import OutputPlanner
+from homing.sim.generation import CORPUS, OutputPlanner
 from homing.text.served import load_served_tokenizer
 
 TOKENIZER = load_served_tokenizer()
@@ -66,3 +66,50 @@ class TestContent:
         plan = PLANNER.plan([5, 6, 7], ignore_eos=True)
         tokens = [plan.token_at(i) for i in range(1500)]
         assert EOS not in tokens
+
+
+class TestLogitBias:
+    def test_banned_tokens_never_appear(self) -> None:
+        """A bias of -100 bans its token: the most common tokens of the unbiased answers are
+        absent from every biased one, and the answer still ends with the EOS."""
+        prompts = [[100 + n, 200, 300] for n in range(20)]
+        counts: dict[int, int] = {}
+        for prompt in prompts:
+            for token in answer(PLANNER, prompt)[:-1]:
+                counts[token] = counts.get(token, 0) + 1
+        banned = sorted(counts, key=lambda t: -counts[t])[:5]
+        for prompt in prompts:
+            tokens = answer(PLANNER, prompt, logit_bias={t: -100.0 for t in banned})
+            assert tokens[-1] == EOS and len(tokens) > 1
+            assert not set(banned) & set(tokens)
+
+    def test_a_banned_eos_never_ends_the_answer(self) -> None:
+        """Banning the only EOS id leaves an answer without end, as ignore_eos does."""
+        plan = PLANNER.plan([5, 6, 7], logit_bias={EOS: -100.0})
+        assert EOS not in [plan.token_at(i) for i in range(1500)]
+
+    def test_forced_tokens_are_the_whole_answer(self) -> None:
+        """With +100 biases every token is one of the forced ids, drawn deterministically."""
+        forced = {19923: 100.0, 270: 100.0}
+        plan = PLANNER.plan([5, 6, 7], temperature=0.7, request_id="r", logit_bias=forced)
+        tokens = [plan.token_at(i) for i in range(200)]
+        assert set(tokens) == {19923, 270}
+        again = PLANNER.plan([5, 6, 7], temperature=0.7, request_id="r", logit_bias=forced)
+        assert [again.token_at(i) for i in range(200)] == tokens
+
+    def test_a_forced_eos_ends_the_answer_at_once(self) -> None:
+        """Forcing only the EOS makes the answer empty."""
+        assert answer(PLANNER, [5, 6, 7], logit_bias={EOS: 100.0}) == [EOS]
+
+    def test_small_biases_change_nothing(self) -> None:
+        """Biases strictly between -100 and 100 leave the answer as it was."""
+        prompt = [9, 8, 7]
+        assert answer(PLANNER, prompt, logit_bias={270: -99.0, 19923: 50.0}) == answer(
+            PLANNER, prompt
+        )
+
+    def test_banning_every_corpus_token_leaves_the_eos(self) -> None:
+        """When no sentence survives the bans the answer is the EOS alone."""
+        corpus = {t for s in CORPUS for t in TOKENIZER.encode(s) + TOKENIZER.encode(" " + s)}
+        bias = dict.fromkeys(corpus, -100.0)
+        assert answer(PLANNER, [1, 2], logit_bias=bias) == [EOS]
