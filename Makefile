@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test proto bench bench-sim bench-gateway bench-router bench-routers lint format clean redis-server native-deps apt-libxxhash
+.PHONY: run test proto bench bench-sim bench-gateway bench-stops bench-router bench-routers lint format clean redis-server native-deps apt-libxxhash
 
 NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
 
@@ -86,6 +86,12 @@ bench-sim: proto
 bench-gateway: proto redis-server
 	mkdir -p bench-out
 	$(PY) -m homing.bench.gateway_overhead --requests 2000 --json bench-out/bench-gateway.json
+
+## make bench-stops: /health latency and gateway RSS while 8 requests of n=16 at the stop caps
+## (4 x 1,024 characters) run, against the same load without stops; starts its own gateway
+bench-stops: proto
+	mkdir -p bench-out
+	$(PY) -m homing.bench.stop_caps --requests 8 --rounds 3 --json bench-out/stop-caps.json
 
 ## make bench-router: router microbenchmarks (decision latency at 2k/16k tokens x 8/64/256
 ## workers with 1M blocks indexed, event ingestion, bytes per block, 1M-prompt churn)

@@ -4,8 +4,9 @@ Start order: simulated workers (embedded default only) -> worker pool (discovery
 KV-event subscriptions feeding the router) -> tokenizer (local directory or the worker's
 GetTokenizer bundle) -> inference service -> HTTP and gRPC listeners.
 Stop order (SIGINT/SIGTERM): stop accepting (listeners closed, health NOT_SERVING), let
-in-flight requests finish up to `gateway.drain_timeout_s`, then stop the pool and the
-simulated workers.
+in-flight requests finish up to `gateway.drain_timeout_s`, end those still open with a 503
+`drained` error (a stream as its last event), then stop the pool and the simulated
+workers. SIGHUP is logged and ignored (it does not kill the process).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from homing.embedded import SimLauncher
 from homing.engines.pool import PoolConfig, WorkerPool, WorkerState
 from homing.gateway.admission import AdmissionController
 from homing.gateway.auth import KeyRing
+from homing.gateway.errors import drained
 from homing.gateway.grpc_api import GrpcApi
 from homing.gateway.http import HttpApi
+from homing.gateway.http_server import GatewayRunner
 from homing.gateway.metrics import GatewayMetrics
 from homing.gateway.prepare import ModelEntry
 from homing.gateway.quotas import QuotaGuard, QuotaStoreError, build_store
@@ -35,6 +38,9 @@ from homing.router.settings import apply_model_settings, policy_configs, router_
 from homing.text.tokenizer import TextTokenizer
 
 log = structlog.get_logger("homing.app")
+
+#: Seconds the requests cut at the drain timeout get to send their error and end.
+CUT_GRACE_S = 2.0
 
 
 class App:
@@ -152,6 +158,7 @@ class App:
             max_body_bytes=gw.max_body_bytes,
             keyring=keyring,
             max_header_bytes=gw.max_header_bytes,
+            max_header_count=gw.max_header_count,
             header_timeout_s=gw.header_timeout_s,
             body_timeout_s=gw.body_timeout_s,
         )
@@ -161,7 +168,8 @@ class App:
         if gw.tls_cert_file is not None and gw.tls_key_file is not None:
             ssl_context = server_ssl_context(gw.tls_cert_file, gw.tls_key_file)
             tls = read_pem_pair(gw.tls_cert_file, gw.tls_key_file)
-        self._runner = web.AppRunner(
+        # JSON errors and our limits on aiohttp's HTTP parser (homing.gateway.http_server).
+        self._runner = GatewayRunner(
             self.http.app,
             handler_cancellation=True,
             access_log=None,
@@ -227,14 +235,20 @@ class App:
         # until they finish or the drain timeout passes.
         grpc_stopped = None
         if self.grpc is not None:
-            grpc_stopped = asyncio.get_running_loop().create_task(self.grpc.stop(grace_s=drain))
+            # gRPC's own grace outlasts ours, so cut calls end with our status, not its.
+            grpc_stopped = asyncio.get_running_loop().create_task(
+                self.grpc.stop(grace_s=drain + CUT_GRACE_S)
+            )
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()
         if self.service is not None and self.service.in_flight:
             log.info("draining", in_flight=self.service.in_flight, timeout_s=drain)
             if not await self.service.drained(drain):
-                log.warning("drain_timeout", in_flight=self.service.in_flight)
+                cut = self.service.interrupt_all(drained(drain), outcome="drained")
+                log.warning("drain_timeout", cut=cut, timeout_s=drain)
+                # The cut requests send their error (a stream as its last event) and end.
+                await self.service.drained(CUT_GRACE_S)
         if grpc_stopped is not None:
             await grpc_stopped
             self.grpc = None
@@ -266,6 +280,16 @@ class App:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             await self.stop()
+
+
+def ignore_sighup() -> None:
+    """Log and ignore SIGHUP in the running loop from now on (its default action kills the
+    process; reloading the configuration on it is not supported yet)."""
+
+    def logged() -> None:
+        log.info("sighup_ignored", reason="reloading the configuration is not supported yet")
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, logged)
 
 
 def _ensure_bindable(host: str, port: int) -> None:

@@ -42,7 +42,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from homing.app import App
+    from homing.app import App, ignore_sighup
     from homing.config import ConfigError, load_config
     from homing.obs.logging import configure_logging
 
@@ -75,6 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> None:
+        ignore_sighup()  # before the workers start: a SIGHUP then must not kill us either
         app = App(config)
         await app.start()
         await app.run_until_signal()

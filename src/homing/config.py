@@ -36,11 +36,13 @@ class GatewaySettings(_Section):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     request_timeout_s: float = Field(default=600.0, gt=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
-    # Input limits (see homing.gateway.http): all request header bytes together (431 past
-    # it), chat messages per request (400), time to receive a request head after connecting
-    # or after the previous response (the connection is closed), time to receive the body
-    # once the head is in (408).
+    # Input limits (see homing.gateway.http and http_server): all request header bytes
+    # together (431 past it), header lines per request (431; default 100 as Envoy's
+    # max_headers_count), chat messages per request (400), time to receive a request head
+    # after connecting or after the previous response (the connection is closed), time to
+    # receive the body once the head is in (408).
     max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
+    max_header_count: int = Field(default=100, ge=8, le=10_000)
     max_messages: int = Field(default=2048, ge=1)
     header_timeout_s: float = Field(default=30.0, gt=0)
     body_timeout_s: float = Field(default=30.0, gt=0)

@@ -115,6 +115,6 @@ async def test_stream_cut_by_a_dying_worker_ends_with_an_error_event(app: App) -
     assert events[-1] == "data: [DONE]"
     assert '"error"' in events[-2]
     done = [entry for entry in logs if entry["event"] == "request_done"]
-    assert [entry["outcome"] for entry in done] == ["error_503"]
+    assert [entry["outcome"] for entry in done] == ["engine_error"]
     assert app.service.in_flight == 0
     assert all(w.in_flight == 0 for w in app.pool.workers())

@@ -117,13 +117,17 @@ async def test_headers_over_the_limit_are_431(app: App) -> None:
     assert status == 200
 
 
-async def test_header_line_past_the_parsers_limit_is_400(app: App) -> None:
-    """A single line past the HTTP parser's own 8190-byte limit is refused by aiohttp's parser
-    before any handler runs (its plain-text 400, not our JSON)."""
+async def test_header_line_past_the_limit_is_refused_by_the_parser_with_431(app: App) -> None:
+    """A single line past the header limit is refused by the HTTP parser before any handler
+    runs, with our JSON 431 (homing.gateway.http_server) and the connection closed."""
     status, headers, raw = await _raw(app, _request(_chat(app, 1), "X-Pad: " + "a" * 9000))
-    assert status == 400
-    assert headers["content-type"].startswith("text/plain")
-    assert raw == b"Got more than 8190 bytes when reading: b'" + b"a" * 100 + b"...'."
+    assert status == 431
+    assert headers["content-type"].startswith("application/json")
+    assert headers["connection"] == "close"
+    assert json.loads(raw) == _error(
+        f"The request headers are too large (limit {MAX_HEADER_BYTES} bytes).",
+        "request_header_fields_too_large",
+    )
 
 
 async def test_slow_request_head_is_cut_off(app: App) -> None:

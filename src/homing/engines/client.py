@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import grpc.aio
 import structlog
-from google.protobuf import struct_pb2
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
@@ -99,9 +98,14 @@ class GenerateParams:
     `input_ids`: prompt token ids. `max_new_tokens`: completion budget (tokens).
     `temperature` (0 = greedy), `top_p` in (0, 1], `top_k` (-1 = off): SGLang semantics.
     `stop_token_ids`: single-token stops (string stops are matched in the gateway).
-    `frequency_penalty`/`presence_penalty` in [-2, 2] (OpenAI semantics, 0 = off).
-    `seed`: sampling seed, sent as `custom_params["seed"]`. `stream`: chunks as they are
-    generated (False: only the complete message, carrying every token).
+    `frequency_penalty`/`presence_penalty` in [-2, 2] (OpenAI semantics, 0 = off);
+    `min_p` in [0, 1] (0 = off), `repetition_penalty` in (0, 2] (1 = off): SGLang semantics.
+    `logit_bias`: token id -> bias added to its logit, in [-100, 100] (sent as SGLang's map of
+    decimal id strings). `json_schema`: JSON schema text decoding is constrained to (SGLang's
+    `json_schema` constraint), None for none. There is no seed: SGLang's gRPC SamplingParams
+    has no field for one (its `custom_params` reach only custom logit processors).
+    `stream`: chunks as they are generated (False: only the complete message, carrying every
+    token).
     """
 
     request_id: str
@@ -112,11 +116,14 @@ class GenerateParams:
     top_k: int = -1
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
-    seed: int | None = None
     stream: bool = True
     skip_special_tokens: bool = True
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    json_schema: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,10 +175,10 @@ def build_sampling_params(params: GenerateParams) -> pb.SamplingParams:
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k,
-        min_p=0.0,
+        min_p=params.min_p,
         frequency_penalty=params.frequency_penalty,
         presence_penalty=params.presence_penalty,
-        repetition_penalty=1.0,
+        repetition_penalty=params.repetition_penalty,
         max_new_tokens=params.max_new_tokens,
         stop_token_ids=list(params.stop_token_ids),
         skip_special_tokens=params.skip_special_tokens,
@@ -181,10 +188,10 @@ def build_sampling_params(params: GenerateParams) -> pb.SamplingParams:
         ignore_eos=params.ignore_eos,
         no_stop_trim=False,
     )
-    if params.seed is not None:
-        custom = struct_pb2.Struct()
-        custom.update({"seed": params.seed})
-        sampling.custom_params.CopyFrom(custom)
+    for token_id, bias in params.logit_bias.items():
+        sampling.logit_bias[str(token_id)] = bias
+    if params.json_schema is not None:
+        sampling.json_schema = params.json_schema
     return sampling
 
 

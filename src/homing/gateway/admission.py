@@ -328,6 +328,12 @@ class AdmissionController:
             break
         self._gauge()
 
+    def reject_waiting(self, error: APIError) -> None:
+        """Refuse every waiting request with `error` (the gateway is shutting down)."""
+        for future in list(self._futures.values()):
+            if not future.done():
+                future.set_exception(error)
+
     def _reject(self, reason: str, tenant: str | None, request_id: str) -> APIError:
         self.metrics.admission_rejected.labels(reason=reason).inc()
         busy = f"Every replica of model '{self.model_id}' is overloaded"

@@ -36,6 +36,9 @@ _TYPE_BY_HTTP: dict[int, str] = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    414: "invalid_request_error",
+    415: "invalid_request_error",
+    417: "invalid_request_error",
     431: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
@@ -108,4 +111,16 @@ def no_capacity(message: str, retry_after_s: int = 1) -> APIError:
         code="no_capacity",
         type="service_unavailable_error",
         retry_after_s=retry_after_s,
+    )
+
+
+def drained(timeout_s: float) -> APIError:
+    """503 for a request the gateway cut at shutdown, after the drain timeout."""
+    return APIError(
+        503,
+        f"The gateway is shutting down and this request did not finish within the drain "
+        f"timeout ({timeout_s:g} s); retry it.",
+        code="drained",
+        type="service_unavailable_error",
+        retry_after_s=1,
     )

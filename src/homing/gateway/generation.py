@@ -8,9 +8,14 @@ order per choice. Leaving the block by any path (normal end, client disconnect, 
 cancellation) cancels the engine streams, which send `Abort`, releases the in-flight counts
 and the quota ticket exactly once and writes the request's log line.
 
-A transport failure of a worker before any token was produced is retried once on another
-replica (the failed one is reported to the pool's health accounting); a client's mistake
-never counts against a worker.
+A worker failure that another replica may not share (transport errors, a restarting worker
+that cancels or aborts its streams) is retried once on another replica while nothing has
+reached the client: before the first event of a streamed request, at any point of a
+non-streamed one. Transport failures are reported to the pool's health accounting; a
+client's mistake never counts against a worker. A request the gateway itself ends
+(`interrupt`: the drain timeout at shutdown) gets that error, a stream as its last event.
+The log line's `outcome`: "ok", "client_closed", "engine_error" (a worker failed it),
+"drained" (interrupted), or "error_<status>" (refused with that status).
 """
 
 from __future__ import annotations
@@ -39,8 +44,23 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("homing.request")
 
-# A transport failure before the first token is retried on another replica this many times.
+# Routing attempts per request: a retryable worker failure is retried once elsewhere.
 MAX_ROUTE_ATTEMPTS = 2
+
+#: Engine statuses another replica may not share: the transport ones but our own deadline
+#: (`homing.engines.client.TRANSPORT_CODES`), CANCELLED (a worker shutting down cancels its
+#: calls; our own cancellations never surface as a status) and ABORTED (the worker ended
+#: the request itself, e.g. on restart).
+RETRYABLE_CODES: frozenset[grpc.StatusCode] = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DATA_LOSS,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.ABORTED,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -77,12 +97,25 @@ class Usage:
 
 
 class _Retry(Exception):
-    """A worker failed before producing anything: route again."""
+    """A worker failed in a way another replica may not: route again if nothing was sent."""
 
     def __init__(self, worker_id: str, error: EngineError) -> None:
         super().__init__(str(error))
         self.worker_id = worker_id
         self.error = error
+
+
+class _Interrupt(Exception):
+    """The gateway ended the request: `error` for the client, `outcome` for the log."""
+
+    def __init__(self, error: APIError, outcome: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.outcome = outcome
+
+
+class _Restarted:
+    """A non-streamed request was routed again: what came before is void."""
 
 
 class Generation:
@@ -101,8 +134,9 @@ class Generation:
         self.outcome = "ok"
         self._queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        self._emitted = False
         self._pending: list[Event] = []
+        self._tried: list[str] = []  # workers routed to, in order
+        self._interrupt: _Interrupt | None = None
         self._started_at = time.monotonic()
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
@@ -120,11 +154,13 @@ class Generation:
     # -- lifecycle --
 
     async def __aenter__(self) -> Generation:
-        self.service._enter()
+        self.service._enter(self)
         try:
             await self._start()
         except BaseException as err:
-            self.outcome = _outcome_of(err)
+            if self._failure is None and self._interrupt is not None:
+                self._failure = self._interrupt.outcome  # e.g. refused while queued
+            self.outcome = self._failure or _outcome_of(err)
             await self._close()
             raise
         return self
@@ -143,9 +179,16 @@ class Generation:
             self.outcome = "client_closed"
         await self._close()
 
+    def interrupt(self, error: APIError, outcome: str) -> None:
+        """End the request now (the gateway's own decision, e.g. the drain timeout): the
+        consumer gets `error` (raised from entering or iterating), the log `outcome`."""
+        if self._interrupt is None:
+            self._interrupt = _Interrupt(error, outcome)
+            self._queue.put_nowait(self._interrupt)
+
     async def _start(self) -> None:
         """Charge the quota, wait for admission, then route, start the engine streams and
-        wait for the first event (retrying once)."""
+        wait for the first event (routing again once after a retryable failure)."""
         p = self.prepared
         service = self.service
         if service.quotas is not None:
@@ -160,25 +203,56 @@ class Generation:
         if service.admission is not None:
             priority = p.principal.priority if p.principal is not None else 0
             await service.admission.admit(p.tenant, priority, p.request_id)
-        tried: list[str] = []
-        for attempt in range(MAX_ROUTE_ATTEMPTS):
-            worker_id = self.service.route(self.prepared, exclude=tried)
-            self.worker_id = worker_id
-            self._launch(worker_id)
+        self._route_and_launch()
+        while True:
             first = await self._queue.get()
-            if isinstance(first, _Retry) and attempt + 1 < MAX_ROUTE_ATTEMPTS:
-                tried.append(worker_id)
-                await self._cancel_tasks()
-                self._queue = asyncio.Queue()
-                self._received_by_choice.clear()
-                self._completion_by_choice.clear()
-                self._cached_by_choice.clear()
+            if isinstance(first, _Retry) and self._may_retry():
+                await self._relaunch(first)
                 continue
             if isinstance(first, BaseException):
+                self._failure = _failure_outcome(first)
                 raise _as_api_error(first)
             if first is not None:
                 self._pending.append(first)
             return
+
+    def _may_retry(self) -> bool:
+        return len(self._tried) < MAX_ROUTE_ATTEMPTS and self._interrupt is None
+
+    def _route_and_launch(self) -> None:
+        if self._interrupt is not None:
+            self._failure = self._interrupt.outcome
+            raise self._interrupt.error
+        worker_id = self.service.route(self.prepared, exclude=self._tried)
+        self._tried.append(worker_id)
+        self.worker_id = worker_id
+        self._launch(worker_id)
+
+    async def _relaunch(self, retry: _Retry) -> None:
+        """Drop everything of the failed attempt and route the request again elsewhere."""
+        log.info(
+            "request_retried",
+            request_id=self.prepared.request_id,
+            worker=retry.worker_id,
+            code=retry.error.code.name,
+            error=retry.error.message,
+        )
+        await self._cancel_tasks()
+        self._queue = asyncio.Queue()
+        self._pending.clear()
+        self._received_by_choice.clear()
+        self._completion_by_choice.clear()
+        self._cached_by_choice.clear()
+        self.finish_reasons.clear()
+        self._open_choices = self.prepared.n
+        self._first_token_at = self._last_token_at = None
+        if self._interrupt is not None:
+            self._route_and_launch()  # raises the interrupt's error
+        try:
+            self._route_and_launch()
+        except APIError:  # no other replica: the client learns what failed the first
+            self._failure = "engine_error"
+            raise _as_api_error(retry) from None
 
     def _launch(self, worker_id: str) -> None:
         # Count the request as in flight on the worker before any await, so the next routing
@@ -214,25 +288,32 @@ class Generation:
                         self._ticket, used, refund=self.worker_id is None
                     )
             finally:
-                self.service._leave()
+                self.service._leave(self)
                 self._log()
 
     # -- iteration --
 
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._events()
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        async for event in self._events(restartable=False):
+            if not isinstance(event, _Restarted):
+                yield event
 
-    async def _events(self) -> AsyncIterator[Event]:
+    async def _events(self, *, restartable: bool) -> AsyncIterator[Event | _Restarted]:
+        """The events in order; with `restartable` (nothing has reached the client) a
+        retryable failure routes the request again and yields `_Restarted`."""
         while self._pending:
             yield self._take(self._pending.pop(0))
         while self._open_choices > 0:
             item = await self._queue.get()
             if item is None:
                 continue
+            if isinstance(item, _Retry) and restartable and self._may_retry():
+                await self._relaunch(item)
+                yield _Restarted()
+                continue
             if isinstance(item, BaseException):
-                error = _as_api_error(item)
-                self._failure = f"error_{error.status}"
-                raise error
+                self._failure = _failure_outcome(item)
+                raise _as_api_error(item)
             yield self._take(item)
 
     def _take(self, event: Event) -> Event:
@@ -248,8 +329,7 @@ class Generation:
         pool = p.model.pool
         client = pool.client(worker_id)
         detok = IncrementalDetokenizer(p.model.tokenizer, skip_special_tokens=p.skip_special_tokens)
-        stops = StopMatcher(p.stop_strings)
-        seed = None if p.seed is None else p.seed + index
+        stops = p.stop_set.matcher()
         params = GenerateParams(
             request_id=f"{self._engine_id}-{index}",
             input_ids=p.prompt_ids,
@@ -257,15 +337,17 @@ class Generation:
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k,
+            min_p=p.min_p,
             stop_token_ids=p.stop_token_ids,
             ignore_eos=p.ignore_eos,
-            seed=seed,
             frequency_penalty=p.frequency_penalty,
             presence_penalty=p.presence_penalty,
+            repetition_penalty=p.repetition_penalty,
+            logit_bias=p.logit_bias,
+            json_schema=p.json_schema,
             skip_special_tokens=p.skip_special_tokens,
             stream=True,
         )
-        produced = False
         try:
             # The whole request (admission wait included) stays within the timeout.
             waited_s = time.monotonic() - self._started_at
@@ -274,7 +356,6 @@ class Generation:
             try:
                 async for item in stream:
                     reason = self._on_engine_item(index, item, detok, stops)
-                    produced = True
                     if reason == "abort":
                         # The worker ended the request itself (flush, restart, its own limits).
                         raise EngineError(
@@ -297,7 +378,7 @@ class Generation:
             # Our own whole-request deadline says nothing about the worker's health.
             if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
                 pool.report_failure(worker_id, err)
-            if err.transport and not produced and not self._emitted:
+            if err.code in RETRYABLE_CODES:
                 self._queue.put_nowait(_Retry(worker_id, err))
             else:
                 self._queue.put_nowait(err)
@@ -348,7 +429,6 @@ class Generation:
         return None
 
     def _emit(self, event: Event) -> None:
-        self._emitted = True
         self._queue.put_nowait(event)
 
     # -- accounting --
@@ -357,9 +437,11 @@ class Generation:
         """Every choice's whole text, in choice order (the non-streamed answer): the deltas
         joined once at the end (no string copied per token)."""
         parts: list[list[str]] = [[] for _ in range(self.prepared.n)]
-        async for event in self:
+        async for event in self._events(restartable=not self.prepared.stream):
             if isinstance(event, TextDelta):
                 parts[event.index].append(event.text)
+            elif isinstance(event, _Restarted):
+                parts = [[] for _ in range(self.prepared.n)]
         return ["".join(p) for p in parts]
 
     def finalize_usage(self) -> Usage:
@@ -419,15 +501,39 @@ def log_rejection(request_id: str, err: APIError, **fields: object) -> None:
     )
 
 
+def log_cancelled(request_id: str, **fields: object) -> None:
+    """The one log line of a request whose client went away before it reached a worker."""
+    log.info("request_done", request_id=request_id, outcome="client_closed", **fields)
+
+
 def new_request_id(supplied: str | None = None) -> str:
-    """The client's `x-request-id` when it is sane (<= 128 printable chars), else a new one."""
-    if supplied and len(supplied) <= 128 and supplied.isprintable() and " " not in supplied:
+    """The client's `x-request-id` when it is sane (<= 128 printable ASCII characters, no
+    space: it goes into headers, gRPC metadata and log lines), else a new one."""
+    if (
+        supplied
+        and len(supplied) <= 128
+        and supplied.isascii()
+        and supplied.isprintable()
+        and " " not in supplied
+    ):
         return supplied
     return uuid.uuid4().hex
 
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
+
+
+def _failure_outcome(item: BaseException) -> str:
+    """The log outcome of a request that ended with what a choice task (or `interrupt`)
+    put in the queue."""
+    if isinstance(item, _Interrupt):
+        return item.outcome
+    if isinstance(item, (_Retry, EngineError)):
+        return "engine_error"
+    if isinstance(item, APIError):
+        return f"error_{item.status}"
+    return "error"
 
 
 def _outcome_of(err: BaseException) -> str:
@@ -444,11 +550,19 @@ def _as_api_error(err: BaseException) -> APIError:
     """Map what a choice task raised to the error the client sees."""
     if isinstance(err, _Retry):
         err = err.error
+    if isinstance(err, _Interrupt):
+        return err.error
     if isinstance(err, APIError):
         return err
     if isinstance(err, EngineError):
         if err.code == grpc.StatusCode.INVALID_ARGUMENT:
             return invalid(f"The worker rejected the request: {err.message}")
+        if err.code == grpc.StatusCode.FAILED_PRECONDITION:  # SGLang: output broke a grammar
+            return invalid(
+                f"The output could not follow the request's constraint: {err.message}",
+                "response_format",
+                "constraint_failed",
+            )
         if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return APIError(429, f"The worker is out of capacity: {err.message}", retry_after_s=1)
         if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:

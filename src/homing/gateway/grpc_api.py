@@ -10,20 +10,23 @@ standard health service are enabled; health is SERVING while a worker is healthy
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from homing.gateway.auth import KeyRing, Principal
-from homing.gateway.errors import APIError
+from homing.gateway.errors import APIError, invalid
 from homing.gateway.generation import (
     ChoiceFinished,
     Generation,
     TextDelta,
+    log_cancelled,
     log_rejection,
     new_request_id,
 )
@@ -37,6 +40,8 @@ SERVICE_NAME = "homing.v1.Inference"
 
 
 def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any]) -> None:
+    """Copy the set options into `body` under their OpenAI names; raises `APIError` 400 when
+    `response_format` is not a JSON object's text."""
     for name in (
         "max_tokens",
         "temperature",
@@ -46,11 +51,23 @@ def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any]) -> Non
         "ignore_eos",
         "frequency_penalty",
         "presence_penalty",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
     ):
         if sampling.HasField(name):
             body[name] = getattr(sampling, name)
     if sampling.stop:
         body["stop"] = list(sampling.stop)
+    if sampling.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
+    if sampling.HasField("response_format"):
+        try:
+            body["response_format"] = json.loads(sampling.response_format)
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply
+            raise invalid(
+                "Invalid value for 'response_format': not valid JSON text.", "response_format"
+            ) from None
 
 
 def chat_body(request: pb.ChatCompletionRequest) -> dict[str, Any]:
@@ -75,6 +92,8 @@ def completion_body(request: pb.CompletionRequest) -> dict[str, Any]:
         body["prompt"] = request.text
     elif which == "token_ids":
         body["prompt"] = list(request.token_ids.ids)
+    if request.HasField("allow_special_tokens"):
+        body["allow_special_tokens"] = request.allow_special_tokens
     if request.user:
         body["user"] = request.user
     if request.HasField("sampling"):
@@ -156,6 +175,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             log_rejection(request_id, err, api="grpc")
             await _abort(context, err, request_id)
             return
+        except asyncio.CancelledError:
+            log_cancelled(request_id, api="grpc")
+            raise
         async for chunk in self._serve(prepared, context):
             yield chunk
 
@@ -165,13 +187,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         error: APIError | None = None
         try:
             async with self.service.open(prepared) as generation:
-                await context.send_initial_metadata(
-                    (
-                        ("x-request-id", prepared.request_id),
-                        ("x-homing-worker", generation.worker_id or ""),
-                    )
-                )
+                # A streamed call's metadata goes out now; a non-streamed one's once its
+                # answer is whole (it may run again on another worker until then).
+                if prepared.stream:
+                    await _send_metadata(context, prepared, generation)
                 async for chunk in _chunks(prepared, generation):
+                    if not prepared.stream:
+                        await _send_metadata(context, prepared, generation)
                     yield chunk
         except APIError as err:
             error = err
@@ -179,18 +201,24 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             await _abort(context, error, prepared.request_id)
 
 
+async def _send_metadata(
+    context: grpc.aio.ServicerContext, prepared: PreparedRequest, generation: Generation
+) -> None:
+    await context.send_initial_metadata(
+        (("x-request-id", prepared.request_id), ("x-homing-worker", generation.worker_id or ""))
+    )
+
+
 async def _chunks(
     prepared: PreparedRequest, generation: Generation
 ) -> AsyncIterator[pb.CompletionChunk]:
-    worker = generation.worker_id or ""
-
     def message(choices: list[pb.Choice]) -> pb.CompletionChunk:
         return pb.CompletionChunk(
             id=prepared.request_id,
             model=prepared.model.model_id,
             created=prepared.created,
             choices=choices,
-            worker=worker,
+            worker=generation.worker_id or "",
         )
 
     role = "assistant" if prepared.kind == "chat" else ""
@@ -238,6 +266,7 @@ def _usage(generation: Generation) -> pb.Usage:
 
 
 def _request_id(context: grpc.aio.ServicerContext) -> str:
+    """The client's `x-request-id` when sane (see `new_request_id`), else a new one."""
     supplied = dict(context.invocation_metadata() or ()).get("x-request-id")
     return new_request_id(supplied if isinstance(supplied, str) else None)
 
@@ -254,6 +283,83 @@ async def _abort(context: grpc.aio.ServicerContext, err: APIError, request_id: s
         trailing.append(("grpc-retry-pushback-ms", str(err.retry_after_s * 1000)))
     context.set_trailing_metadata(tuple(trailing))
     await context.abort(err.grpc_code, err.message)
+
+
+class _Undecodable:
+    """Stands for a request message protobuf could not parse (a string field that is not
+    UTF-8, or a corrupt message), so the call is answered rather than failed by grpc."""
+
+    __slots__ = ()
+
+
+UNDECODABLE_MESSAGE = (
+    "The request message could not be decoded: it is not valid protobuf for this method,"
+    " or a string field in it is not valid UTF-8."
+)
+
+
+def _lenient(message_type: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that returns `_Undecodable()` instead of raising (grpc would
+    answer UNKNOWN with protobuf's exception text)."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError:
+            return _Undecodable()
+
+    return parse
+
+
+async def _refuse_undecodable(context: grpc.aio.ServicerContext) -> None:
+    """End the call with INVALID_ARGUMENT and the `x-error-json` trailer (raises)."""
+    request_id = _request_id(context)
+    err = APIError(400, UNDECODABLE_MESSAGE, code="invalid_message")
+    log_rejection(request_id, err, api="grpc")
+    await _abort(context, err, request_id)
+
+
+def _add_inference_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Register `servicer` as the generated `add_InferenceServicer_to_server` does, but with
+    request deserializers that do not raise (`_lenient`)."""
+
+    def unary(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Undecodable):
+                await _refuse_undecodable(context)
+            return await method(request, context)
+
+        return handle
+
+    def streaming(method: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if isinstance(request, _Undecodable):
+                await _refuse_undecodable(context)
+                return
+            async for message in method(request, context):
+                yield message
+
+        return handle
+
+    handlers = {
+        "ChatCompletion": grpc.unary_stream_rpc_method_handler(
+            streaming(servicer.ChatCompletion),
+            request_deserializer=_lenient(pb.ChatCompletionRequest),
+            response_serializer=pb.CompletionChunk.SerializeToString,
+        ),
+        "Completion": grpc.unary_stream_rpc_method_handler(
+            streaming(servicer.Completion),
+            request_deserializer=_lenient(pb.CompletionRequest),
+            response_serializer=pb.CompletionChunk.SerializeToString,
+        ),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            unary(servicer.ListModels),
+            request_deserializer=_lenient(pb.ListModelsRequest),
+            response_serializer=pb.ListModelsResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 class GrpcApi:
@@ -289,7 +395,7 @@ class GrpcApi:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        pb_grpc.add_InferenceServicer_to_server(InferenceServicer(service, keyring), self.server)
+        _add_inference_servicer(InferenceServicer(service, keyring), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

@@ -12,9 +12,11 @@ as a `data: {"error": ...}` event before `[DONE]` (what vLLM and SGLang do).
 The handler is cancelled when the client disconnects (`handler_cancellation=True`), which
 closes the generation and aborts the engine requests.
 With tenants configured, `/v1/*` needs `Authorization: Bearer KEY` (`homing.gateway.auth`);
-`/health`, `/ready` and `/metrics` stay open. Input limits: body size (413), all header lines
-together (431), the time to receive a request head (the connection is closed) and a body
-(408); see `HttpApi`.
+`/health`, `/ready` and `/metrics` stay open. Input limits: body size after decoding (413, also
+at once from `Content-Length`), all header lines together and their count (431), the time to
+receive a request head (the connection is closed) and a body (408); see `HttpApi`. The body
+must be UTF-8 JSON (400 `invalid_json`), plain or gzip/deflate (415 for other codings).
+Malformed HTTP is answered by `homing.gateway.http_server` with the same error bodies.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from homing.gateway.auth import KeyRing, Principal
@@ -34,8 +37,16 @@ from homing.gateway.generation import (
     ChoiceFinished,
     Generation,
     TextDelta,
+    log_cancelled,
     log_rejection,
     new_request_id,
+)
+from homing.gateway.http_server import (
+    CONTENT_CODINGS,
+    MAX_HEADER_COUNT,
+    HttpLimits,
+    body_error,
+    error_response,
 )
 from homing.gateway.prepare import PreparedRequest
 from homing.gateway.requests import parse_chat, parse_completion
@@ -46,23 +57,13 @@ log = structlog.get_logger("homing.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REQUEST_ID = web.RequestKey("request_id", str)
+# Set once a request reaches a Generation, which writes its request_done line itself.
+SERVED = web.RequestKey("served", bool)
 LINGERING_S = 1.0
 
 
 def _json_dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def error_response(err: APIError, request_id: str) -> web.Response:
-    """The JSON error response for `err`, with `Retry-After` on 429/503; a 408 (body not
-    received in time) also closes the connection instead of waiting for the rest."""
-    headers = {"x-request-id": request_id}
-    if err.retry_after_s is not None:
-        headers["Retry-After"] = str(err.retry_after_s)
-    response = web.json_response(err.body(), status=err.status, headers=headers, dumps=_json_dumps)
-    if err.status == 408:
-        response.force_close()
-    return response
 
 
 @web.middleware
@@ -71,6 +72,10 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
     request[REQUEST_ID] = request_id
     try:
         response = await handler(request)
+    except asyncio.CancelledError:  # the client went away (handler_cancellation)
+        if not request.get(SERVED, False):
+            log_cancelled(request_id, api="http", path=request.path)
+        raise
     except APIError as err:
         log_rejection(request_id, err, api="http", path=request.path)
         return error_response(err, request_id)
@@ -97,27 +102,43 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
     return response
 
 
-def _header_limit(max_header_bytes: int) -> Callable[[web.Request, Handler], Awaitable[Any]]:
-    """Middleware: 431 when all request header lines together exceed `max_header_bytes`
-    (name + value + 4 bytes of `: ` and CRLF per line, plus the request line).
-    aiohttp's parser stops a single line past its own limit first (a plain 400)."""
+def _request_limits(limits: HttpLimits) -> Callable[[web.Request, Handler], Awaitable[Any]]:
+    """Middleware, before any body is read: 431 when all request header lines together exceed
+    `max_header_bytes` (name + value + 4 bytes of `: ` and CRLF per line, plus the request
+    line) or there are more than `max_header_count`; 413 for a `Content-Length` over the
+    body limit; 415 for a `Content-Encoding` other than gzip or deflate (RFC 9110 15.5.16).
+    A head larger than a read, or a line past the parser's limits, is refused earlier by
+    `homing.gateway.http_server` with the same codes."""
 
     @web.middleware
-    async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         size = len(request.method) + len(request.raw_path) + 12  # "M PATH HTTP/1.1\r\n"
         size += sum(len(k) + len(v) + 4 for k, v in request.raw_headers)
-        if size > max_header_bytes:
+        if size > limits.max_header_bytes:
             raise APIError(
                 431,
-                f"The request headers are too large ({size} bytes; limit {max_header_bytes}).",
+                f"The request headers are too large ({size} bytes; "
+                f"limit {limits.max_header_bytes}).",
                 code="request_header_fields_too_large",
             )
+        if len(request.raw_headers) > limits.max_header_count:
+            raise limits.error("too_many_headers")
+        length = request.content_length  # the parser accepts digits only
+        if length is not None and length > limits.max_body_bytes:
+            raise limits.error("request_too_large")
+        coding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if coding not in ("identity", "", *CONTENT_CODINGS):
+            raise limits.error("unsupported_content_encoding")
         return await handler(request)
 
-    return limit
+    return check
 
 
 async def _read_json(request: web.Request, timeout_s: float | None = None) -> Any:
+    """The body as JSON. It must be UTF-8 (RFC 8259 section 8.1; `json.loads` of bytes would
+    also take UTF-16/32 and pass encoded surrogates through), so every string in it can be
+    encoded again (tokenizer, hashing, logs). 408, 413, 400 `invalid_json`, and 400
+    `invalid_content_encoding` for a body that does not decode as its Content-Encoding."""
     try:
         async with asyncio.timeout(timeout_s):
             raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
@@ -127,8 +148,18 @@ async def _read_json(request: web.Request, timeout_s: float | None = None) -> An
             f"The request body was not received within {timeout_s:g} s.",
             code="request_timeout",
         ) from None
+    except (web.RequestPayloadError, HttpProcessingError) as err:
+        raise body_error(err) from None
     try:
-        body = json.loads(raw)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise APIError(
+            400,
+            f"The request body is not valid UTF-8 (byte {err.start}: {err.reason}).",
+            code="invalid_json",
+        ) from None
+    try:
+        body = json.loads(text)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, huge ints, deep nesting
         raise APIError(
             400,
@@ -148,17 +179,36 @@ async def _read_json(request: web.Request, timeout_s: float | None = None) -> An
 
 
 def _session_key(request: web.Request) -> str | None:
-    return request.headers.get("x-session-id") or None
+    """`x-session-id`, which must be UTF-8 text (400 otherwise): aiohttp decodes header bytes
+    with surrogateescape, and the key is hashed and logged as text."""
+    value = request.headers.get("x-session-id") or None
+    if value is not None and not _encodable(value):
+        raise APIError(
+            400,
+            "The x-session-id header is not valid UTF-8.",
+            param="x-session-id",
+            code="invalid_header_value",
+        )
+    return value
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class HttpApi:
     """The aiohttp application for one `InferenceService`.
 
-    `keyring`: API keys (None or empty: auth off). `max_header_bytes`: 431 past it.
+    `keyring`: API keys (None or empty: auth off). `max_header_bytes` (all header lines),
+    `max_header_count` (lines): 431 past them (`HttpLimits`).
     `header_timeout_s`: a connection must deliver a complete request head within this time
     of connecting or of its previous response, else it is closed (slowloris); it is also the
     idle keep-alive timeout. `body_timeout_s`: 408 when the body takes longer.
-    Pass `runner_kwargs()` to the `web.AppRunner` that serves `app`.
+    Serve `app` with `http_server.GatewayRunner(app, **runner_kwargs())`.
     """
 
     def __init__(
@@ -168,17 +218,23 @@ class HttpApi:
         max_body_bytes: int,
         keyring: KeyRing | None = None,
         max_header_bytes: int = 16 * 1024,
+        max_header_count: int = MAX_HEADER_COUNT,
         header_timeout_s: float = 30.0,
         body_timeout_s: float = 30.0,
     ) -> None:
         self.service = service
         self.keyring = keyring if keyring is not None else KeyRing(())
+        self.limits = HttpLimits(
+            max_body_bytes=max_body_bytes,
+            max_header_bytes=max_header_bytes,
+            max_header_count=max_header_count,
+        )
         self.max_header_bytes = max_header_bytes
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
         self.app = web.Application(
             client_max_size=max_body_bytes,
-            middlewares=[_errors_middleware, _header_limit(max_header_bytes)],
+            middlewares=[_errors_middleware, _request_limits(self.limits)],
         )
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_post("/v1/completions", self.completions)
@@ -190,16 +246,14 @@ class HttpApi:
         self.app.router.add_get("/metrics", self.metrics)
 
     def runner_kwargs(self) -> dict[str, Any]:
-        """aiohttp protocol settings: keep-alive (= head) timeout and parser line limits
-        at least as large as our own header limit, so ours answers first with 431."""
-        line = max(8190, self.max_header_bytes)
+        """Settings of the `GatewayRunner` (homing.gateway.http_server) that serves `app`:
+        the limits and aiohttp's keep-alive (= head) timeout and lingering time."""
         return {
+            "limits": self.limits,
             "keepalive_timeout": self.header_timeout_s,
             # After answering before a body was read in full (408, 413, auth errors), keep
             # draining it this long so the client sees the answer, then close.
             "lingering_time": LINGERING_S,
-            "max_line_size": line,
-            "max_field_size": line,
         }
 
     def _principal(self, request: web.Request) -> Principal | None:
@@ -274,17 +328,17 @@ class HttpApi:
         return await self._serve(request, prepared)
 
     async def _serve(self, request: web.Request, prepared: PreparedRequest) -> web.StreamResponse:
+        request[SERVED] = True
         try:
             async with self.service.open(prepared) as generation:
-                headers = {
-                    "x-request-id": prepared.request_id,
-                    "x-homing-worker": generation.worker_id or "",
-                }
                 if not prepared.stream:
-                    texts = await generation.collect_texts()
+                    texts = await generation.collect_texts()  # may run again elsewhere
                     return web.json_response(
-                        full_body(prepared, generation, texts), headers=headers, dumps=_json_dumps
+                        full_body(prepared, generation, texts),
+                        headers=_served_headers(prepared, generation),
+                        dumps=_json_dumps,
                     )
+                headers = _served_headers(prepared, generation)
                 response = await self._stream(request, prepared, generation, headers)
         except APIError as err:  # the generation logged its own request_done line
             return error_response(err, prepared.request_id)
@@ -330,6 +384,10 @@ class HttpApi:
             if prepared.include_usage:
                 await send(chunker.usage_chunk(generation.finalize_usage()))
         return response
+
+
+def _served_headers(prepared: PreparedRequest, generation: Generation) -> dict[str, str]:
+    return {"x-request-id": prepared.request_id, "x-homing-worker": generation.worker_id or ""}
 
 
 class ChunkBuilder:

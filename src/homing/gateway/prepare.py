@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -16,7 +17,8 @@ from homing.gateway.auth import Principal, check_model
 from homing.gateway.errors import APIError, invalid, model_not_found
 from homing.gateway.requests import ChatRequest, CompletionRequest
 from homing.router import Router
-from homing.text.tokenizer import TextTokenizer
+from homing.text.stops import StopSet
+from homing.text.tokenizer import ChatTemplateError, TextTokenizer
 
 if TYPE_CHECKING:
     from homing.engines.pool import WorkerPool
@@ -53,10 +55,14 @@ class PreparedRequest:
     temperature: float
     top_p: float
     top_k: int
-    seed: int | None
     frequency_penalty: float
     presence_penalty: float
+    min_p: float
+    repetition_penalty: float
+    logit_bias: dict[int, float]  # token id -> bias in [-100, 100], ids < vocab size
+    json_schema: str | None  # JSON schema text decoding is constrained to (response_format)
     stop_strings: list[str]
+    stop_set: StopSet  # stop_strings compiled once, shared by the choices
     stop_token_ids: list[int]
     ignore_eos: bool
     skip_special_tokens: bool
@@ -84,14 +90,16 @@ class Preparer:
         check_model(principal, name)  # 404 for the tenant, 403 for the key
         return self.model
 
-    async def _encode(self, text: str, param: str) -> list[int]:
-        """Token ids of `text`; long texts are encoded off the event loop (the `tokenizers`
-        library releases the GIL), so one large prompt does not stall other requests."""
-        tokenizer = self.model.tokenizer
+    async def _encode(self, encode: Callable[[], list[int]], chars: int, param: str) -> list[int]:
+        """The ids `encode()` gives for a prompt of `chars` characters; long prompts are encoded
+        off the event loop (the `tokenizers` library releases the GIL), so one large prompt
+        does not stall other requests. A chat template failure is 400 "Invalid messages"."""
         try:
-            if len(text) > THREADED_ENCODE_CHARS:
-                return await asyncio.to_thread(tokenizer.encode, text)
-            return tokenizer.encode(text)
+            if chars > THREADED_ENCODE_CHARS:
+                return await asyncio.to_thread(encode)
+            return encode()
+        except ChatTemplateError as err:
+            raise invalid(f"Invalid messages: {err}", "messages") from err
         except (TypeError, ValueError) as err:  # e.g. a lone surrogate in the text
             raise invalid(
                 f"'{param}' contains text that cannot be tokenized: {err}", param
@@ -105,8 +113,9 @@ class Preparer:
         session_key: str | None = None,
         principal: Principal | None = None,
     ) -> PreparedRequest:
-        """Apply the chat template and tokenize; raises `APIError` (404/403 model, 400
-        context or too many messages)."""
+        """Apply the chat template and tokenize, message content as plain text (a special
+        token's text in it never becomes that token); raises `APIError` (404/403 model, 400
+        context, template failure or too many messages)."""
         model = self._model(req.model, principal)
         if self.max_messages is not None and len(req.messages) > self.max_messages:
             raise invalid(
@@ -115,11 +124,11 @@ class Preparer:
                 "messages",
             )
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        try:
-            prompt_text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except ValueError as err:
-            raise invalid(f"Invalid messages: {err}", "messages") from err
-        prompt_ids = await self._encode(prompt_text, "messages")
+        prompt_ids = await self._encode(
+            lambda: model.tokenizer.encode_chat(messages, add_generation_prompt=True),
+            sum(len(m["content"]) for m in messages),
+            "messages",
+        )
         return self._prepared(
             "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal
         )
@@ -132,10 +141,13 @@ class Preparer:
         session_key: str | None = None,
         principal: Principal | None = None,
     ) -> PreparedRequest:
-        """Tokenize a text prompt or check a token-id prompt; raises `APIError` 400/403/404."""
+        """Tokenize a text prompt (special-token texts as plain text unless the request sets
+        `allow_special_tokens`) or check a token-id prompt; raises `APIError` 400/403/404."""
         model = self._model(req.model, principal)
         if isinstance(req.prompt, str):
-            prompt_ids = await self._encode(req.prompt, "prompt")
+            text, tokenizer = req.prompt, model.tokenizer
+            encode = tokenizer.encode if req.allow_special_tokens else tokenizer.encode_plain
+            prompt_ids = await self._encode(lambda: encode(text), len(text), "prompt")
             if not prompt_ids:
                 raise invalid("The prompt must not be empty.", "prompt")
         else:
@@ -184,8 +196,18 @@ class Preparer:
                 f"(size {vocab}).",
                 "stop_token_ids",
             )
+        logit_bias = req.logit_bias_ids
+        bad_bias = next((t for t in logit_bias if t >= vocab), None)
+        if bad_bias is not None:
+            raise invalid(
+                f"Token id {bad_bias} in 'logit_bias' is out of range for the vocabulary "
+                f"(size {vocab}).",
+                "logit_bias",
+            )
         stop_token_ids = list(req.stop_token_ids)
         for stop in req.stop_strings:
+            if len(stop) > model.tokenizer.max_token_chars:
+                continue  # too long to be one token: matched on the text only
             ids = model.tokenizer.encode(stop)
             if len(ids) == 1 and ids[0] not in stop_token_ids:
                 stop_token_ids.append(ids[0])  # single-token stops also go to the engine
@@ -200,16 +222,20 @@ class Preparer:
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=req.top_k,
-            seed=req.seed,
             frequency_penalty=req.frequency_penalty,
             presence_penalty=req.presence_penalty,
+            min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=logit_bias,
+            json_schema=req.json_schema_constraint,
             stop_strings=req.stop_strings,
+            stop_set=StopSet(req.stop_strings),
             stop_token_ids=stop_token_ids,
             ignore_eos=req.ignore_eos,
             skip_special_tokens=req.skip_special_tokens,
             stream=req.stream,
             include_usage=req.include_usage,
-            session_key=session_key or req.user,
+            session_key=session_key or req.session_key,
             tenant=principal.tenant if principal is not None else None,
             principal=principal,
         )

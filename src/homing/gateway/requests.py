@@ -6,11 +6,21 @@ offending `param`. Nothing here tokenizes or touches a worker; the context-lengt
 needs the prompt's token count lives in `homing.gateway.prepare`.
 Ranges follow the OpenAI API reference: temperature in [0, 2], top_p in (0, 1] (vLLM's
 bound: 0 would sample nothing), presence/frequency penalty in [-2, 2], at most 4 stop
-sequences; `n` is capped at 16 here to bound the engine work one request can ask for.
+sequences, logit_bias values in [-100, 100] for at most 300 token ids; `n` is capped at 16
+here to bound the engine work one request can ask for. The SGLang extensions take SGLang's
+ranges: min_p in [0, 1], repetition_penalty in (0, 2].
+
+Every top-level parameter is one of three kinds (the table is in README.md, "APIs"):
+served (a field of the model, forwarded to the engine or used by the gateway), refused by name
+(`_CHAT_REFUSED`/`_COMPLETION_REFUSED`: 400 `unsupported_parameter` unless null or the value
+that means "off"), or unknown (400 `unknown_parameter`, as OpenAI answers "Unrecognized
+request argument supplied"). Nested objects other than messages refuse unknown keys too.
+Numbers are strict: `"0.5"` or `true` is not a temperature.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -18,9 +28,11 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from homing.gateway.errors import APIError, invalid
@@ -28,6 +40,24 @@ from homing.gateway.errors import APIError, invalid
 MAX_N = 16
 MAX_INT32 = 2**31 - 1
 MAX_STOP_SEQUENCES = 4
+# Characters (code points) per stop sequence. OpenAI documents no length; real stops are
+# end-of-turn markers and delimiters of a few dozen characters. The cap bounds the stop text one
+# request makes the gateway compile and match to 4 x 1,024 characters: one automaton per request
+# (homing.text.stops), under 1 MB with every depth built.
+MAX_STOP_LENGTH = 1024
+# Ids in `stop_token_ids` (an SGLang/vLLM extension, unbounded there). A model has a handful of
+# end-of-turn ids; the list goes to the engine with every choice and is checked on every token.
+MAX_STOP_TOKEN_IDS = 256
+# logit_bias: OpenAI's bounds (a bias in [-100, 100]; its API refuses more than 300 ids).
+MAX_LOGIT_BIAS = 300
+LOGIT_BIAS_LIMIT = 100.0
+# What `response_format: {"type": "json_object"}` constrains to: SGLang's own OpenAI server
+# sends this schema (sglang/srt/entrypoints/openai/protocol.py, 0.5.23).
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+# `metadata`: OpenAI's bounds (16 pairs, keys up to 64 characters, values up to 512).
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
 
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 
@@ -56,28 +86,76 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content)
 
 
-class StreamOptions(_Strict):
+class _Closed(BaseModel):
+    """A nested object whose unknown keys are refused (400 `unknown_parameter`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Closed):
+    """`stream_options`; `include_obfuscation` is served only as false (no padding is sent)."""
+
     include_usage: StrictBool = False
+    include_obfuscation: StrictBool = False
 
 
-class _Common(_Strict):
+class JSONSchemaFormat(_Closed):
+    """`response_format.json_schema`: the schema the answer is constrained to (any `strict`:
+    the engine always enforces it)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Closed):
+    """`response_format`: "text" (no constraint), "json_object" or "json_schema"."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("'json_schema' is required when 'type' is 'json_schema'")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError("'json_schema' is only allowed when 'type' is 'json_schema'")
+        return self
+
+    def constraint(self) -> str | None:
+        """The JSON schema text the engine constrains decoding to; None for "text"."""
+        if self.type == "json_object":
+            return JSON_OBJECT_SCHEMA
+        if self.json_schema is not None:
+            return json.dumps(self.json_schema.schema_, separators=(",", ":"))
+        return None
+
+
+Bias = Annotated[StrictFloat, Field(ge=-LOGIT_BIAS_LIMIT, le=LOGIT_BIAS_LIMIT, allow_inf_nan=False)]
+
+
+class _Common(_Closed):
     model: str = Field(min_length=1)
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    temperature: Annotated[StrictFloat, Field(ge=0.0, le=2.0, allow_inf_nan=False)] = 1.0
+    top_p: Annotated[StrictFloat, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
     top_k: StrictInt = -1
     n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stop: str | list[str] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None = None
     user: str | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    presence_penalty: Annotated[StrictFloat, Field(ge=-2.0, le=2.0, allow_inf_nan=False)] = 0.0
+    frequency_penalty: Annotated[StrictFloat, Field(ge=-2.0, le=2.0, allow_inf_nan=False)] = 0.0
+    logit_bias: dict[str, Bias] | None = None
+    response_format: ResponseFormat | None = None
     # Extensions SGLang and vLLM accept as well.
     ignore_eos: StrictBool = False
     stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list)
     skip_special_tokens: StrictBool = True
+    min_p: Annotated[StrictFloat, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.0
+    repetition_penalty: Annotated[StrictFloat, Field(gt=0.0, le=2.0, allow_inf_nan=False)] = 1.0
 
     @field_validator("top_k")
     @classmethod
@@ -94,7 +172,43 @@ class _Common(_Strict):
             raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must be non-empty strings")
+        longest = max(map(len, stops), default=0)
+        if longest > MAX_STOP_LENGTH:
+            raise ValueError(
+                f"each stop sequence must be at most {MAX_STOP_LENGTH} characters, got {longest}"
+            )
         return value
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _stop_token_ids(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(
+                f"at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed, got {len(value)}"
+            )
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} token ids are allowed, got {len(value)}")
+        for key in value:
+            if not (key.isascii() and key.isdigit() and str(int(key)) == key):
+                raise ValueError(f"keys must be token ids as decimal integers, got {key!r}")
+        return value
+
+    @property
+    def logit_bias_ids(self) -> dict[int, float]:
+        """`logit_bias` keyed by token id (possibly empty)."""
+        return {int(key): bias for key, bias in (self.logit_bias or {}).items()}
+
+    @property
+    def json_schema_constraint(self) -> str | None:
+        """The JSON schema text `response_format` constrains decoding to, else None."""
+        return None if self.response_format is None else self.response_format.constraint()
 
     @property
     def stop_strings(self) -> list[str]:
@@ -102,6 +216,11 @@ class _Common(_Strict):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def session_key(self) -> str | None:
+        """The body's conversation key for prefix affinity: `user`, else None."""
+        return self.user or None
 
     @property
     def include_usage(self) -> bool:
@@ -114,6 +233,24 @@ class ChatRequest(_Common):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    # Used as the session key (prefix affinity), before `user`.
+    prompt_cache_key: str | None = None
+    # No effect by definition here (see README.md, "APIs"): nothing is stored, no tools can be
+    # given, no abuse monitoring runs on the end-user id.
+    metadata: (
+        dict[
+            Annotated[str, Field(max_length=MAX_METADATA_KEY)],
+            Annotated[str, Field(max_length=MAX_METADATA_VALUE)],
+        ]
+        | None
+    ) = Field(default=None, max_length=MAX_METADATA_PAIRS)
+    parallel_tool_calls: StrictBool | None = None
+    safety_identifier: str | None = None
+
+    @property
+    def session_key(self) -> str | None:
+        """`prompt_cache_key` (OpenAI's newer cache-routing key), else `user`, else None."""
+        return self.prompt_cache_key or self.user or None
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -129,6 +266,12 @@ class CompletionRequest(_Common):
     """`POST /v1/completions` body; `prompt` is a string or a list of token ids."""
 
     prompt: str | list[int]
+    # Extension beyond OpenAI's API, in the style of SGLang's and vLLM's extra parameters:
+    # true lets a text prompt's special-token texts (e.g. "<｜User｜>") encode as those tokens;
+    # by default they are plain text. Chat has no such switch: only its template places them.
+    allow_special_tokens: StrictBool = False
+    # Served only as `n` (then it changes nothing): ranking candidates needs logprobs.
+    best_of: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -149,7 +292,34 @@ class CompletionRequest(_Common):
         return 16 if self.max_tokens is None else self.max_tokens
 
 
-_UNSUPPORTED = ("tools", "functions", "logprobs", "top_logprobs", "echo", "best_of", "suffix")
+# Parameters refused by name, each with the values that mean "off" and are served as no-ops
+# (null is always off). Compared by type and value, so `0` is not `false`. Why each is refused
+# is in README.md, "APIs".
+_CHAT_REFUSED: dict[str, tuple[object, ...]] = {
+    "audio": (),
+    "function_call": ("none",),
+    "functions": ([],),
+    "logprobs": (False,),
+    "modalities": (["text"],),
+    "prediction": (),
+    "reasoning_effort": (),
+    "seed": (),
+    "service_tier": ("auto", "default"),
+    "store": (False,),
+    "tool_choice": ("none", "auto"),
+    "tools": ([],),
+    "top_logprobs": (0,),
+    "verbosity": (),
+    "web_search_options": (),
+}
+_COMPLETION_REFUSED: dict[str, tuple[object, ...]] = {
+    "echo": (False,),
+    "logprobs": (),
+    "seed": (),
+    "suffix": ("",),
+}
+# Longest parameter name echoed back in an error (the rest is cut).
+MAX_NAME_SHOWN = 64
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
@@ -172,46 +342,81 @@ def _to_api_error(err: ValidationError) -> APIError:
         return invalid(
             f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
         )
+    if first["type"] == "extra_forbidden" and param is not None:
+        return _unknown(param)
     msg = first["msg"].removeprefix("Value error, ")
     if param is None:
         return invalid(msg, None, "invalid_value")
     return invalid(f"Invalid value for '{param}': {msg}", param, "invalid_value")
 
 
-def _check_body(body: Any) -> dict[str, Any]:
+def _unsupported(name: str) -> APIError:
+    return invalid(f"'{name}' is not supported by this gateway.", name, "unsupported_parameter")
+
+
+def _unknown(name: str) -> APIError:
+    shown = name if len(name) <= MAX_NAME_SHOWN else name[:MAX_NAME_SHOWN] + "..."
+    return invalid(f"Unrecognized request argument supplied: {shown}", shown, "unknown_parameter")
+
+
+def _is_off(value: object, off: tuple[object, ...]) -> bool:
+    return value is None or any(type(value) is type(o) and value == o for o in off)
+
+
+def _check_body(
+    body: Any, model: type[_Common], refused: dict[str, tuple[object, ...]]
+) -> dict[str, Any]:
+    """The body's served parameters, in order; a refused one set to anything but off is 400
+    `unsupported_parameter`, a name the endpoint does not know 400 `unknown_parameter`. A null
+    optional parameter means its default (OpenAI's parameters are nullable) and is dropped."""
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", None, "invalid_body")
-    for name in _UNSUPPORTED:
-        if body.get(name) not in (None, False, 0, [], ""):
-            raise invalid(
-                f"'{name}' is not supported by this gateway.", name, "unsupported_parameter"
-            )
-    return body
+    fields = model.model_fields
+    served: dict[str, Any] = {}
+    for name, value in body.items():
+        if name in refused:
+            if not _is_off(value, refused[name]):
+                raise _unsupported(name)
+            continue
+        field = fields.get(name)
+        if field is None:
+            raise _unknown(name)
+        if value is None and not field.is_required():
+            continue
+        served[name] = value
+    return served
 
 
-def _check_stream_options(request: _Common) -> None:
-    if request.stream_options is not None and not request.stream:
+def _check_common(request: _Common) -> None:
+    options = request.stream_options
+    if options is not None and not request.stream:
         raise invalid(
             "The 'stream_options' parameter is only allowed when 'stream' is true.",
             "stream_options",
         )
+    if options is not None and options.include_obfuscation:
+        raise _unsupported("stream_options.include_obfuscation")
 
 
 def parse_chat(body: Any) -> ChatRequest:
     """Validate a chat completions body; raises `APIError` 400 with the offending param."""
     try:
-        request = ChatRequest.model_validate(_check_body(body))
+        request = ChatRequest.model_validate(_check_body(body, ChatRequest, _CHAT_REFUSED))
     except ValidationError as err:
         raise _to_api_error(err) from None
-    _check_stream_options(request)
+    _check_common(request)
     return request
 
 
 def parse_completion(body: Any) -> CompletionRequest:
     """Validate a completions body; raises `APIError` 400 with the offending param."""
     try:
-        request = CompletionRequest.model_validate(_check_body(body))
+        request = CompletionRequest.model_validate(
+            _check_body(body, CompletionRequest, _COMPLETION_REFUSED)
+        )
     except ValidationError as err:
         raise _to_api_error(err) from None
-    _check_stream_options(request)
+    _check_common(request)
+    if request.best_of is not None and request.best_of != request.n:
+        raise _unsupported("best_of")
     return request

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Sequence
 
 from homing.gateway.admission import AdmissionController
-from homing.gateway.errors import no_capacity
+from homing.gateway.errors import APIError, no_capacity
 from homing.gateway.generation import Generation
 from homing.gateway.prepare import ModelEntry, PreparedRequest, Preparer
 from homing.gateway.quotas.guard import QuotaGuard
@@ -47,6 +47,7 @@ class InferenceService:
         self.quotas = quotas
         self.admission = admission
         self.in_flight = 0
+        self._open: set[Generation] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -77,12 +78,23 @@ class InferenceService:
             return False
         return True
 
-    def _enter(self) -> None:
+    def interrupt_all(self, error: APIError, outcome: str) -> int:
+        """End every open request now with `error` (logged as `outcome`), those waiting for
+        admission included; returns how many were open."""
+        if self.admission is not None:
+            self.admission.reject_waiting(error)
+        for generation in list(self._open):
+            generation.interrupt(error, outcome)
+        return len(self._open)
+
+    def _enter(self, generation: Generation) -> None:
         self.in_flight += 1
+        self._open.add(generation)
         self._idle.clear()
 
-    def _leave(self) -> None:
+    def _leave(self, generation: Generation) -> None:
         self.in_flight -= 1
+        self._open.discard(generation)
         if self.in_flight == 0:
             self._idle.set()
         if self.admission is not None:

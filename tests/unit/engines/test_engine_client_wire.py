@@ -31,8 +31,9 @@ def test_sampling_params_carry_semantic_defaults() -> None:
     assert not sp.HasField("custom_params")
 
 
-def test_seed_stop_ids_and_greedy_are_sent() -> None:
-    """Seed travels as custom_params["seed"]; temperature 0 and stop ids are kept."""
+def test_bias_schema_stop_ids_and_greedy_are_sent() -> None:
+    """logit_bias goes as SGLang's map of decimal id strings, the schema as the json_schema
+    constraint, min_p and repetition_penalty as given; temperature 0 and stop ids are kept."""
     params = GenerateParams(
         request_id="r2",
         input_ids=[5],
@@ -40,14 +41,27 @@ def test_seed_stop_ids_and_greedy_are_sent() -> None:
         temperature=0.0,
         stop_token_ids=(9, 10),
         ignore_eos=True,
-        seed=1234,
         stream=False,
+        min_p=0.25,
+        repetition_penalty=1.5,
+        logit_bias={7: -100.0, 12: 2.5},
+        json_schema='{"type":"object"}',
     )
     req = build_generate_request(params)
     sp = req.sampling_params
     assert sp.temperature == 0.0 and list(sp.stop_token_ids) == [9, 10] and sp.ignore_eos
-    assert sp.custom_params["seed"] == 1234
+    assert dict(sp.logit_bias) == {"7": -100.0, "12": 2.5}
+    assert sp.WhichOneof("constraint") == "json_schema" and sp.json_schema == '{"type":"object"}'
+    assert sp.min_p == 0.25 and sp.repetition_penalty == 1.5
+    assert not sp.HasField("custom_params")
     assert not req.stream
+
+
+def test_no_constraint_and_no_bias_by_default() -> None:
+    """Without a schema no constraint is set, and the bias map is empty."""
+    sp = build_generate_request(GenerateParams("r3", [1], max_new_tokens=1)).sampling_params
+    assert sp.WhichOneof("constraint") is None and not sp.logit_bias
+    assert sp.min_p == 0.0
 
 
 def test_chunk_and_complete_convert_to_plain_data() -> None:

@@ -196,9 +196,7 @@ async def test_full_streams_name_the_wait_only_for_a_slot_nobody_renews(
     await harness.store.renew(held[1:])  # held[0]'s instance crashed: no more renewals
     harness.advance_ms(LEASE_MS // 3)
     left = LEASE_MS - 2 * (LEASE_MS // 3)
-    assert await harness.store.reserve(charge(tenant)) == Denial(
-        "t:a", "streams", 2, 2, 1, left
-    )
+    assert await harness.store.reserve(charge(tenant)) == Denial("t:a", "streams", 2, 2, 1, left)
     harness.advance_ms(left)
     assert await harness.store.reserve(charge(tenant)) is None
 

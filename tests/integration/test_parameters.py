@@ -1,0 +1,438 @@
+"""Every request parameter is served, refused by name or unknown: exact 400 bodies over a real
+socket, and the forwarded ones observed end to end on real simulated workers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from openai import AsyncOpenAI
+
+from homing.app import App
+from homing.sim.servicer import GRAMMAR_UNSUPPORTED
+from homing.v1 import inference_pb2 as pb
+from homing.v1 import inference_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+HELLO_ID = 19923  # "Hello" in the served tokenizer
+SCHEMA = {"name": "answer", "schema": {"type": "object"}}
+
+
+def _url(app: App, path: str) -> str:
+    return f"http://127.0.0.1:{app.http_port}{path}"
+
+
+async def _post(app: App, path: str, body: dict[str, Any]) -> tuple[int, Any, Any]:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            _url(app, path), data=json.dumps(body), headers={"content-type": "application/json"}
+        ) as resp:
+            return resp.status, await resp.json(), resp.headers.copy()
+
+
+def _chat(app: App, **fields: Any) -> dict[str, Any]:
+    return {"model": app.service.model.model_id, "messages": MESSAGES, **fields}
+
+
+def _completion(app: App, **fields: Any) -> dict[str, Any]:
+    return {"model": app.service.model.model_id, "prompt": "Once upon a time", **fields}
+
+
+def _err(message: str, param: str | None, code: str) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def _unsupported(name: str) -> dict[str, Any]:
+    return _err(f"'{name}' is not supported by this gateway.", name, "unsupported_parameter")
+
+
+def _invalid(param: str, message: str) -> dict[str, Any]:
+    return _err(f"Invalid value for '{param}': {message}", param, "invalid_value")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("function_call", "auto"),
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("logprobs", True),
+        ("modalities", ["text", "audio"]),
+        ("prediction", {"type": "content", "content": "x"}),
+        ("reasoning_effort", "low"),
+        ("seed", 7),
+        ("seed", 2**70),
+        ("service_tier", "flex"),
+        ("store", True),
+        ("tool_choice", "required"),
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("top_logprobs", 3),
+        ("verbosity", "low"),
+        ("web_search_options", {}),
+        ("top_logprobs", False),  # false is not the integer 0
+    ],
+)
+async def test_refused_chat_parameters_are_400_unsupported_parameter(
+    gateway: App, name: str, value: object
+) -> None:
+    """A chat parameter the gateway does not implement, set, is refused by name."""
+    status, body, _ = await _post(gateway, "/v1/chat/completions", _chat(gateway, **{name: value}))
+    assert (status, body) == (400, _unsupported(name))
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"echo": True}, "echo"),
+        ({"logprobs": 0}, "logprobs"),
+        ({"seed": 1}, "seed"),
+        ({"suffix": " the end"}, "suffix"),
+        ({"best_of": 2}, "best_of"),
+        ({"best_of": 3, "n": 2}, "best_of"),
+    ],
+)
+async def test_refused_completion_parameters_are_400_unsupported_parameter(
+    gateway: App, fields: dict[str, Any], name: str
+) -> None:
+    """A completions parameter the gateway does not implement, set, is refused by name."""
+    status, body, _ = await _post(gateway, "/v1/completions", _completion(gateway, **fields))
+    assert (status, body) == (400, _unsupported(name))
+
+
+async def test_stream_obfuscation_is_refused_by_name(gateway: App) -> None:
+    """`stream_options.include_obfuscation: true` asks for padding the gateway never sends."""
+    fields = {"stream": True, "stream_options": {"include_obfuscation": True}}
+    status, body, _ = await _post(gateway, "/v1/chat/completions", _chat(gateway, **fields))
+    assert (status, body) == (400, _unsupported("stream_options.include_obfuscation"))
+
+
+async def test_off_values_of_refused_parameters_are_served(gateway: App) -> None:
+    """The values that mean "off" (and null) are served as the no-ops they are."""
+    off = {
+        "logprobs": False,
+        "top_logprobs": 0,
+        "tools": [],
+        "tool_choice": "none",
+        "functions": [],
+        "function_call": "none",
+        "store": False,
+        "service_tier": "auto",
+        "modalities": ["text"],
+        "seed": None,
+        "audio": None,
+        "max_tokens": 4,
+    }
+    status, body, _ = await _post(gateway, "/v1/chat/completions", _chat(gateway, **off))
+    assert status == 200, body
+    fields = {"echo": False, "suffix": "", "best_of": 2, "n": 2, "seed": None, "max_tokens": 4}
+    status, body, _ = await _post(gateway, "/v1/completions", _completion(gateway, **fields))
+    assert status == 200, body
+    assert len(body["choices"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "name"),
+    [
+        ("/v1/chat/completions", {"temprature": 0.5}, "temprature"),
+        ("/v1/chat/completions", {"guided_json": {}}, "guided_json"),
+        ("/v1/chat/completions", {"prompt": "x"}, "prompt"),
+        ("/v1/completions", {"messages": MESSAGES}, "messages"),
+        ("/v1/completions", {"tools": []}, "tools"),
+        ("/v1/completions", {"prompt_cache_key": "k"}, "prompt_cache_key"),
+        (
+            "/v1/chat/completions",
+            {"stream": True, "stream_options": {"include_usage": True, "usage": True}},
+            "stream_options.usage",
+        ),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "json_schema", "json_schema": {**SCHEMA, "x": 1}}},
+            "response_format.json_schema.x",
+        ),
+        ("/v1/chat/completions", {"z" * 100: 1}, "z" * 64 + "..."),
+    ],
+)
+async def test_unknown_parameters_are_400_unknown_parameter(
+    gateway: App, path: str, fields: dict[str, Any], name: str
+) -> None:
+    """A name the endpoint does not know (a typo, another endpoint's or server's parameter) is
+    refused as OpenAI refuses it, never ignored."""
+    base = _chat(gateway) if path == "/v1/chat/completions" else _completion(gateway)
+    status, body, _ = await _post(gateway, path, {**base, **fields})
+    assert (status, body) == (
+        400,
+        _err(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            {"logit_bias": {"5": 101}},
+            _invalid("logit_bias.5", "Input should be less than or equal to 100"),
+        ),
+        (
+            {"logit_bias": {"5": -100.5}},
+            _invalid("logit_bias.5", "Input should be greater than or equal to -100"),
+        ),
+        ({"logit_bias": {"5": "1"}}, _invalid("logit_bias.5", "Input should be a valid number")),
+        ({"logit_bias": {"5": True}}, _invalid("logit_bias.5", "Input should be a valid number")),
+        (
+            {"logit_bias": {"hello": 1}},
+            _invalid("logit_bias", "keys must be token ids as decimal integers, got 'hello'"),
+        ),
+        (
+            {"logit_bias": {"-1": 1}},
+            _invalid("logit_bias", "keys must be token ids as decimal integers, got '-1'"),
+        ),
+        (
+            {"logit_bias": {"007": 1}},
+            _invalid("logit_bias", "keys must be token ids as decimal integers, got '007'"),
+        ),
+        ({"logit_bias": [[5, 1]]}, _invalid("logit_bias", "Input should be a valid dictionary")),
+        (
+            {"logit_bias": {str(i): 1 for i in range(301)}},
+            _invalid("logit_bias", "at most 300 token ids are allowed, got 301"),
+        ),
+        ({"temperature": "0.5"}, _invalid("temperature", "Input should be a valid number")),
+        ({"temperature": True}, _invalid("temperature", "Input should be a valid number")),
+        ({"top_p": "1"}, _invalid("top_p", "Input should be a valid number")),
+        (
+            {"presence_penalty": 2.5},
+            _invalid("presence_penalty", "Input should be less than or equal to 2"),
+        ),
+        ({"min_p": 1.5}, _invalid("min_p", "Input should be less than or equal to 1")),
+        ({"min_p": -0.1}, _invalid("min_p", "Input should be greater than or equal to 0")),
+        (
+            {"repetition_penalty": 0},
+            _invalid("repetition_penalty", "Input should be greater than 0"),
+        ),
+        (
+            {"repetition_penalty": 2.5},
+            _invalid("repetition_penalty", "Input should be less than or equal to 2"),
+        ),
+        (
+            {"response_format": {"type": "xml"}},
+            _invalid(
+                "response_format.type", "Input should be 'text', 'json_object' or 'json_schema'"
+            ),
+        ),
+        (
+            {"response_format": "json"},
+            _invalid(
+                "response_format",
+                "Input should be a valid dictionary or instance of ResponseFormat",
+            ),
+        ),
+        (
+            {"response_format": {"type": "json_schema"}},
+            _invalid("response_format", "'json_schema' is required when 'type' is 'json_schema'"),
+        ),
+        (
+            {"response_format": {"type": "json_object", "json_schema": SCHEMA}},
+            _invalid(
+                "response_format", "'json_schema' is only allowed when 'type' is 'json_schema'"
+            ),
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+            _err(
+                "Missing required parameter: 'response_format.json_schema.schema'.",
+                "response_format.json_schema.schema",
+                "missing_required_parameter",
+            ),
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {**SCHEMA, "name": "a b"}}},
+            _invalid(
+                "response_format.json_schema.name",
+                "String should match pattern '^[A-Za-z0-9_-]+$'",
+            ),
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {**SCHEMA, "schema": []}}},
+            _invalid("response_format.json_schema.schema", "Input should be a valid dictionary"),
+        ),
+        ({"metadata": {"k": 1}}, _invalid("metadata.k", "Input should be a valid string")),
+        (
+            {"metadata": {str(i): "v" for i in range(17)}},
+            _invalid(
+                "metadata", "Dictionary should have at most 16 items after validation, not more"
+            ),
+        ),
+        ({"prompt_cache_key": 5}, _invalid("prompt_cache_key", "Input should be a valid string")),
+        (
+            {"parallel_tool_calls": "yes"},
+            _invalid("parallel_tool_calls", "Input should be a valid boolean"),
+        ),
+    ],
+)
+async def test_served_parameters_of_wrong_type_or_range_are_exact_400(
+    gateway: App, fields: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    """A served parameter with a value of the wrong type or out of range gets its exact 400."""
+    status, body, _ = await _post(gateway, "/v1/chat/completions", _chat(gateway, **fields))
+    assert (status, body) == (400, expected)
+
+
+async def test_logit_bias_key_beyond_the_vocabulary_is_400(gateway: App) -> None:
+    """A logit_bias token id the model does not have is the client's error, named."""
+    vocab = gateway.service.model.tokenizer.vocab_size
+    fields = {"logit_bias": {str(vocab): -100}}
+    status, body, _ = await _post(gateway, "/v1/completions", _completion(gateway, **fields))
+    assert (status, body) == (
+        400,
+        _err(
+            f"Token id {vocab} in 'logit_bias' is out of range for the vocabulary (size {vocab}).",
+            "logit_bias",
+            "invalid_value",
+        ),
+    )
+
+
+async def test_null_parameters_mean_their_defaults(gateway: App) -> None:
+    """OpenAI's parameters are nullable: null is the default, not a type error."""
+    fields = {
+        "temperature": None,
+        "top_p": None,
+        "n": None,
+        "stream": None,
+        "stop": None,
+        "logit_bias": None,
+        "response_format": None,
+        "max_tokens": 4,
+    }
+    status, body, _ = await _post(gateway, "/v1/chat/completions", _chat(gateway, **fields))
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"]
+
+
+async def test_openai_client_logit_bias_forces_the_answer(gateway: App) -> None:
+    """With the official client, a +100 bias on one token makes it the whole answer (the
+    simulated worker honours OpenAI's "exclusive selection"), with the new parameters
+    accepted alongside."""
+    client = AsyncOpenAI(base_url=_url(gateway, "/v1"), api_key="unused", max_retries=0)
+    full = await client.chat.completions.create(
+        model=gateway.service.model.model_id,
+        messages=[{"role": "user", "content": "Say anything"}],
+        max_tokens=5,
+        temperature=0,
+        logit_bias={str(HELLO_ID): 100},
+        response_format={"type": "text"},
+        prompt_cache_key="conversation-1",
+        metadata={"team": "search"},
+        parallel_tool_calls=False,
+        extra_body={"min_p": 0.05, "repetition_penalty": 1.1, "top_k": 40},
+    )
+    assert full.choices[0].message.content == "Hello" * 5
+    assert full.choices[0].finish_reason == "length"
+
+    stream = await client.completions.create(
+        model=gateway.service.model.model_id,
+        prompt="Once upon a time",
+        max_tokens=3,
+        temperature=0.9,
+        logit_bias={str(HELLO_ID): 100},
+        stream=True,
+    )
+    text = "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+    assert text == "Hello" * 3
+
+
+async def test_logit_bias_ban_of_the_eos_runs_to_the_length_limit(gateway: App) -> None:
+    """Banning the EOS id (-100) keeps the answer going to max_tokens, where the same request
+    without the ban stops on its own."""
+    eos = gateway.service.model.tokenizer.eos_token_ids[0]
+    fields = {"max_tokens": 400, "temperature": 0}
+    status, plain, _ = await _post(gateway, "/v1/completions", _completion(gateway, **fields))
+    assert status == 200 and plain["choices"][0]["finish_reason"] == "stop"
+    assert plain["usage"]["completion_tokens"] < 400
+    banned = {**fields, "logit_bias": {str(eos): -100}}
+    status, body, _ = await _post(gateway, "/v1/completions", _completion(gateway, **banned))
+    assert status == 200
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 400
+    assert body["choices"][0]["text"].startswith(plain["choices"][0]["text"])
+
+
+@pytest.mark.parametrize(
+    ("path", "response_format"),
+    [
+        ("/v1/chat/completions", {"type": "json_object"}),
+        ("/v1/chat/completions", {"type": "json_schema", "json_schema": SCHEMA}),
+        ("/v1/completions", {"type": "json_schema", "json_schema": {**SCHEMA, "strict": True}}),
+    ],
+)
+async def test_constrained_decoding_is_refused_by_the_simulated_worker(
+    gateway: App, path: str, response_format: dict[str, Any]
+) -> None:
+    """`response_format` JSON goes to the worker as SGLang's json_schema constraint; the
+    simulated worker, like SGLang without a grammar backend, refuses it (a 400)."""
+    base = _chat(gateway) if path == "/v1/chat/completions" else _completion(gateway)
+    status, body, _ = await _post(gateway, path, {**base, "response_format": response_format})
+    assert (status, body) == (
+        400,
+        _err(f"The worker rejected the request: {GRAMMAR_UNSUPPORTED}", None, "invalid_value"),
+    )
+
+
+async def test_grpc_sampling_options_reach_the_engine(gateway: App) -> None:
+    """Over the gRPC API logit_bias forces the answer, a seed is refused and a constraint is
+    refused by the worker, each with the HTTP API's status and body."""
+    model = gateway.service.model.model_id
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
+        stub = pb_grpc.InferenceStub(channel)
+
+        def call(sampling: pb.SamplingOptions) -> Any:
+            return stub.Completion(
+                pb.CompletionRequest(model=model, text="Once upon a time", sampling=sampling)
+            )
+
+        chunks = [
+            c
+            async for c in call(
+                pb.SamplingOptions(max_tokens=4, logit_bias={HELLO_ID: 100.0}, top_k=5, min_p=0.1)
+            )
+        ]
+        assert "".join(ch.text for c in chunks for ch in c.choices) == "Hello" * 4
+        for sampling, expected in [
+            (pb.SamplingOptions(seed=3), _unsupported("seed")),
+            (
+                pb.SamplingOptions(response_format='{"type": "json_object"}'),
+                _err(
+                    f"The worker rejected the request: {GRAMMAR_UNSUPPORTED}",
+                    None,
+                    "invalid_value",
+                ),
+            ),
+            (
+                pb.SamplingOptions(response_format="{json"),
+                _invalid("response_format", "not valid JSON text."),
+            ),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                [c async for c in call(sampling)]
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            trailing = dict(info.value.trailing_metadata() or ())
+            assert json.loads(trailing["x-error-json"]) == expected
+
+
+async def test_refusals_leave_the_gateway_ready_and_every_worker_healthy(gateway: App) -> None:
+    """After every refusal above `/ready` is 200 and no worker has a failure counted."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(_url(gateway, "/ready")) as resp:
+            assert resp.status == 200
+    assert all(w.healthy and w.consecutive_failures == 0 for w in gateway.pool.workers())
