@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from homing.app import App
 
 
 async def eventually(check: Callable[[], bool], within_s: float) -> bool:
@@ -15,3 +20,43 @@ async def eventually(check: Callable[[], bool], within_s: float) -> bool:
             return True
         await asyncio.sleep(0.01)
     return check()
+
+
+async def assert_ready_and_healthy(app: App) -> None:
+    """`GET /ready` on a fresh connection is 200 with every worker counted healthy, and every
+    worker of `app.pool` is healthy with no failure counted (a client's mistake must never
+    count against a worker)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+    try:
+        writer.write(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 5)  # until the server closes
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert app.pool is not None
+    workers = app.pool.workers()
+    assert json.loads(body) == {
+        "ready": True,
+        "healthy_workers": len(workers),
+        "workers": len(workers),
+    }
+    assert [(w.healthy, w.consecutive_failures) for w in workers] == [(True, 0)] * len(workers)
+
+
+async def post_without_reading(port: int, path: str, body: bytes) -> asyncio.StreamWriter:
+    """Send `POST path` with a JSON `body` on a connection whose receive window is tiny and
+    that never reads: a client that stopped reading. Close the returned writer when done."""
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # the window fills at once
+    sock.connect(("127.0.0.1", port))
+    _, writer = await asyncio.open_connection(sock=sock)
+    writer.write(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
+    )
+    await writer.drain()
+    return writer

@@ -231,6 +231,8 @@ class App:
         """Drain and stop; safe to call more than once and after a failed start."""
         self._stopping = True
         drain = self.config.gateway.drain_timeout_s
+        if self.service is not None:
+            self.service.stop_accepting()  # keep-alive connections may still send requests
         # Stop accepting on both listeners at once; open HTTP streams and gRPC calls go on
         # until they finish or the drain timeout passes.
         grpc_stopped = None
@@ -245,10 +247,11 @@ class App:
         if self.service is not None and self.service.in_flight:
             log.info("draining", in_flight=self.service.in_flight, timeout_s=drain)
             if not await self.service.drained(drain):
-                cut = self.service.interrupt_all(drained(drain), outcome="drained")
+                cut = self.service.interrupt_all(lambda: drained(drain), outcome="drained")
                 log.warning("drain_timeout", cut=cut, timeout_s=drain)
                 # The cut requests send their error (a stream as its last event) and end.
-                await self.service.drained(CUT_GRACE_S)
+                if not await self.service.drained(CUT_GRACE_S):
+                    log.warning("drain_cut_timeout", in_flight=self.service.in_flight)
         if grpc_stopped is not None:
             await grpc_stopped
             self.grpc = None

@@ -35,6 +35,8 @@ class SimLauncher:
     def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
         self.children: list[SimProcess] = []
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._stopping = False
 
     def _args(self) -> list[str]:
         s = self.settings
@@ -77,8 +79,19 @@ class SimLauncher:
         url = ready["workers"][0]["url"]
         self.children.append(SimProcess(process, url))
         log.info("sim_worker_ready", url=url, pid=process.pid)
+        watcher = asyncio.get_running_loop().create_task(self._watch(process, url))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, process: asyncio.subprocess.Process, url: str) -> None:
+        """Log a child that exits while it should be serving (the pool's health probes take
+        it out of rotation; nothing restarts it)."""
+        code = await process.wait()
+        if not self._stopping:
+            log.warning("sim_worker_exited", url=url, pid=process.pid, code=code)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM every child, SIGKILL those still alive after `grace_s`."""
+        self._stopping = True
         children, self.children = self.children, []
         await terminate((child.process for child in children), grace_s)

@@ -1,5 +1,6 @@
-"""Signals to a real `homing serve` process: SIGHUP is logged and ignored; SIGTERM lets 20
-open streams run to their end before the process exits 0."""
+"""Signals to a real `homing serve` process group, as a terminal sends them to a shell job:
+SIGHUP is logged and ignored; SIGINT (Ctrl-C) and SIGTERM let 20 open streams run to their
+end before the process exits 0, its simulated workers serving until then."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class Served:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
+    def signal_group(self, signum: int) -> None:
+        """Send `signum` to the whole process group, as a terminal does."""
+        os.killpg(self.process.pid, signum)
+
     async def read_log(self) -> None:
         assert self.process.stdout is not None
         async for line in self.process.stdout:
@@ -60,6 +65,7 @@ async def served() -> AsyncIterator[Served]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,  # its own process group, as a shell job is
     )
     server = Served(process, port)
     reader = asyncio.ensure_future(server.read_log())
@@ -84,25 +90,42 @@ async def served() -> AsyncIterator[Served]:
         reader.cancel()
 
 
+async def _refuses_connections(served: Served) -> bool:
+    """Whether a new connection to the HTTP port is refused within 5 s."""
+    for _ in range(250):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        except OSError:
+            return True
+        writer.close()
+        await asyncio.sleep(0.02)
+    return False
+
+
 @pytest.mark.timeout(120)
 async def test_sighup_is_logged_and_ignored(served: Served) -> None:
-    """After SIGHUP the process still serves and its log says the signal was ignored."""
-    served.process.send_signal(signal.SIGHUP)
+    """After SIGHUP to its group the process still serves completions (its workers too) and
+    its log says the signal was ignored."""
+    served.signal_group(signal.SIGHUP)
     async with aiohttp.ClientSession() as http:
         for _ in range(100):
             if any("sighup_ignored" in line for line in served.log):
                 break
             await asyncio.sleep(0.05)
         assert any("sighup_ignored" in line for line in served.log), "".join(served.log)
-        async with http.get(served.url("/health")) as resp:
+        body = {"model": "llama-3.1-8b", "prompt": "hi", "max_tokens": 4}
+        async with http.post(served.url("/v1/completions"), json=body) as resp:
+            assert resp.status == 200
+        async with http.get(served.url("/ready")) as resp:
             assert resp.status == 200
     assert served.process.returncode is None
 
 
 @pytest.mark.timeout(120)
-async def test_sigterm_lets_twenty_open_streams_finish(served: Served) -> None:
-    """SIGTERM with 20 streams open: each runs to `max_tokens` and `[DONE]`, new requests
-    are refused, and the process exits 0."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_stop_signal_lets_twenty_open_streams_finish(served: Served, signum: int) -> None:
+    """SIGTERM or SIGINT to the group with 20 streams open: each runs to `max_tokens` and
+    `[DONE]`, a new connection is refused, and the process exits 0."""
     body = {
         "model": "llama-3.1-8b",
         "prompt": "Tell a long story",
@@ -118,8 +141,11 @@ async def test_sigterm_lets_twenty_open_streams_finish(served: Served) -> None:
         for resp in responses:  # every stream is under way before the signal
             assert resp.status == 200
             await resp.content.readline()
-        served.process.send_signal(signal.SIGTERM)
-        texts = await asyncio.gather(*(resp.read() for resp in responses))
+        served.signal_group(signum)
+        reading = asyncio.gather(*(resp.read() for resp in responses))
+        assert await _refuses_connections(served), "the listener stayed open"
+        assert not reading.done()  # refused while the streams were still running
+        texts = await reading
     for raw in texts:
         events = [e for e in raw.decode().split("\n\n") if e]
         assert events[-1] == "data: [DONE]"

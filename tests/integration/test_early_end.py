@@ -14,7 +14,7 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
-from helpers import eventually
+from helpers import eventually, post_without_reading
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -50,6 +50,18 @@ def _url(app: App, path: str) -> str:
     return f"http://127.0.0.1:{app.http_port}{path}"
 
 
+def _long_grpc_stream(channel: grpc.aio.Channel, n: int = 1) -> Any:
+    """A streamed gRPC completion of `n` choices far longer than any test runs."""
+    return pb_grpc.InferenceStub(channel).Completion(
+        pb.CompletionRequest(
+            model=MODEL,
+            text="go",
+            stream=True,
+            sampling=pb.SamplingOptions(max_tokens=100_000, ignore_eos=True, n=n),
+        )
+    )
+
+
 def _events(text: str) -> list[str]:
     return [e for e in text.split("\n\n") if e]
 
@@ -75,14 +87,7 @@ async def test_drain_timeout_ends_open_requests_with_a_drained_error(app: App) -
             )
             await stream.content.readline()  # the role chunk: the stream is under way
             plain = asyncio.ensure_future(http.post(_url(app, "/v1/chat/completions"), json=chat))
-            call = pb_grpc.InferenceStub(channel).Completion(
-                pb.CompletionRequest(
-                    model=MODEL,
-                    text="go",
-                    stream=True,
-                    sampling=pb.SamplingOptions(max_tokens=100_000, ignore_eos=True),
-                )
-            )
+            call = _long_grpc_stream(channel)
             await call.read()  # the first chunk: the call is under way
             assert await eventually(lambda: app.service.in_flight == 3, within_s=5.0)
             await app.stop()
@@ -110,14 +115,7 @@ async def test_grpc_stream_cut_by_a_dying_worker_gets_its_status_and_error_json(
     assert app.sims is not None
     with capture_logs() as logs:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
-            call = pb_grpc.InferenceStub(channel).Completion(
-                pb.CompletionRequest(
-                    model=MODEL,
-                    text="go",
-                    stream=True,
-                    sampling=pb.SamplingOptions(max_tokens=100_000, ignore_eos=True),
-                )
-            )
+            call = _long_grpc_stream(channel)
             await call.read()
             app.sims.children[0].process.kill()
             with pytest.raises(grpc.aio.AioRpcError) as cut:
@@ -157,4 +155,92 @@ async def test_client_gone_mid_answer_writes_one_request_done(app: App) -> None:
             assert await eventually(lambda: app.service.in_flight == 1, within_s=5.0)
             call.cancel()
         assert await eventually(lambda: app.service.in_flight == 0, within_s=5.0)
+    assert [e["outcome"] for e in _done_lines(logs)] == ["client_closed"]
+
+
+async def test_request_sent_while_draining_gets_shutting_down(app: App) -> None:
+    """During the drain a request on a connection that stayed open is refused with 503
+    `shutting_down` and the connection is closed; the open stream still completes."""
+    assert app.service is not None and app.http_port is not None
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s"
+    )
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+    try:
+        writer.write(request % (len(body), body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(next(v for k, v in _headers(head) if k == "content-length"))
+        await reader.readexactly(length)  # the connection stays open (keep-alive)
+        async with aiohttp.ClientSession() as http:
+            long = {"model": MODEL, "prompt": "go", "max_tokens": 40, "stream": True}
+            stream = await http.post(_url(app, "/v1/completions"), json=long)
+            await stream.content.readline()
+            stopping = asyncio.ensure_future(app.stop())
+            assert await eventually(lambda: not app.service.accepting, within_s=5.0)
+            writer.write(request % (len(body), body))
+            answer = await asyncio.wait_for(reader.read(), 10)  # read() ends: closed
+            text = (await stream.read()).decode()
+            await stopping
+    finally:
+        writer.close()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503")
+    assert ("connection", "close") in [(k, v.lower()) for k, v in _headers(head)]
+    assert json.loads(payload)["error"]["code"] == "shutting_down"
+    assert _events(text)[-1] == "data: [DONE]" and '"error"' not in text
+
+
+async def test_cut_stream_whose_client_stopped_reading_is_logged_drained(app: App) -> None:
+    """A stream whose client stopped reading (its events pile up unsent) is still logged as
+    `drained` when the drain timeout cuts it, not as closed by the client."""
+    assert app.service is not None and app.http_port is not None
+    body = json.dumps({"model": MODEL, "prompt": "go", "stream": True, "n": 16, **LONG}).encode()
+    writer = await post_without_reading(app.http_port, "/v1/completions", body)
+    try:
+
+        def piling_up() -> bool:
+            return any(g._queue.qsize() > 50 for g in app.service._open)
+
+        with capture_logs() as logs:
+            assert await eventually(piling_up, within_s=30.0)
+            await app.stop()
+    finally:
+        writer.close()
+    assert [e["outcome"] for e in _done_lines(logs)] == ["drained"]
+
+
+async def test_worker_refusal_of_a_request_is_logged_as_its_status(app: App) -> None:
+    """A request the worker refuses as invalid (400 to the client) is logged `error_400`,
+    not as a worker failure."""
+    body = {"model": MODEL, "prompt": "hi", "response_format": {"type": "json_object"}}
+    with capture_logs() as logs:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(_url(app, "/v1/completions"), json=body) as resp:
+                assert resp.status == 400
+    assert [e["outcome"] for e in _done_lines(logs)] == ["error_400"]
+
+
+def _headers(head: bytes) -> list[tuple[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    return [
+        (k.strip().lower(), v.strip()) for k, v in (line.split(":", 1) for line in lines if line)
+    ]
+
+
+async def test_grpc_client_cancelling_a_stream_of_several_choices_is_client_closed(
+    app: App,
+) -> None:
+    """A gRPC client that cancels its stream of 4 choices is logged once, `client_closed`."""
+    assert app.service is not None
+    with capture_logs() as logs:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+            call = _long_grpc_stream(channel, n=4)
+            for _ in range(10):
+                await call.read()
+            call.cancel()
+        assert await eventually(lambda: app.service.in_flight == 0, within_s=5.0)
+        assert await eventually(lambda: bool(_done_lines(logs)), within_s=5.0)
     assert [e["outcome"] for e in _done_lines(logs)] == ["client_closed"]

@@ -64,10 +64,17 @@ async def test_stop_drains_streams_and_refuses_new_calls(app: App) -> None:
 
 
 async def test_grpc_health_follows_worker_health(app: App) -> None:
-    """When the only worker dies, /ready is 503 and gRPC health is NOT_SERVING."""
+    """When the only worker dies, its exit is logged, /ready is 503 and gRPC health is
+    NOT_SERVING."""
+    from structlog.testing import capture_logs
+
     assert app.sims is not None
-    app.sims.children[0].process.kill()
-    assert await eventually(lambda: not app.pool.healthy_workers(), within_s=5.0)
+    with capture_logs() as logs:
+        app.sims.children[0].process.kill()
+        assert await eventually(lambda: not app.pool.healthy_workers(), within_s=5.0)
+        assert await eventually(
+            lambda: any(e["event"] == "sim_worker_exited" for e in logs), within_s=5.0
+        )
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{app.http_port}/ready") as resp:
             assert resp.status == 503

@@ -101,16 +101,16 @@ async def test_more_messages_than_allowed_is_400(app: App) -> None:
 
 
 async def test_headers_over_the_limit_are_431(app: App) -> None:
-    """Request line plus header lines above 2 KiB get 431 with the exact size."""
+    """Request line plus header lines above 2 KiB get 431 (the same body as a head the parser
+    refuses); a head within the limit is served."""
     body = _chat(app, 1)
     request = _request(body, "X-Pad: " + "a" * 2000)
-    head = request.split(b"\r\n\r\n")[0]
-    size = len(head) + 2  # every line with its CRLF
+    assert len(request.split(b"\r\n\r\n")[0]) + 2 > MAX_HEADER_BYTES  # lines with CRLFs
     status, headers, raw = await _raw(app, request)
     assert status == 431
     assert headers["content-type"].startswith("application/json")
     assert json.loads(raw) == _error(
-        f"The request headers are too large ({size} bytes; limit {MAX_HEADER_BYTES}).",
+        f"The request headers are too large (limit {MAX_HEADER_BYTES} bytes).",
         "request_header_fields_too_large",
     )
     status, _, _ = await _raw(app, _request(body, "X-Pad: " + "a" * 1500))

@@ -298,18 +298,23 @@ async def test_burst_of_cold_requests_spreads_across_workers(gateway: App) -> No
 
 
 async def test_gateway_deadline_does_not_mark_workers_unhealthy(gateway: App) -> None:
-    """A request that outlives the gateway's own deadline gets 504, and the worker that was
-    serving it keeps its health."""
+    """A request that outlives the gateway's own deadline gets 504, is logged as `timeout`,
+    and the worker that was serving it keeps its health."""
+    from structlog.testing import capture_logs
+
     model = await _model(gateway)
     saved = gateway.service.request_timeout_s
     gateway.service.request_timeout_s = 0.3
     try:
         body = {"model": model, "prompt": "Tell", "max_tokens": 100000, "ignore_eos": True}
-        async with aiohttp.ClientSession() as session:
-            for _ in range(4):
-                async with session.post(_base(gateway) + "/v1/completions", json=body) as resp:
-                    assert resp.status == 504
-                    assert (await resp.json())["error"]["code"] == "timeout"
+        with capture_logs() as logs:
+            async with aiohttp.ClientSession() as session:
+                for _ in range(4):
+                    async with session.post(_base(gateway) + "/v1/completions", json=body) as r:
+                        assert r.status == 504
+                        assert (await r.json())["error"]["code"] == "timeout"
     finally:
         gateway.service.request_timeout_s = saved
+    done = [e["outcome"] for e in logs if e["event"] == "request_done"]
+    assert done == ["timeout"] * 4
     assert all(w.healthy and w.consecutive_failures == 0 for w in gateway.pool.workers())

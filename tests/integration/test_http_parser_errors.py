@@ -1,7 +1,10 @@
 """Malformed HTTP over a real socket: whatever aiohttp's parser refuses (request line, header
-floods, framing, control characters, Host, Expect) is answered with our JSON error body and the
-right status, and the connection is closed; a body over the limit is refused from its
-Content-Length before it is read. None of it touches a worker's health."""
+and trailer floods, framing, control characters, Host, Expect), and what it would let through
+(a Transfer-Encoding other than chunked, a second Expect), is answered with our JSON error body
+and the right status, and the connection is closed; requests sent before such junk on the same
+connection are answered first; a body over the limit is refused from its Content-Length before
+it is read. None of it touches a worker's health (checked after every
+test)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from helpers import assert_ready_and_healthy
 
 from homing.app import App
 from homing.config import GatewaySettings, HomingConfig, SimSettings
@@ -48,6 +52,13 @@ async def app() -> AsyncIterator[App]:
         yield running
 
 
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def _stays_ready(app: App) -> AsyncIterator[None]:
+    """After each test `/ready` is 200 and every worker is healthy with no failure counted."""
+    yield
+    await assert_ready_and_healthy(app)
+
+
 @dataclass
 class Reply:
     """One HTTP response read off a connection the server then closed."""
@@ -60,13 +71,23 @@ class Reply:
         return json.loads(self.body)
 
 
+def _parse_all(raw: bytes) -> list[Reply]:
+    """The responses in `raw`, one after the other (each with a Content-Length)."""
+    replies = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+        length = int(headers["content-length"])
+        assert len(rest) >= length, "a response was cut short"
+        replies.append(Reply(int(lines[0].split()[1]), headers, rest[:length]))
+        raw = rest[length:]
+    return replies
+
+
 def _parse(raw: bytes) -> Reply:
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
-    length = int(headers["content-length"])
-    assert len(rest) == length, "the server sent more than one response"
-    return Reply(int(lines[0].split()[1]), headers, rest)
+    (reply,) = _parse_all(raw)  # the server sent exactly one response
+    return reply
 
 
 async def _send(app: App, data: bytes) -> Reply:
@@ -111,7 +132,15 @@ BAD_HEADER = _error(
 )
 BAD_LENGTH = _error("The Content-Length header is malformed or repeated.", "invalid_content_length")
 BAD_CHUNKS = _error("The chunked request body is malformed.", "invalid_chunked_body")
+BAD_TRANSFER_ENCODING = _error(
+    "The Transfer-Encoding header is not supported or malformed.", "invalid_transfer_encoding"
+)
+TOO_MANY_LINES = _error(
+    f"The request has more than {MAX_HEADER_COUNT} header lines.", "too_many_headers"
+)
+EXPECTATION_FAILED = _error("Only 'Expect: 100-continue' is supported.", "expectation_failed")
 CHUNKED = _head(H, JSON, "Transfer-Encoding: chunked")
+TRAILER_FLOOD = b"2\r\n{}\r\n0\r\n" + b"X-Trailer: v\r\n" * 200 + b"\r\n"
 
 # name -> (request, status, body)
 MALFORMED: dict[str, tuple[bytes, int, dict[str, Any]]] = {
@@ -126,15 +155,17 @@ MALFORMED: dict[str, tuple[bytes, int, dict[str, Any]]] = {
         431,
         TOO_LARGE_HEAD,
     ),
-    "header_flood": (
-        _head(H, *[f"X-{i}: v" for i in range(200)]),
-        431,
-        _error(f"The request has more than {MAX_HEADER_COUNT} header lines.", "too_many_headers"),
-    ),
+    "header_flood": (_head(H, *[f"X-{i}: v" for i in range(200)]), 431, TOO_MANY_LINES),
     "one_header_line_too_many": (
         _head(H, *[f"X-{i}: v" for i in range(MAX_HEADER_COUNT)], start="GET /v1/models HTTP/1.1"),
         431,
-        _error(f"The request has more than {MAX_HEADER_COUNT} header lines.", "too_many_headers"),
+        TOO_MANY_LINES,
+    ),
+    "trailer_flood": (CHUNKED + TRAILER_FLOOD, 431, TOO_MANY_LINES),
+    "trailer_line_too_long": (
+        CHUNKED + b"0\r\nX-Trailer: " + b"p" * 5000 + b"\r\n\r\n",
+        431,
+        TOO_LARGE_HEAD,
     ),
     "conflicting_content_lengths": (
         _head(H, JSON, "Content-Length: 2", "Content-Length: 3") + b"{}",
@@ -152,10 +183,17 @@ MALFORMED: dict[str, tuple[bytes, int, dict[str, Any]]] = {
     "unknown_transfer_encoding": (
         _head(H, JSON, "Transfer-Encoding: compress"),
         400,
-        _error(
-            "The Transfer-Encoding header is not supported or malformed.",
-            "invalid_transfer_encoding",
-        ),
+        BAD_TRANSFER_ENCODING,
+    ),
+    "coding_before_chunked": (
+        _head(H, JSON, "Transfer-Encoding: gzip, chunked") + b"0\r\n\r\n",
+        400,
+        BAD_TRANSFER_ENCODING,
+    ),
+    "identity_before_chunked": (
+        _head(H, JSON, "Transfer-Encoding: identity, chunked") + b"0\r\n\r\n",
+        400,
+        BAD_TRANSFER_ENCODING,
     ),
     "bad_chunk_size": (CHUNKED + b"zz\r\n{}\r\n0\r\n\r\n", 400, BAD_CHUNKS),
     "chunk_longer_than_its_size": (CHUNKED + b"2\r\n{}}\r\n0\r\n\r\n", 400, BAD_CHUNKS),
@@ -171,11 +209,18 @@ MALFORMED: dict[str, tuple[bytes, int, dict[str, Any]]] = {
     ),
     "bad_method": (_head(H, start="G{T /v1/models HTTP/1.1"), 400, REQUEST_LINE),
     "bad_http_version": (_head(H, start="GET /v1/models HTTP/7.0"), 400, REQUEST_LINE),
+    "no_http_version": (b"GET /health\r\n\r\n", 400, REQUEST_LINE),  # HTTP/0.9's form
+    "no_http_version_with_headers": (_head(H, start="GET /health"), 400, REQUEST_LINE),
     "tls_on_the_plain_port": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, REQUEST_LINE),
     "unsupported_expectation": (
         _head(H, JSON, "Expect: 200-ok", "Content-Length: 2") + b"{}",
         417,
-        _error("Only 'Expect: 100-continue' is supported.", "expectation_failed"),
+        EXPECTATION_FAILED,
+    ),
+    "second_expectation_after_continue": (
+        _head(H, JSON, "Expect: 100-continue", "Expect: foo", "Content-Length: 2") + b"{}",
+        417,
+        EXPECTATION_FAILED,
     ),
 }
 
@@ -190,6 +235,61 @@ async def test_malformed_request_gets_json_error_and_closed_connection(app: App,
     assert reply.headers["content-type"] == "application/json; charset=utf-8"
     assert reply.headers["connection"] == "close"
     assert len(reply.headers["x-request-id"]) == 32
+
+
+HEALTH = _head(H, start="GET /health HTTP/1.1")
+# name -> (the valid requests, the junk sent after them in the same segment, junk's answer)
+JUNK_AFTER_REQUESTS: dict[str, tuple[list[bytes], bytes, int, dict[str, Any]]] = {
+    "garbage_line": ([HEALTH], b"GARBAGE\r\n\r\n", 400, REQUEST_LINE),
+    "three_requests_then_garbage": ([HEALTH] * 3, b"GARBAGE\r\n\r\n", 400, REQUEST_LINE),
+    "no_http_version": ([HEALTH, HEALTH], b"GET /health\r\n\r\n", 400, REQUEST_LINE),
+    "unsupported_expectation": (
+        [HEALTH],
+        _head(H, JSON, "Expect: 200-ok", "Content-Length: 2") + b"{}",
+        417,
+        EXPECTATION_FAILED,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(JUNK_AFTER_REQUESTS))
+async def test_requests_before_junk_in_one_segment_are_answered_first(app: App, name: str) -> None:
+    """Valid requests followed by junk in one write each get their answer, kept alive; then
+    the junk gets its JSON error with `Connection: close`, and the server closes."""
+    requests, junk, status, body = JUNK_AFTER_REQUESTS[name]
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+    try:
+        writer.write(b"".join(requests) + junk)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 5)  # returns at EOF: the server closed
+    finally:
+        writer.close()
+    *answers, refusal = _parse_all(raw)
+    assert [(a.status, a.json()) for a in answers] == [(200, {"status": "ok"})] * len(requests)
+    assert all("connection" not in a.headers for a in answers)
+    assert (refusal.status, refusal.json()) == (status, body)
+    assert refusal.headers["connection"] == "close"
+
+
+async def test_body_longer_than_its_content_length_answers_the_request_then_400(
+    app: App,
+) -> None:
+    """A completion whose bytes run past its Content-Length is served; the bytes left over
+    are taken as a next request and refused with 400 `invalid_request_line`."""
+    body = _chat(app)
+    request = _head(H, JSON, f"Content-Length: {len(body)}") + body + b"}\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    served, refused = _parse_all(raw)
+    assert served.status == 200
+    assert served.json()["object"] == "chat.completion"
+    assert (refused.status, refused.json()) == (400, REQUEST_LINE)
+    assert refused.headers["connection"] == "close"
 
 
 async def test_content_length_over_the_limit_is_413_before_the_body(app: App) -> None:
@@ -258,9 +358,17 @@ async def test_chunked_body_growing_past_the_limit_is_413(app: App) -> None:
     assert reply.headers["connection"] == "close"
 
 
-async def test_bad_chunk_while_the_body_is_read_is_400_at_once(app: App) -> None:
-    """Bad chunk framing that arrives while the handler reads the body answers that handler
-    at once with 400, not after the body timeout."""
+@pytest.mark.parametrize(
+    ("body", "status", "expected"),
+    [(b"1\r\n{\r\nzz\r\n", 400, BAD_CHUNKS), (TRAILER_FLOOD, 431, TOO_MANY_LINES)],
+    ids=["bad_chunk", "trailer_flood"],
+)
+async def test_bad_body_framing_while_the_body_is_read_is_answered_at_once(
+    app: App, body: bytes, status: int, expected: dict[str, Any]
+) -> None:
+    """Bad chunk framing, or trailer lines past the header-line count, arriving while the
+    handler reads the body answers that handler at once (not after the body timeout), with
+    the code it gets in one read with the head."""
     reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
     started = time.monotonic()
     try:
@@ -270,15 +378,27 @@ async def test_bad_chunk_while_the_body_is_read_is_400_at_once(app: App) -> None
         assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == (
             b"HTTP/1.1 100 Continue\r\n\r\n"
         )
-        writer.write(b"1\r\n{\r\nzz\r\n")
+        writer.write(body)
         await writer.drain()
         raw = await asyncio.wait_for(reader.read(), 5)
     finally:
         writer.close()
     reply = _parse(raw)
     assert time.monotonic() - started < LINGERING_S + 1.0 < BODY_TIMEOUT_S
-    assert (reply.status, reply.json()) == (400, BAD_CHUNKS)
+    assert (reply.status, reply.json()) == (status, expected)
     assert reply.headers["connection"] == "close"
+
+
+async def test_a_few_trailers_are_served(app: App) -> None:
+    """A chunked body with a few trailer lines (a count within the limit) is served."""
+    body = _chat(app)
+    trailers = b"".join(b"X-Trailer-%d: v\r\n" % i for i in range(3))
+    request = _head(
+        H, JSON, "Transfer-Encoding: chunked", "Connection: close"
+    ) + b"%x\r\n%s\r\n0\r\n%s\r\n" % (len(body), body, trailers)
+    reply = await _send(app, request)
+    assert reply.status == 200
+    assert reply.json()["object"] == "chat.completion"
 
 
 async def test_a_well_formed_request_after_all_that_is_served(app: App) -> None:
@@ -291,12 +411,3 @@ async def test_a_well_formed_request_after_all_that_is_served(app: App) -> None:
     reply = await _send(app, request)
     assert reply.status == 200
     assert reply.json()["choices"][0]["finish_reason"] == "length"
-
-
-async def test_gateway_stays_ready_and_no_worker_is_marked_unhealthy(app: App) -> None:
-    """After every malformed request above, `/ready` is 200 and every worker is healthy."""
-    reply = await _send(app, _head(H, "Connection: close", start="GET /ready HTTP/1.1"))
-    assert reply.status == 200
-    assert reply.json() == {"ready": True, "healthy_workers": 1, "workers": 1}
-    assert app.pool is not None
-    assert len(app.pool.healthy_workers()) == len(app.pool.workers()) == 1

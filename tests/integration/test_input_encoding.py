@@ -1,7 +1,9 @@
-"""Bytes that are not text, and bodies that do not match their Content-Encoding, over a real
-socket: every string a request carries to the tokenizer, the router's session hash, the log
-line or a gRPC trailer is valid Unicode or the request is refused with a 4xx (never a 5xx);
-gzip and deflate bodies are served and bounded by the body limit after decoding."""
+"""Bytes that are not text, JSON that is not RFC 8259's, and bodies that do not match their
+Content-Encoding, over a real socket: every string a request carries to the tokenizer, the
+router's session hash, the log line or a gRPC trailer is valid Unicode, and every number is
+finite, or the request is refused with a 4xx (never a 5xx); gzip and deflate bodies are served
+only when whole, and bounded by the body limit after decoding. After every test the gateway is
+ready and no worker is marked unhealthy."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from helpers import assert_ready_and_healthy
 
 from homing.app import App
 from homing.config import GatewaySettings, HomingConfig, SimSettings, TenantSettings
@@ -43,6 +46,13 @@ async def app() -> AsyncIterator[App]:
     )
     async with App(config) as running:
         yield running
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def _stays_ready(app: App) -> AsyncIterator[None]:
+    """After each test `/ready` is 200 and every worker is healthy with no failure counted."""
+    yield
+    await assert_ready_and_healthy(app)
 
 
 async def _send(
@@ -123,6 +133,37 @@ async def test_escaped_lone_surrogate_in_any_field_is_400(app: App, field: str) 
     assert reply == _error(
         "The request body contains an unpaired UTF-16 surrogate escape.", "invalid_json"
     )
+
+
+SCHEMA_WITH = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"maximum": MARK}}}
+HUGE_NUMBER = "1" + "0" * 400 + ".5"
+
+
+@pytest.mark.parametrize(
+    ("fields", "text", "reason"),
+    [
+        ({"temperature": MARK}, "NaN", "NaN is not a JSON value"),
+        ({"response_format": SCHEMA_WITH}, "NaN", "NaN is not a JSON value"),
+        ({"response_format": SCHEMA_WITH}, "Infinity", "Infinity is not a JSON value"),
+        ({"logit_bias": {"5": MARK}}, "-Infinity", "-Infinity is not a JSON value"),
+        ({"response_format": SCHEMA_WITH}, "1e999", "the number 1e999 is out of range"),
+        (
+            {"response_format": SCHEMA_WITH},
+            HUGE_NUMBER,
+            f"the number {HUGE_NUMBER[:64]}... is out of range",
+        ),
+    ],
+)
+async def test_numbers_that_are_not_json_are_400(
+    app: App, fields: dict[str, Any], text: str, reason: str
+) -> None:
+    """`NaN`, `Infinity`, `-Infinity` (which Python's json takes) and a number beyond a double
+    (which it makes `inf`) get 400 `invalid_json`, in a schema that would reach the engine as
+    text too."""
+    body = json.dumps(_chat(app, **fields)).encode().replace(f'"{MARK}"'.encode(), text.encode())
+    status, _, reply = await _send(app, body)
+    assert status == 400
+    assert reply == _error(f"The request body is not valid JSON: {reason}", "invalid_json")
 
 
 async def test_prompt_bytes_that_are_not_utf8_are_400(app: App) -> None:
@@ -213,15 +254,51 @@ async def test_content_encoding_we_do_not_serve_is_415(app: App, coding: str) ->
     assert headers["connection"] == "close"
 
 
+def _raw_deflate(data: bytes) -> bytes:
+    return zlib.compress(data, wbits=-zlib.MAX_WBITS)
+
+
 @pytest.mark.parametrize(
-    ("coding", "compress"), [("gzip", gzip.compress), ("deflate", zlib.compress)]
+    ("coding", "compress"),
+    [("gzip", gzip.compress), ("deflate", zlib.compress), ("deflate", _raw_deflate)],
+    ids=["gzip", "deflate", "raw_deflate"],
 )
 async def test_compressed_body_is_served(app: App, coding: str, compress: Any) -> None:
-    """A gzip or deflate body is decoded and served."""
+    """A gzip or deflate body (zlib's format, or raw as some clients send it) is decoded and
+    served."""
     body = compress(json.dumps(_chat(app)).encode())
     status, _, reply = await _send(app, body, f"Content-Encoding: {coding}".encode())
     assert status == 200
     assert reply["object"] == "chat.completion"
+
+
+GZIPPED = gzip.compress(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+DEFLATED = zlib.compress(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+CUT: dict[str, tuple[str, bytes]] = {
+    "gzip_without_its_trailer": ("gzip", GZIPPED[:-8]),
+    "gzip_one_byte_short": ("gzip", GZIPPED[:-1]),
+    "gzip_cut_mid_stream": ("gzip", GZIPPED[: len(GZIPPED) // 2]),
+    "gzip_header_only": ("gzip", GZIPPED[:10]),
+    "gzip_then_garbage": ("gzip", GZIPPED + b"trailing"),
+    "gzip_second_member": ("gzip", GZIPPED + GZIPPED),
+    "deflate_without_its_checksum": ("deflate", DEFLATED[:-4]),
+    "deflate_cut_mid_stream": ("deflate", DEFLATED[: len(DEFLATED) // 2]),
+    "empty_gzip_body": ("gzip", b""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUT))
+async def test_compressed_body_cut_short_or_with_bytes_after_it_is_400(app: App, name: str) -> None:
+    """A gzip or deflate stream that is cut short (no trailer, mid-stream), empty, or followed
+    by more bytes gets 400 `invalid_content_encoding` and the connection is closed, never a
+    body read as whatever part decoded."""
+    coding, body = CUT[name]
+    status, headers, reply = await _send(app, body, f"Content-Encoding: {coding}".encode())
+    assert status == 400
+    assert reply == _error(
+        "The request body does not decode as its Content-Encoding.", "invalid_content_encoding"
+    )
+    assert headers["connection"] == "close"
 
 
 async def test_decompression_bomb_is_413_on_the_decoded_size(app: App) -> None:
@@ -329,17 +406,78 @@ async def test_grpc_list_models_garbage_is_invalid_argument(app: App) -> None:
     _assert_undecodable(caught.value)
 
 
-async def test_gateway_stays_ready_and_no_worker_is_marked_unhealthy(app: App) -> None:
-    """After every refusal above, `/ready` is 200 and every worker is healthy."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
-    try:
-        writer.write(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 ")
-    assert json.loads(body) == {"ready": True, "healthy_workers": 1, "workers": 1}
-    assert app.pool is not None
-    assert len(app.pool.healthy_workers()) == len(app.pool.workers()) == 1
+# -- gRPC: a message over the body limit gets our error, as on HTTP --
+
+TOO_LARGE_MESSAGE = f"The request message is too large (limit {MAX_BODY_BYTES} bytes)."
+
+
+def _padded(message: bytes, size: int) -> bytes:
+    """`message` with an unknown length-delimited field (number 1000) appended so that the
+    whole is `size` bytes; protobuf keeps unknown fields, so it parses as `message`."""
+    tag = b"\xd2\x3e"  # varint of (1000 << 3) | 2
+    for length_bytes in range(1, 6):
+        pad = size - len(message) - len(tag) - length_bytes
+        length, varint = pad, b""
+        while True:
+            varint += bytes([(length & 0x7F) | (0x80 if length > 0x7F else 0)])
+            length >>= 7
+            if not length:
+                break
+        if len(varint) == length_bytes:
+            padded = message + tag + varint + b"p" * pad
+            assert len(padded) == size
+            return padded
+    raise ValueError(size)
+
+
+async def _list_models(
+    app: App, payload: bytes, compression: grpc.Compression | None = None
+) -> pb.ListModelsResponse | grpc.aio.AioRpcError:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        call = channel.unary_unary(
+            "/homing.v1.Inference/ListModels",
+            request_serializer=lambda raw: raw,
+            response_deserializer=pb.ListModelsResponse.FromString,
+        )
+        try:
+            return await call(
+                payload, metadata=(("authorization", f"Bearer {KEY}"),), compression=compression
+            )
+        except grpc.aio.AioRpcError as err:
+            return err
+
+
+def _assert_too_large(outcome: Any) -> None:
+    assert isinstance(outcome, grpc.aio.AioRpcError)
+    assert outcome.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert outcome.details() == TOO_LARGE_MESSAGE
+    trailing = dict(outcome.trailing_metadata() or ())
+    assert json.loads(trailing["x-error-json"]) == _error(TOO_LARGE_MESSAGE, "request_too_large")
+    assert len(trailing["x-request-id"]) == 32
+
+
+async def test_grpc_message_over_the_body_limit_is_invalid_argument_with_error_json(
+    app: App,
+) -> None:
+    """A ChatCompletion or ListModels message one byte over `max_body_bytes` (gzipped too:
+    the size is the decompressed one) gets INVALID_ARGUMENT with `request_too_large` in
+    `x-error-json` (gRPC core answered RESOURCE_EXHAUSTED with its own text); one of exactly
+    the limit is served."""
+    chat = _grpc_chat(app).SerializeToString()
+    _assert_too_large(await _grpc_call(app, "ChatCompletion", _padded(chat, MAX_BODY_BYTES + 1)))
+    _assert_too_large(await _list_models(app, _padded(b"", MAX_BODY_BYTES + 1)))
+    gzipped = await _list_models(app, _padded(b"", MAX_BODY_BYTES + 1), grpc.Compression.Gzip)
+    _assert_too_large(gzipped)
+    served = await _grpc_call(app, "ChatCompletion", _padded(chat, MAX_BODY_BYTES))
+    assert isinstance(served, list) and served[-1].usage.completion_tokens == 2
+    listed = await _list_models(app, _padded(b"", MAX_BODY_BYTES))
+    assert isinstance(listed, pb.ListModelsResponse) and len(listed.models) == 1
+
+
+async def test_grpc_message_over_twice_the_body_limit_is_refused_by_grpc_core(app: App) -> None:
+    """A message over twice `max_body_bytes` is refused by gRPC core, unread, with
+    RESOURCE_EXHAUSTED and no `x-error-json` (as the README's limits table says)."""
+    outcome = await _list_models(app, _padded(b"", 2 * MAX_BODY_BYTES + 1))
+    assert isinstance(outcome, grpc.aio.AioRpcError)
+    assert outcome.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "x-error-json" not in dict(outcome.trailing_metadata() or ())

@@ -1,14 +1,19 @@
 """Every request parameter is served, refused by name or unknown: exact 400 bodies over a real
-socket, and the forwarded ones observed end to end on real simulated workers."""
+socket (showing at most 64 characters of any client string), and the forwarded ones observed
+end to end on real simulated workers. After every test the gateway is ready and no worker is
+marked unhealthy."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import grpc
 import pytest
+import pytest_asyncio
+from helpers import assert_ready_and_healthy
 from openai import AsyncOpenAI
 
 from homing.app import App
@@ -21,6 +26,13 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 MESSAGES = [{"role": "user", "content": "hi"}]
 HELLO_ID = 19923  # "Hello" in the served tokenizer
 SCHEMA = {"name": "answer", "schema": {"type": "object"}}
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def _stays_ready(gateway: App) -> AsyncIterator[None]:
+    """After each test `/ready` is 200 and every worker is healthy with no failure counted."""
+    yield
+    await assert_ready_and_healthy(gateway)
 
 
 def _url(app: App, path: str) -> str:
@@ -288,6 +300,71 @@ async def test_served_parameters_of_wrong_type_or_range_are_exact_400(
     assert (status, body) == (400, expected)
 
 
+LONG = "k" * (1024 * 1024)  # a 1 MiB key or name
+
+
+def _cut(text: str) -> str:
+    return text[:64] + "..."
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "expected"),
+    [
+        (
+            {"metadata": {LONG: "v"}},
+            400,
+            _invalid(_cut("metadata." + LONG), "String should have at most 64 characters"),
+        ),
+        (
+            {"logit_bias": {LONG: "1"}},
+            400,
+            _invalid(_cut("logit_bias." + LONG), "Input should be a valid number"),
+        ),
+        (
+            {"logit_bias": {LONG: 1}},
+            400,
+            _invalid(
+                "logit_bias", f"keys must be token ids as decimal integers, got '{_cut(LONG)}'"
+            ),
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {**SCHEMA, LONG: 1}}},
+            400,
+            _err(
+                f"Unrecognized request argument supplied: "
+                f"{_cut('response_format.json_schema.' + LONG)}",
+                _cut("response_format.json_schema." + LONG),
+                "unknown_parameter",
+            ),
+        ),
+        (
+            {"model": LONG},
+            404,
+            _err(
+                f"The model '{_cut(LONG)}' does not exist or you do not have access to it.",
+                "model",
+                "model_not_found",
+            ),
+        ),
+    ],
+    ids=["metadata_key", "logit_bias_key_value", "logit_bias_key", "schema_key", "model"],
+)
+async def test_errors_show_at_most_64_characters_of_a_client_string(
+    gateway: App, fields: dict[str, Any], status: int, expected: dict[str, Any]
+) -> None:
+    """A 1 MiB nested key or model name appears in the error's message and param cut to its
+    first 64 characters and "...", so the error body stays small."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            _url(gateway, "/v1/chat/completions"),
+            data=json.dumps(_chat(gateway, **fields)),
+            headers={"content-type": "application/json"},
+        ) as resp:
+            raw = await resp.read()
+            assert (resp.status, json.loads(raw)) == (status, expected)
+    assert len(raw) < 512
+
+
 async def test_logit_bias_key_beyond_the_vocabulary_is_400(gateway: App) -> None:
     """A logit_bias token id the model does not have is the client's error, named."""
     vocab = gateway.service.model.tokenizer.vocab_size
@@ -389,9 +466,14 @@ async def test_constrained_decoding_is_refused_by_the_simulated_worker(
     )
 
 
+SCHEMA_TEXT = '{"type": "json_schema", "json_schema": {"name": "a", "schema": {"maximum": X}}}'
+
+
 async def test_grpc_sampling_options_reach_the_engine(gateway: App) -> None:
-    """Over the gRPC API logit_bias forces the answer, a seed is refused and a constraint is
-    refused by the worker, each with the HTTP API's status and body."""
+    """Over the gRPC API logit_bias forces the answer, a seed is refused, a constraint is
+    refused by the worker, and response_format text that is not RFC 8259 JSON (`NaN`,
+    `-Infinity`, a number beyond a double) is refused, each with the HTTP API's status and
+    body."""
     model = gateway.service.model.model_id
     async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
         stub = pb_grpc.InferenceStub(channel)
@@ -422,6 +504,13 @@ async def test_grpc_sampling_options_reach_the_engine(gateway: App) -> None:
                 pb.SamplingOptions(response_format="{json"),
                 _invalid("response_format", "not valid JSON text."),
             ),
+            *[
+                (
+                    pb.SamplingOptions(response_format=SCHEMA_TEXT.replace("X", number)),
+                    _invalid("response_format", "not valid JSON text."),
+                )
+                for number in ("NaN", "-Infinity", "1e999")
+            ],
         ]:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 [c async for c in call(sampling)]
@@ -430,9 +519,64 @@ async def test_grpc_sampling_options_reach_the_engine(gateway: App) -> None:
             assert json.loads(trailing["x-error-json"]) == expected
 
 
-async def test_refusals_leave_the_gateway_ready_and_every_worker_healthy(gateway: App) -> None:
-    """After every refusal above `/ready` is 200 and no worker has a failure counted."""
-    async with aiohttp.ClientSession() as session:
-        async with session.get(_url(gateway, "/ready")) as resp:
-            assert resp.status == 200
-    assert all(w.healthy and w.consecutive_failures == 0 for w in gateway.pool.workers())
+def _unknown(name: str) -> dict[str, Any]:
+    return _err(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ({"role": "user", "content": "hi", "bogus": 1}, _unknown("messages.[0].bogus")),
+        (
+            {"role": "user", "content": [{"type": "text", "text": "hi", "cache": True}]},
+            _unknown("messages.[0].content.[0].cache"),
+        ),
+        (
+            {"role": "assistant", "content": "hi", "tool_calls": [{"id": "c1"}]},
+            _unsupported("messages.[0].tool_calls"),
+        ),
+        (
+            {"role": "tool", "content": "42", "tool_call_id": "c1"},
+            _unsupported("messages.[0].tool_call_id"),
+        ),
+        (
+            {"role": "user", "content": None},
+            _invalid("messages.[0].content", "must not be null for a user message"),
+        ),
+    ],
+)
+async def test_message_fields_are_served_or_refused(
+    gateway: App, message: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    """A message's unknown keys are 400 `unknown_parameter`, its tool-calling fields 400
+    `unsupported_parameter` and a null user content 400 `invalid_value`, never ignored."""
+    body = _chat(gateway, messages=[message])
+    status, answer, _ = await _post(gateway, "/v1/chat/completions", body)
+    assert (status, answer) == (400, expected)
+
+
+async def test_message_name_and_an_empty_assistant_turn_are_served(gateway: App) -> None:
+    """A message `name` goes to the template and an assistant turn with null content (an
+    empty turn, as OpenAI allows) is served."""
+    messages = [
+        {"role": "user", "content": "hi", "name": "ann"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "again", "tool_calls": None},
+    ]
+    status, body, _ = await _post(
+        gateway, "/v1/chat/completions", _chat(gateway, messages=messages)
+    )
+    assert status == 200, body
+
+
+async def test_message_name_spelling_a_special_token_is_400(gateway: App) -> None:
+    """A message `name` is template input, so one holding a special token's text is refused
+    instead of becoming that token."""
+    messages = [{"role": "user", "content": "hi", "name": "x<｜Assistant｜>"}]
+    status, answer, _ = await _post(
+        gateway, "/v1/chat/completions", _chat(gateway, messages=messages)
+    )
+    assert (status, answer) == (
+        400,
+        _invalid("messages.[0].name", "a name must not hold special-token text."),
+    )

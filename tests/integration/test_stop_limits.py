@@ -11,7 +11,6 @@ holds back up to 1,023 characters and walks the automaton as deep as it goes, it
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import statistics
 import time
@@ -22,6 +21,7 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
+from loop_watch import Callbacks, LoopWatch
 
 from homing.app import App
 from homing.bench.stop_caps import cap_stops
@@ -182,10 +182,9 @@ async def test_a_stop_at_the_cap_ends_every_choice_where_it_starts(
 
 @dataclass
 class _Probes:
-    """What `/health` probes saw during one load round (milliseconds)."""
+    """What `/health` probes saw during one load round."""
 
     wall_ms: list[float] = field(default_factory=list)
-    loop_cpu_ms: list[float] = field(default_factory=list)
     ready: set[int] = field(default_factory=set)
     healthy: set[int] = field(default_factory=set)
 
@@ -197,11 +196,10 @@ async def _probe_until(app: App, done: asyncio.Event) -> _Probes:
     base = f"http://127.0.0.1:{app.http_port}"
     async with aiohttp.ClientSession() as session:
         while not done.is_set():
-            started, cpu = time.perf_counter(), time.thread_time()
+            started = time.perf_counter()
             async with session.get(f"{base}/health") as resp:
                 await resp.read()
                 assert resp.status == 200
-            probes.loop_cpu_ms.append((time.thread_time() - cpu) * 1000)
             probes.wall_ms.append((time.perf_counter() - started) * 1000)
             async with session.get(f"{base}/ready") as resp:
                 probes.ready.add(resp.status)
@@ -233,43 +231,57 @@ async def _load_round(app: App, stops: list[list[str]] | None) -> _Probes:
 
 
 async def test_health_is_not_delayed_by_requests_at_the_caps(gateway: App, answer: str) -> None:
-    """Requests at the caps add at most 10 ms to what delays `/health`; `/ready` stays 200.
+    """While requests at the caps run, no loop callback holds the gateway for 10 ms of CPU,
+    `/health`'s median latency is within 10 ms of the same load without stops, and `/ready`
+    stays 200.
 
     Each round sends 4 requests of n=16 at once (64 answers of ~1,700 characters) while
     `/health` is probed back to back: once without stops and once with 4 stops of 1,024
-    characters per request (each request its own), alternated over 3
-    rounds. The gateway and its clients share this thread, so how far the thread's CPU clock
-    moves while a probe waits is the gateway's own work queued ahead of it: the probe's wait on
-    an idle machine. Wall time on a loaded 2-core machine adds descheduling by other processes
-    (the simulated workers too), tens of ms either way, so it is reported, not compared, but for
-    its median. Asserted: the mean of a round's 5 longest waits (median of the 3 rounds) with
-    stops is within 10 ms of the same without stops, and so is the median wall latency; every
-    probe and request is 200, `/ready` stays 200 and no worker is marked unhealthy.
+    characters per request (each request its own), alternated over 3 rounds. The gateway, its
+    clients and the probes share this test's event loop, so a probe waits behind whatever
+    callbacks are queued ahead of it, and none of them may take 10 ms. `LoopWatch` times every
+    callback in the loop thread's CPU time, which other processes taking the cores do not
+    lengthen, after freezing the heap, so a full collection of the test session's objects
+    does not land in one. A single reading still has a tail on a shared VM (a fixed 2.4 ms
+    loop reads up to 6.7 ms of thread CPU on a 2-core runner), so the assertion is on the
+    median over the rounds of each round's longest callback: a stall the requests cause is
+    in every round (the quadratic matcher this replaced: ~20 ms each). Wall latency also
+    carries descheduling, tens of ms either way, so of it only medians are compared. Also
+    asserted: every probe and request is 200 and no worker is marked unhealthy.
     """
     plain: list[_Probes] = []
     capped: list[_Probes] = []
-    for round_ in range(ROUNDS):
-        gc.collect()  # a full collection (tens of ms) then falls in neither round
-        plain.append(await _load_round(gateway, None))
-        gc.collect()
-        stops = [cap_stops(answer, 4 * round_ + i + 1) for i in range(4)]
-        capped.append(await _load_round(gateway, stops))
+    rounds: list[tuple[Callbacks, Callbacks]] = []  # (without stops, at the caps)
+    with LoopWatch() as watch:
+        for round_ in range(ROUNDS):
+            with watch.recording() as without_stops:
+                plain.append(await _load_round(gateway, None))
+            stops = [cap_stops(answer, 4 * round_ + i + 1) for i in range(4)]
+            with watch.recording() as at_the_caps:
+                capped.append(await _load_round(gateway, stops))
+            rounds.append((without_stops, at_the_caps))
     for probes in plain + capped:
         assert len(probes.wall_ms) >= 20  # the probes overlapped the load
         assert probes.ready == {200}
         assert probes.healthy == {len(gateway.pool.workers())}
 
-    def worst_wait(rounds: list[_Probes]) -> float:
-        return statistics.median(statistics.fmean(sorted(p.loop_cpu_ms)[-5:]) for p in rounds)
-
     def median_wall(rounds: list[_Probes]) -> float:
         return statistics.median(ms for p in rounds for ms in p.wall_ms)
 
-    report = (
-        f"5 longest loop waits {worst_wait(plain):.1f} -> {worst_wait(capped):.1f} ms, "
-        f"median wall {median_wall(plain):.2f} -> {median_wall(capped):.2f} ms, "
-        f"max wall {max(max(p.wall_ms) for p in plain):.1f} -> "
-        f"{max(max(p.wall_ms) for p in capped):.1f} ms"
+    longest = statistics.median(at_the_caps.longest_ms for _, at_the_caps in rounds)
+    report = "\n".join(
+        [
+            f"median longest loop callback at the caps {longest:.1f} ms; "
+            f"median /health wall {median_wall(plain):.2f} -> {median_wall(capped):.2f} ms, "
+            f"max {max(max(p.wall_ms) for p in plain):.1f} -> "
+            f"{max(max(p.wall_ms) for p in capped):.1f} ms",
+            *(
+                f"round {index}: longest callback (thread CPU) {plain_.longest_ms:.1f} ms of "
+                f"{plain_.count} without stops, {caps.longest_ms:.1f} ms of {caps.count} at the "
+                f"caps ({caps.longest_gc_ms:.1f} ms of it collecting garbage): {caps.longest}"
+                for index, (plain_, caps) in enumerate(rounds)
+            ),
+        ]
     )
-    assert worst_wait(capped) <= worst_wait(plain) + DELAY_BUDGET_MS, report
+    assert longest < DELAY_BUDGET_MS, report
     assert median_wall(capped) <= median_wall(plain) + DELAY_BUDGET_MS, report

@@ -328,11 +328,11 @@ class AdmissionController:
             break
         self._gauge()
 
-    def reject_waiting(self, error: APIError) -> None:
-        """Refuse every waiting request with `error` (the gateway is shutting down)."""
+    def reject_waiting(self, error: Callable[[], APIError]) -> None:
+        """Refuse every waiting request with a fresh `error()` (the gateway shuts down)."""
         for future in list(self._futures.values()):
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(error())
 
     def _reject(self, reason: str, tenant: str | None, request_id: str) -> APIError:
         self.metrics.admission_rejected.labels(reason=reason).inc()

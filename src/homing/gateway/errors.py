@@ -15,6 +15,8 @@ from typing import Any
 
 import grpc
 
+from homing.engines.client import EngineError
+
 _GRPC_BY_HTTP: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -124,3 +126,45 @@ def drained(timeout_s: float) -> APIError:
         type="service_unavailable_error",
         retry_after_s=1,
     )
+
+
+def shutting_down() -> APIError:
+    """503 for a request that arrives while the gateway drains (the connection is closed,
+    so the client's retry reaches another instance)."""
+    return APIError(
+        503,
+        "The gateway is shutting down and takes no new requests; retry it.",
+        code="shutting_down",
+        type="service_unavailable_error",
+        retry_after_s=1,
+    )
+
+
+# Characters of a worker's own message an error shows (it may quote the request back, e.g. a
+# whole JSON schema).
+MAX_WORKER_MESSAGE = 1024
+
+
+def from_engine_error(err: EngineError, *, constrained: bool = False) -> APIError:
+    """The client's error for a worker's refusal or failure (SGLang's servicer mapping, read
+    backwards); `constrained`: the request carried a grammar, so FAILED_PRECONDITION (the
+    output could not follow it) is the client's 400, not a worker failure."""
+    code = err.code
+    detail = err.message
+    if len(detail) > MAX_WORKER_MESSAGE:
+        detail = detail[:MAX_WORKER_MESSAGE] + "..."
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return invalid(f"The worker rejected the request: {detail}")
+    if code == grpc.StatusCode.FAILED_PRECONDITION and constrained:
+        return invalid(
+            f"The output could not follow the request's constraint: {detail}",
+            "response_format",
+            "constraint_failed",
+        )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return APIError(429, f"The worker is out of capacity: {detail}", retry_after_s=1)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return APIError(504, "The request timed out at the worker.", code="timeout")
+    if code == grpc.StatusCode.ABORTED:
+        return no_capacity("The worker aborted the request; retry it.")
+    return no_capacity(f"The worker failed: {detail}")

@@ -15,7 +15,9 @@ non-streamed one. Transport failures are reported to the pool's health accountin
 client's mistake never counts against a worker. A request the gateway itself ends
 (`interrupt`: the drain timeout at shutdown) gets that error, a stream as its last event.
 The log line's `outcome`: "ok", "client_closed", "engine_error" (a worker failed it),
-"drained" (interrupted), or "error_<status>" (refused with that status).
+"timeout" (past `request_timeout_s`), "drained" (interrupted), "error_<status>" (refused
+with that status, the worker's refusals of the request included) or "error" (a fault of
+the gateway's own, a 500).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import grpc
 import structlog
 
 from homing.engines.client import EngineError, GenerateDone, GenerateParams, TokenChunk
-from homing.gateway.errors import APIError, internal_error, invalid, no_capacity
+from homing.gateway.errors import APIError, from_engine_error, internal_error, shutting_down
 from homing.gateway.prepare import PreparedRequest
 from homing.gateway.quotas.guard import QuotaTicket
 from homing.text.detokenizer import IncrementalDetokenizer
@@ -47,19 +49,18 @@ log = structlog.get_logger("homing.request")
 # Routing attempts per request: a retryable worker failure is retried once elsewhere.
 MAX_ROUTE_ATTEMPTS = 2
 
-#: Engine statuses another replica may not share: the transport ones but our own deadline
-#: (`homing.engines.client.TRANSPORT_CODES`), CANCELLED (a worker shutting down cancels its
-#: calls; our own cancellations never surface as a status) and ABORTED (the worker ended
-#: the request itself, e.g. on restart).
+# Events a request holds for a consumer that has not taken them (a client slower than its
+# engine): past this the choice tasks stop reading their engine streams, so gRPC flow control
+# holds the rest back at the worker, and the gateway's memory per request stays bounded.
+MAX_PENDING_EVENTS = 256
+
+#: Engine statuses that say the worker went away, not that the request failed there:
+#: UNAVAILABLE (it is unreachable), CANCELLED (a worker shutting down cancels its calls; our
+#: own cancellations never surface as a status) and ABORTED (the worker ended the request
+#: itself, e.g. on restart). INTERNAL and the like are not retried: a request that makes
+#: one worker fail would make the next fail too, and count against its health as well.
 RETRYABLE_CODES: frozenset[grpc.StatusCode] = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.DATA_LOSS,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.ABORTED,
-    }
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
 )
 
 
@@ -132,7 +133,9 @@ class Generation:
         self.usage = Usage(prompt_tokens=len(prepared.prompt_ids))
         self.finish_reasons: dict[int, str] = {}
         self.outcome = "ok"
-        self._queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self._room = asyncio.Event()  # set while the queue is below MAX_PENDING_EVENTS
+        self._room.set()
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: list[Event] = []
         self._tried: list[str] = []  # workers routed to, in order
@@ -171,7 +174,10 @@ class Generation:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._failure is not None:
+        unfinished = exc is not None or self._open_choices > 0
+        if self._interrupt is not None and unfinished:
+            self.outcome = self._interrupt.outcome  # even if its consumer never read it
+        elif self._failure is not None:
             self.outcome = self._failure
         elif exc is not None:
             self.outcome = _outcome_of(exc)
@@ -191,6 +197,8 @@ class Generation:
         wait for the first event (routing again once after a retryable failure)."""
         p = self.prepared
         service = self.service
+        if not service.accepting:
+            raise shutting_down()
         if service.quotas is not None:
             completion = p.max_new_tokens
             if not p.max_tokens_given:  # the whole context would starve low-TPM tenants
@@ -205,15 +213,14 @@ class Generation:
             await service.admission.admit(p.tenant, priority, p.request_id)
         self._route_and_launch()
         while True:
-            first = await self._queue.get()
+            first = await self._take_next()
             if isinstance(first, _Retry) and self._may_retry():
                 await self._relaunch(first)
                 continue
             if isinstance(first, BaseException):
-                self._failure = _failure_outcome(first)
-                raise _as_api_error(first)
-            if first is not None:
-                self._pending.append(first)
+                self._failure = self._failure_outcome(first)
+                raise self._api_error(first)
+            self._pending.append(first)
             return
 
     def _may_retry(self) -> bool:
@@ -239,6 +246,7 @@ class Generation:
         )
         await self._cancel_tasks()
         self._queue = asyncio.Queue()
+        self._room.set()
         self._pending.clear()
         self._received_by_choice.clear()
         self._completion_by_choice.clear()
@@ -247,12 +255,13 @@ class Generation:
         self._open_choices = self.prepared.n
         self._first_token_at = self._last_token_at = None
         if self._interrupt is not None:
-            self._route_and_launch()  # raises the interrupt's error
+            self._failure = self._interrupt.outcome
+            raise self._interrupt.error
         try:
             self._route_and_launch()
         except APIError:  # no other replica: the client learns what failed the first
             self._failure = "engine_error"
-            raise _as_api_error(retry) from None
+            raise self._api_error(retry) from None
 
     def _launch(self, worker_id: str) -> None:
         # Count the request as in flight on the worker before any await, so the next routing
@@ -304,16 +313,14 @@ class Generation:
         while self._pending:
             yield self._take(self._pending.pop(0))
         while self._open_choices > 0:
-            item = await self._queue.get()
-            if item is None:
-                continue
+            item = await self._take_next()
             if isinstance(item, _Retry) and restartable and self._may_retry():
                 await self._relaunch(item)
                 yield _Restarted()
                 continue
             if isinstance(item, BaseException):
-                self._failure = _failure_outcome(item)
-                raise _as_api_error(item)
+                self._failure = self._failure_outcome(item)
+                raise self._api_error(item)
             yield self._take(item)
 
     def _take(self, event: Event) -> Event:
@@ -355,6 +362,8 @@ class Generation:
             stream = client.generate(params, timeout_s=remaining_s)
             try:
                 async for item in stream:
+                    if self._queue.qsize() >= MAX_PENDING_EVENTS:
+                        await self._wait_for_room()
                     reason = self._on_engine_item(index, item, detok, stops)
                     if reason == "abort":
                         # The worker ended the request itself (flush, restart, its own limits).
@@ -368,7 +377,7 @@ class Generation:
                         return
             finally:
                 await stream.aclose()  # early exit: the client sends Abort
-            # The stream ended without a complete message: a protocol violation.
+            # `generate` raises this itself; here it keeps a broken client from hanging us.
             raise EngineError(
                 code=grpc.StatusCode.INTERNAL,
                 message="worker stream ended without a complete message",
@@ -428,8 +437,43 @@ class Generation:
             return item.finish_reason or "stop"
         return None
 
+    def _api_error(self, item: BaseException) -> APIError:
+        """The error the client sees for what a choice task (or `interrupt`) queued."""
+        if isinstance(item, _Retry):
+            item = item.error
+        if isinstance(item, _Interrupt):
+            return item.error
+        if isinstance(item, APIError):
+            return item
+        if isinstance(item, EngineError):
+            return from_engine_error(item, constrained=self.prepared.json_schema is not None)
+        return internal_error()
+
+    def _failure_outcome(self, item: BaseException) -> str:
+        """The log outcome of a request that ended with `item` from the queue."""
+        if isinstance(item, _Interrupt):
+            return item.outcome
+        if isinstance(item, EngineError) and item.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return "timeout"  # our own whole-request deadline (`request_timeout_s`)
+        error = self._api_error(item)
+        if isinstance(item, (_Retry, EngineError)) and error.status >= 500:
+            return "engine_error"
+        return "error" if error.status == 500 else f"error_{error.status}"
+
     def _emit(self, event: Event) -> None:
         self._queue.put_nowait(event)
+
+    async def _take_next(self) -> Event | BaseException:
+        item = await self._queue.get()
+        if self._queue.qsize() < MAX_PENDING_EVENTS:
+            self._room.set()
+        return item
+
+    async def _wait_for_room(self) -> None:
+        """Hold a choice task until the consumer has taken events (backpressure)."""
+        while self._queue.qsize() >= MAX_PENDING_EVENTS:
+            self._room.clear()
+            await self._room.wait()
 
     # -- accounting --
 
@@ -490,84 +534,16 @@ class Generation:
         )
 
 
-def log_rejection(request_id: str, err: APIError, **fields: object) -> None:
-    """The one log line of a request refused before it reached a worker."""
-    log.info(
-        "request_done",
-        request_id=request_id,
-        outcome=f"error_{err.status}",
-        error_code=err.code,
-        **fields,
-    )
-
-
-def log_cancelled(request_id: str, **fields: object) -> None:
-    """The one log line of a request whose client went away before it reached a worker."""
-    log.info("request_done", request_id=request_id, outcome="client_closed", **fields)
-
-
-def new_request_id(supplied: str | None = None) -> str:
-    """The client's `x-request-id` when it is sane (<= 128 printable ASCII characters, no
-    space: it goes into headers, gRPC metadata and log lines), else a new one."""
-    if (
-        supplied
-        and len(supplied) <= 128
-        and supplied.isascii()
-        and supplied.isprintable()
-        and " " not in supplied
-    ):
-        return supplied
-    return uuid.uuid4().hex
-
-
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def _failure_outcome(item: BaseException) -> str:
-    """The log outcome of a request that ended with what a choice task (or `interrupt`)
-    put in the queue."""
-    if isinstance(item, _Interrupt):
-        return item.outcome
-    if isinstance(item, (_Retry, EngineError)):
-        return "engine_error"
-    if isinstance(item, APIError):
-        return f"error_{item.status}"
-    return "error"
-
-
 def _outcome_of(err: BaseException) -> str:
-    if isinstance(err, asyncio.CancelledError):
+    # A gRPC client that cancels closes the servicer's async generator: GeneratorExit.
+    if isinstance(err, (asyncio.CancelledError, GeneratorExit)):
         return "client_closed"
     if isinstance(err, APIError):
         return f"error_{err.status}"
     if isinstance(err, ConnectionError):
         return "client_closed"
     return "error"
-
-
-def _as_api_error(err: BaseException) -> APIError:
-    """Map what a choice task raised to the error the client sees."""
-    if isinstance(err, _Retry):
-        err = err.error
-    if isinstance(err, _Interrupt):
-        return err.error
-    if isinstance(err, APIError):
-        return err
-    if isinstance(err, EngineError):
-        if err.code == grpc.StatusCode.INVALID_ARGUMENT:
-            return invalid(f"The worker rejected the request: {err.message}")
-        if err.code == grpc.StatusCode.FAILED_PRECONDITION:  # SGLang: output broke a grammar
-            return invalid(
-                f"The output could not follow the request's constraint: {err.message}",
-                "response_format",
-                "constraint_failed",
-            )
-        if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return APIError(429, f"The worker is out of capacity: {err.message}", retry_after_s=1)
-        if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return APIError(504, "The request timed out at the worker.", code="timeout")
-        if err.code == grpc.StatusCode.ABORTED:
-            return no_capacity("The worker aborted the request; retry it.")
-        return no_capacity(f"The worker failed: {err.message}")
-    return internal_error()

@@ -22,16 +22,10 @@ from grpc_reflection.v1alpha import reflection
 
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError, invalid
-from homing.gateway.generation import (
-    ChoiceFinished,
-    Generation,
-    TextDelta,
-    log_cancelled,
-    log_rejection,
-    new_request_id,
-)
+from homing.gateway.generation import ChoiceFinished, Generation, TextDelta
 from homing.gateway.prepare import PreparedRequest
-from homing.gateway.requests import parse_chat, parse_completion
+from homing.gateway.request_log import log_cancelled, log_rejection, new_request_id
+from homing.gateway.requests import loads_json, parse_chat, parse_completion
 from homing.gateway.service import InferenceService
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
@@ -41,7 +35,7 @@ SERVICE_NAME = "homing.v1.Inference"
 
 def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any]) -> None:
     """Copy the set options into `body` under their OpenAI names; raises `APIError` 400 when
-    `response_format` is not a JSON object's text."""
+    `response_format` is not JSON text as the HTTP API reads a body (`loads_json`)."""
     for name in (
         "max_tokens",
         "temperature",
@@ -63,7 +57,7 @@ def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any]) -> Non
         body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
     if sampling.HasField("response_format"):
         try:
-            body["response_format"] = json.loads(sampling.response_format)
+            body["response_format"] = loads_json(sampling.response_format)
         except (ValueError, RecursionError):  # RecursionError: nested too deeply
             raise invalid(
                 "Invalid value for 'response_format': not valid JSON text.", "response_format"
@@ -285,11 +279,15 @@ async def _abort(context: grpc.aio.ServicerContext, err: APIError, request_id: s
     await context.abort(err.grpc_code, err.message)
 
 
-class _Undecodable:
-    """Stands for a request message protobuf could not parse (a string field that is not
-    UTF-8, or a corrupt message), so the call is answered rather than failed by grpc."""
+class _Refused:
+    """Stands for a request message refused before it is parsed (over the size limit) or
+    that protobuf could not parse (a string field that is not UTF-8, or a corrupt message),
+    so the call is answered with `error` rather than failed by grpc."""
 
-    __slots__ = ()
+    __slots__ = ("error",)
+
+    def __init__(self, error: APIError) -> None:
+        self.error = error
 
 
 UNDECODABLE_MESSAGE = (
@@ -298,43 +296,56 @@ UNDECODABLE_MESSAGE = (
 )
 
 
-def _lenient(message_type: Any) -> Callable[[bytes], Any]:
-    """A request deserializer that returns `_Undecodable()` instead of raising (grpc would
-    answer UNKNOWN with protobuf's exception text)."""
+def message_too_large(max_bytes: int) -> APIError:
+    """413 `request_too_large` (gRPC: INVALID_ARGUMENT) for a message over `max_bytes`."""
+    return APIError(
+        413,
+        f"The request message is too large (limit {max_bytes} bytes).",
+        code="request_too_large",
+    )
+
+
+def _lenient(message_type: Any, max_bytes: int) -> Callable[[bytes], Any]:
+    """A request deserializer that returns `_Refused` instead of raising (grpc would answer
+    UNKNOWN with protobuf's exception text): for a message over `max_bytes` (unparsed; gRPC
+    core's own limit is higher, see `GrpcApi`) and for one that does not parse."""
 
     def parse(data: bytes) -> Any:
+        if len(data) > max_bytes:
+            return _Refused(message_too_large(max_bytes))
         try:
             return message_type.FromString(data)
         except DecodeError:
-            return _Undecodable()
+            return _Refused(APIError(400, UNDECODABLE_MESSAGE, code="invalid_message"))
 
     return parse
 
 
-async def _refuse_undecodable(context: grpc.aio.ServicerContext) -> None:
-    """End the call with INVALID_ARGUMENT and the `x-error-json` trailer (raises)."""
+async def _refuse(context: grpc.aio.ServicerContext, refused: _Refused) -> None:
+    """End the call with the refusal's status and the `x-error-json` trailer (raises)."""
     request_id = _request_id(context)
-    err = APIError(400, UNDECODABLE_MESSAGE, code="invalid_message")
-    log_rejection(request_id, err, api="grpc")
-    await _abort(context, err, request_id)
+    log_rejection(request_id, refused.error, api="grpc")
+    await _abort(context, refused.error, request_id)
 
 
-def _add_inference_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+def _add_inference_servicer(
+    servicer: InferenceServicer, server: grpc.aio.Server, max_message_bytes: int
+) -> None:
     """Register `servicer` as the generated `add_InferenceServicer_to_server` does, but with
-    request deserializers that do not raise (`_lenient`)."""
+    request deserializers that do not raise (`_lenient`, with `max_message_bytes`)."""
 
     def unary(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if isinstance(request, _Undecodable):
-                await _refuse_undecodable(context)
+            if isinstance(request, _Refused):
+                await _refuse(context, request)
             return await method(request, context)
 
         return handle
 
     def streaming(method: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            if isinstance(request, _Undecodable):
-                await _refuse_undecodable(context)
+            if isinstance(request, _Refused):
+                await _refuse(context, request)
                 return
             async for message in method(request, context):
                 yield message
@@ -344,17 +355,17 @@ def _add_inference_servicer(servicer: InferenceServicer, server: grpc.aio.Server
     handlers = {
         "ChatCompletion": grpc.unary_stream_rpc_method_handler(
             streaming(servicer.ChatCompletion),
-            request_deserializer=_lenient(pb.ChatCompletionRequest),
+            request_deserializer=_lenient(pb.ChatCompletionRequest, max_message_bytes),
             response_serializer=pb.CompletionChunk.SerializeToString,
         ),
         "Completion": grpc.unary_stream_rpc_method_handler(
             streaming(servicer.Completion),
-            request_deserializer=_lenient(pb.CompletionRequest),
+            request_deserializer=_lenient(pb.CompletionRequest, max_message_bytes),
             response_serializer=pb.CompletionChunk.SerializeToString,
         ),
         "ListModels": grpc.unary_unary_rpc_method_handler(
             unary(servicer.ListModels),
-            request_deserializer=_lenient(pb.ListModelsRequest),
+            request_deserializer=_lenient(pb.ListModelsRequest, max_message_bytes),
             response_serializer=pb.ListModelsResponse.SerializeToString,
         ),
     }
@@ -365,8 +376,11 @@ def _add_inference_servicer(servicer: InferenceServicer, server: grpc.aio.Server
 class GrpcApi:
     """The gRPC server: `homing.v1.Inference`, health and reflection.
 
-    `keyring`: API keys (None or empty: auth off). `max_metadata_bytes`: the HTTP header
-    limit's counterpart (larger metadata is refused by gRPC itself). `idle_timeout_s`:
+    `keyring`: API keys (None or empty: auth off). `max_message_bytes`: the HTTP body limit's
+    counterpart (a larger message is 413 `request_too_large`, INVALID_ARGUMENT; one over
+    twice it is refused by gRPC core with RESOURCE_EXHAUSTED). `max_metadata_bytes`: the HTTP
+    header limit's counterpart (larger metadata is refused by gRPC core, RESOURCE_EXHAUSTED:
+    grpc has no hook before it). `idle_timeout_s`:
     a connection with no call in progress is closed after this long.
     `tls`: (certificate chain PEM, private key PEM) to serve TLS instead of plaintext.
     """
@@ -386,8 +400,10 @@ class GrpcApi:
         self.service = service
         self.server = grpc.aio.server(
             options=[
-                # The same cap as the HTTP body limit: a larger message is refused unread.
-                ("grpc.max_receive_message_length", max_message_bytes),
+                # Twice the body limit, so that a message over the limit reaches `_lenient`,
+                # which refuses it with our error body; gRPC core's own refusal (no
+                # `x-error-json`) only bounds what is read. Capped to core's int32 option.
+                ("grpc.max_receive_message_length", min(2 * max_message_bytes, 2**31 - 1)),
                 # Soft and hard limit equal: every call above it is refused, none at random.
                 ("grpc.max_metadata_size", max_metadata_bytes),
                 ("grpc.absolute_max_metadata_size", max_metadata_bytes),
@@ -395,7 +411,7 @@ class GrpcApi:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        _add_inference_servicer(InferenceServicer(service, keyring), self.server)
+        _add_inference_servicer(InferenceServicer(service, keyring), self.server, max_message_bytes)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

@@ -15,8 +15,9 @@ With tenants configured, `/v1/*` needs `Authorization: Bearer KEY` (`homing.gate
 `/health`, `/ready` and `/metrics` stay open. Input limits: body size after decoding (413, also
 at once from `Content-Length`), all header lines together and their count (431), the time to
 receive a request head (the connection is closed) and a body (408); see `HttpApi`. The body
-must be UTF-8 JSON (400 `invalid_json`), plain or gzip/deflate (415 for other codings).
-Malformed HTTP is answered by `homing.gateway.http_server` with the same error bodies.
+must be UTF-8 JSON (400 `invalid_json`; RFC 8259's, so no `NaN` or `Infinity`, and no number
+beyond a double), plain or gzip/deflate (415 for other codings). Malformed HTTP is answered
+by `homing.gateway.http_server` with the same error bodies.
 """
 
 from __future__ import annotations
@@ -33,23 +34,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError, internal_error
-from homing.gateway.generation import (
-    ChoiceFinished,
-    Generation,
-    TextDelta,
-    log_cancelled,
-    log_rejection,
-    new_request_id,
-)
+from homing.gateway.generation import ChoiceFinished, Generation, TextDelta
 from homing.gateway.http_server import (
-    CONTENT_CODINGS,
-    MAX_HEADER_COUNT,
     HttpLimits,
     body_error,
+    content_coding,
+    decode_body,
     error_response,
 )
+from homing.gateway.http_server import json_dumps as _json_dumps
 from homing.gateway.prepare import PreparedRequest
-from homing.gateway.requests import parse_chat, parse_completion
+from homing.gateway.request_log import log_cancelled, log_rejection, new_request_id
+from homing.gateway.requests import loads_json, parse_chat, parse_completion
 from homing.gateway.service import InferenceService
 
 log = structlog.get_logger("homing.http")
@@ -60,10 +56,6 @@ REQUEST_ID = web.RequestKey("request_id", str)
 # Set once a request reaches a Generation, which writes its request_done line itself.
 SERVED = web.RequestKey("served", bool)
 LINGERING_S = 1.0
-
-
-def _json_dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 @web.middleware
@@ -77,14 +69,6 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
             log_cancelled(request_id, api="http", path=request.path)
         raise
     except APIError as err:
-        log_rejection(request_id, err, api="http", path=request.path)
-        return error_response(err, request_id)
-    except web.HTTPRequestEntityTooLarge:
-        err = APIError(
-            413,
-            f"The request body is too large (limit {request.client_max_size} bytes).",
-            code="request_too_large",
-        )
         log_rejection(request_id, err, api="http", path=request.path)
         return error_response(err, request_id)
     except web.HTTPException as err:
@@ -106,39 +90,36 @@ def _request_limits(limits: HttpLimits) -> Callable[[web.Request, Handler], Awai
     """Middleware, before any body is read: 431 when all request header lines together exceed
     `max_header_bytes` (name + value + 4 bytes of `: ` and CRLF per line, plus the request
     line) or there are more than `max_header_count`; 413 for a `Content-Length` over the
-    body limit; 415 for a `Content-Encoding` other than gzip or deflate (RFC 9110 15.5.16).
-    A head larger than a read, or a line past the parser's limits, is refused earlier by
-    `homing.gateway.http_server` with the same codes."""
+    body limit; 415 for a `Content-Encoding` other than one gzip or deflate
+    (`http_server.content_coding`). A head larger than a read, or a line past the parser's
+    limits, is refused earlier by `homing.gateway.http_server` with the same codes."""
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         size = len(request.method) + len(request.raw_path) + 12  # "M PATH HTTP/1.1\r\n"
         size += sum(len(k) + len(v) + 4 for k, v in request.raw_headers)
         if size > limits.max_header_bytes:
-            raise APIError(
-                431,
-                f"The request headers are too large ({size} bytes; "
-                f"limit {limits.max_header_bytes}).",
-                code="request_header_fields_too_large",
-            )
+            raise limits.error("request_header_fields_too_large")
         if len(request.raw_headers) > limits.max_header_count:
             raise limits.error("too_many_headers")
         length = request.content_length  # the parser accepts digits only
         if length is not None and length > limits.max_body_bytes:
             raise limits.error("request_too_large")
-        coding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if coding not in ("identity", "", *CONTENT_CODINGS):
-            raise limits.error("unsupported_content_encoding")
+        content_coding(request.headers)  # raises the 415
         return await handler(request)
 
     return check
 
 
-async def _read_json(request: web.Request, timeout_s: float | None = None) -> Any:
-    """The body as JSON. It must be UTF-8 (RFC 8259 section 8.1; `json.loads` of bytes would
-    also take UTF-16/32 and pass encoded surrogates through), so every string in it can be
-    encoded again (tokenizer, hashing, logs). 408, 413, 400 `invalid_json`, and 400
-    `invalid_content_encoding` for a body that does not decode as its Content-Encoding."""
+async def _read_json(
+    request: web.Request, limits: HttpLimits, timeout_s: float | None = None
+) -> Any:
+    """The body as JSON, decoded as its Content-Encoding (`http_server.decode_body`). It must
+    be UTF-8 (RFC 8259 section 8.1; `json.loads` of bytes would also take UTF-16/32 and pass
+    encoded surrogates through), so every string in it can be encoded again (tokenizer,
+    hashing, logs), and JSON as `loads_json` reads it. 408, 413, 400 `invalid_json`, 400
+    `invalid_content_encoding` for a body that does not decode as its Content-Encoding, and
+    the chunk-framing errors of `http_server.body_error`."""
     try:
         async with asyncio.timeout(timeout_s):
             raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
@@ -148,8 +129,11 @@ async def _read_json(request: web.Request, timeout_s: float | None = None) -> An
             f"The request body was not received within {timeout_s:g} s.",
             code="request_timeout",
         ) from None
+    except web.HTTPRequestEntityTooLarge:
+        raise limits.error("request_too_large") from None
     except (web.RequestPayloadError, HttpProcessingError) as err:
-        raise body_error(err) from None
+        raise body_error(err, limits) from None
+    raw = decode_body(raw, content_coding(request.headers), limits)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -159,7 +143,7 @@ async def _read_json(request: web.Request, timeout_s: float | None = None) -> An
             code="invalid_json",
         ) from None
     try:
-        body = json.loads(text)
+        body = loads_json(text)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, huge ints, deep nesting
         raise APIError(
             400,
@@ -203,8 +187,9 @@ def _encodable(text: str) -> bool:
 class HttpApi:
     """The aiohttp application for one `InferenceService`.
 
-    `keyring`: API keys (None or empty: auth off). `max_header_bytes` (all header lines),
-    `max_header_count` (lines): 431 past them (`HttpLimits`).
+    `keyring`: API keys (None or empty: auth off). `max_body_bytes` (413),
+    `max_header_bytes` (all header lines), `max_header_count` (lines): 431 past them
+    (`HttpLimits`; the defaults are `homing.config.GatewaySettings`').
     `header_timeout_s`: a connection must deliver a complete request head within this time
     of connecting or of its previous response, else it is closed (slowloris); it is also the
     idle keep-alive timeout. `body_timeout_s`: 408 when the body takes longer.
@@ -216,9 +201,9 @@ class HttpApi:
         service: InferenceService,
         *,
         max_body_bytes: int,
+        max_header_bytes: int,
+        max_header_count: int,
         keyring: KeyRing | None = None,
-        max_header_bytes: int = 16 * 1024,
-        max_header_count: int = MAX_HEADER_COUNT,
         header_timeout_s: float = 30.0,
         body_timeout_s: float = 30.0,
     ) -> None:
@@ -229,7 +214,6 @@ class HttpApi:
             max_header_bytes=max_header_bytes,
             max_header_count=max_header_count,
         )
-        self.max_header_bytes = max_header_bytes
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
         self.app = web.Application(
@@ -306,7 +290,7 @@ class HttpApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/chat/completions`."""
         principal = self._principal(request)
-        req = parse_chat(await _read_json(request, self.body_timeout_s))
+        req = parse_chat(await _read_json(request, self.limits, self.body_timeout_s))
         prepared = await self.service.prepare.chat(
             req,
             request_id=request[REQUEST_ID],
@@ -318,7 +302,7 @@ class HttpApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/completions` (prompt as a string or a list of token ids)."""
         principal = self._principal(request)
-        req = parse_completion(await _read_json(request, self.body_timeout_s))
+        req = parse_completion(await _read_json(request, self.limits, self.body_timeout_s))
         prepared = await self.service.prepare.completion(
             req,
             request_id=request[REQUEST_ID],

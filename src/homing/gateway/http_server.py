@@ -11,29 +11,42 @@ text; `GatewayProtocol` renders those refusals through `error_response` instead,
 status and code that `parser_error` chooses (see `CODES`). It also guards the parser
 (`ParserGuard`) so that a request head arriving in many small reads is cut off once it passes
 `max_header_bytes` (aiohttp itself bounds only each line and the number of lines), and so
-that `Expect` values other than `100-continue` (417) and an `Expect: 100-continue` request
-whose `Content-Length` is over the body limit (413) are refused before `100 Continue` is sent.
+that what the parsers let through is refused on the head (`head_error`): a version other than
+HTTP/1.0 or 1.1 (400; llhttp takes a request line without one as HTTP/0.9), a
+`Transfer-Encoding` other than `chunked` (400), an `Expect` other than `100-continue` (417)
+and an `Expect: 100-continue` request whose `Content-Length` is over the body limit (413),
+the last two before `100 Continue` is sent. The requests parsed before a refusal in the same
+read are answered first, then the refusal, then the connection closes (as nginx does with
+pipelined requests): the guard runs the parser one request at a time, since a parser that
+raises loses the requests it parsed in that call. Request bodies reach the application as
+sent (aiohttp's `auto_decompress` is off, since it takes a gzip stream cut short as whole):
+`decode_body` decodes them.
 
 aiohttp offers no public hook for either: the protocol class a `web.Server` builds and the
 parser a `RequestHandler` holds are fixed. So this module, and only it, uses three private
 names of aiohttp 3.14: `AppRunner._make_server` (overridden to build our `web.Server`
 subclass), `web.Server._kwargs` (the handler settings aiohttp collected) and
-`RequestHandler._parser` (wrapped). `tests/unit/gateway/test_http_server.py` fails if they move.
+`RequestHandler._parser` (replaced by `request_parser`'s). It also relies on aiohttp 3.14's
+parsers stopping after `max_msg_queue_size` requests until `message_consumed()`.
+`tests/unit/gateway/test_http_server.py` fails if any of it changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
+from aiohttp.helpers import DEFAULT_CHUNK_SIZE
+from aiohttp.http import HttpRequestParser, HttpVersion10, HttpVersion11
 from aiohttp.http_exceptions import (
     BadHttpMessage,
     BadStatusLine,
-    ContentEncodingError,
     HttpProcessingError,
     InvalidHeader,
     InvalidURLError,
@@ -42,21 +55,26 @@ from aiohttp.http_exceptions import (
 )
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import MAX_MSG_QUEUE_SIZE, RequestHandler
 
 from homing.gateway.errors import APIError, internal_error
-from homing.gateway.generation import log_rejection, new_request_id
+from homing.gateway.request_log import log_rejection, new_request_id
+
+if TYPE_CHECKING:
+    from multidict import CIMultiDictProxy  # aiohttp's header mappings
 
 log = structlog.get_logger("homing.http")
 
 # The request line's limit in bytes (at most `max_header_bytes`): Apache's LimitRequestLine
 # default, also aiohttp's default `max_line_size`.
 REQUEST_LINE_BYTES = 8190
-# Header lines per request: Envoy's default `max_headers_count` (HttpProtocolOptions).
-MAX_HEADER_COUNT = 100
-# Content codings a request body may use: aiohttp decodes these itself, and `_read_json`
-# bounds the decoded size by the body limit.
+# Content codings a request body may use (`decode_body`), with zlib's window bits for each:
+# gzip (RFC 1952), and deflate as the zlib format (RFC 9110's, RFC 1950) or raw (RFC 1951),
+# which some clients send and aiohttp took too.
 CONTENT_CODINGS = ("gzip", "deflate")
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+_ZLIB_WBITS = zlib.MAX_WBITS
+_RAW_DEFLATE_WBITS = -zlib.MAX_WBITS
 
 # code -> (HTTP status, message) of every refusal made on the HTTP layer; `{h}` is
 # max_header_bytes, `{n}` max_header_count, `{line}` the request line limit, `{body}`
@@ -88,34 +106,43 @@ CODES: dict[str, tuple[int, str]] = {
     ),
     "too_many_headers": (431, "The request has more than {n} header lines."),
 }
-# Errors after which the rest of the connection's bytes cannot be trusted or were not read.
-_CLOSING_CODES = frozenset(CODES) | {"request_timeout"}
+# Errors after which the rest of the connection's bytes cannot be trusted or were not read,
+# and the 503 of a gateway that drains (the client's retry then reaches another instance).
+_CLOSING_CODES = frozenset(CODES) | {"request_timeout", "shutting_down"}
 
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """Limits of one HTTP request. `max_body_bytes`: the body after content decoding (413).
-    `max_header_bytes`: the request line and all header lines with their CRLFs (431).
+    """Limits of one HTTP request (their defaults are `homing.config.GatewaySettings`').
+    `max_body_bytes`: the body as sent and after content decoding (413). `max_header_bytes`:
+    the request line and all header lines with their CRLFs, and each trailer line (431).
     `max_header_count`: header lines (431)."""
 
     max_body_bytes: int
-    max_header_bytes: int = 16 * 1024
-    max_header_count: int = MAX_HEADER_COUNT
+    max_header_bytes: int
+    max_header_count: int
 
     @property
     def request_line_bytes(self) -> int:
         """The request line's limit (414 past it)."""
         return min(REQUEST_LINE_BYTES, self.max_header_bytes)
 
-    def parser_kwargs(self) -> dict[str, int]:
-        """aiohttp's parser limits: a header line may be one byte longer than the whole head
-        (so the limit in a `LineTooLong` tells a header line from the request line, and the
-        head is refused as a whole), and it may count two lines more than ours (the Python
-        parser counts the request line and the blank line), so our exact count answers."""
+    @property
+    def field_line_bytes(self) -> int:
+        """aiohttp's limit of one header or trailer line: one byte more than the whole head,
+        so the limit in a `LineTooLong` tells such a line from the request line (and a
+        chunk-size line) and the head is refused as a whole."""
+        return self.max_header_bytes + 1
+
+    def parser_kwargs(self) -> dict[str, int | bool]:
+        """aiohttp's parser settings: the line limits, and two lines more than our count (the
+        Python parser counts the request line and the blank line), so our exact count
+        answers; bodies are not decoded by aiohttp (`decode_body` does it)."""
         return {
             "max_line_size": self.request_line_bytes,
-            "max_field_size": self.max_header_bytes + 1,
+            "max_field_size": self.field_line_bytes,
             "max_headers": self.max_header_count + 2,
+            "auto_decompress": False,
         }
 
     def error(self, code: str) -> APIError:
@@ -135,14 +162,16 @@ def api_error(code: str, **values: int) -> APIError:
     return APIError(status, message.format(**values), code=code)
 
 
-def _json_dumps(obj: Any) -> str:
+def json_dumps(obj: Any) -> str:
+    """Compact JSON text of `obj`, non-ASCII characters as they are (the gateway's bodies)."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def error_response(err: APIError, request_id: str) -> web.Response:
     """The JSON error response for `err`, with `Retry-After` on 429/503. An error of the HTTP
-    layer (any code in `CODES`, and 408) also closes the connection (`Connection: close`):
-    aiohttp still drains an unread body for its lingering time, then closes."""
+    layer (any code in `CODES`, and 408) and 503 `shutting_down` also close the connection
+    (`Connection: close`): aiohttp still drains an unread body for its lingering time, then
+    closes."""
     headers = {"x-request-id": request_id}
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(err.retry_after_s)
@@ -151,7 +180,7 @@ def error_response(err: APIError, request_id: str) -> web.Response:
     closing = err.code in _CLOSING_CODES
     if closing:  # aiohttp writes it itself on HTTP/1.1 only
         headers["Connection"] = "close"
-    response = web.json_response(err.body(), status=err.status, headers=headers, dumps=_json_dumps)
+    response = web.json_response(err.body(), status=err.status, headers=headers, dumps=json_dumps)
     if closing:
         response.force_close()
     return response
@@ -165,7 +194,7 @@ def parser_error(exc: HttpProcessingError, *, in_body: bool, limits: HttpLimits)
     are pinned for both by tests/unit/gateway/test_http_server.py.
     """
     if in_body:
-        return limits.error("invalid_chunked_body")
+        return _trailer_error(exc, limits) or limits.error("invalid_chunked_body")
     # Classes whose text holds the client's bytes first; then aiohttp's and llhttp's fixed
     # descriptions (the first line: llhttp appends a dump of the offending bytes).
     if isinstance(exc, LineTooLong):
@@ -179,8 +208,6 @@ def parser_error(exc: HttpProcessingError, *, in_body: bool, limits: HttpLimits)
         return limits.error("invalid_header")
     if isinstance(exc, BadStatusLine | InvalidURLError):
         return limits.error("invalid_request_line")
-    if isinstance(exc, ContentEncodingError):  # br or zstd without their decoder installed
-        return limits.error("unsupported_content_encoding")
     if isinstance(exc, TransferEncodingError):
         return limits.error("invalid_chunked_body")
     desc = exc.message.split("\n", 1)[0]
@@ -201,32 +228,102 @@ def parser_error(exc: HttpProcessingError, *, in_body: bool, limits: HttpLimits)
     return limits.error("bad_request")
 
 
-def body_error(exc: Exception) -> APIError:
+def _trailer_error(exc: BaseException | None, limits: HttpLimits) -> APIError | None:
+    """431 when `exc` refuses a chunked body's trailer section as a head's would be refused:
+    a line over the field limit, or more lines (with the head's) than the parser takes."""
+    if isinstance(exc, LineTooLong):
+        if exc.args[1:2] == (limits.field_line_bytes,):
+            return limits.error("request_header_fields_too_large")
+        return None
+    if isinstance(exc, HttpProcessingError) and exc.message.startswith("Too many"):
+        return limits.error("too_many_headers")  # llhttp's "headers", Python's "trailers"
+    return None
+
+
+def body_error(exc: Exception, limits: HttpLimits) -> APIError:
     """The error answered when reading a request body raised `exc` (aiohttp's
-    `RequestPayloadError`, or the Python parser's own error): 400 `invalid_content_encoding`
-    for a body that does not decode as its Content-Encoding, `invalid_chunked_body` for bad
-    chunk framing, else `bad_request` (a body cut short: the client has gone)."""
+    `RequestPayloadError` with the Python parser's error as its cause): 431 for its trailer
+    section as in `parser_error`, 400 `invalid_chunked_body` for bad chunk framing, else
+    `bad_request` (a body cut short: the client has gone)."""
     cause = exc.__cause__ if isinstance(exc, web.RequestPayloadError) else exc
-    if isinstance(cause, ContentEncodingError):
-        return api_error("invalid_content_encoding")
+    trailer = _trailer_error(cause, limits)
+    if trailer is not None:
+        return trailer
     if isinstance(cause, TransferEncodingError | LineTooLong) or "chunk" in str(cause).lower():
-        return api_error("invalid_chunked_body")
-    return api_error("bad_request")
+        return limits.error("invalid_chunked_body")
+    return limits.error("bad_request")
 
 
 def head_error(message: RawRequestMessage, limits: HttpLimits) -> APIError | None:
-    """A refusal due before the body is read or `100 Continue` is sent: an `Expect` other than
-    `100-continue` (417; RFC 9110 section 10.1.1), or `Expect: 100-continue` with a
-    `Content-Length` over the body limit (413)."""
-    expect = message.headers.get("Expect")
-    if expect is None:
+    """A refusal due before the body is read or `100 Continue` is sent:
+
+    - a version other than HTTP/1.0 or 1.1 (400 `invalid_request_line`): llhttp reads a
+      request line without one as HTTP/0.9 (aiohttp would answer `HTTP/0.9 200 OK` with
+      headers), the Python parser takes any `HTTP/d.d`;
+    - a `Transfer-Encoding` other than one `chunked` (400): the parsers take a list such as
+      `gzip, chunked` and would ignore the other codings;
+    - any `Expect` line other than `100-continue` (417; RFC 9110 section 10.1.1), a second
+      `Expect: foo` included (aiohttp reads only the first line);
+    - `Expect: 100-continue` with a `Content-Length` over the body limit (413).
+    """
+    if not HttpVersion10 <= message.version <= HttpVersion11:
+        return limits.error("invalid_request_line")
+    headers = message.headers
+    codings = headers.getall("Transfer-Encoding", ())
+    if codings and [c.strip().lower() for c in codings] != ["chunked"]:
+        return limits.error("invalid_transfer_encoding")
+    expects = headers.getall("Expect", ())
+    if not expects:
         return None
-    if expect.strip().lower() != "100-continue":
+    if any(e.strip().lower() != "100-continue" for e in expects):
         return limits.error("expectation_failed")
-    length = message.headers.get("Content-Length", "")
+    length = headers.get("Content-Length", "")
     if length.isdigit() and int(length) > limits.max_body_bytes:
         return limits.error("request_too_large")
     return None
+
+
+def content_coding(headers: CIMultiDictProxy[str]) -> str | None:
+    """The request's one content coding, one of `CONTENT_CODINGS` (None: the body is sent as
+    it is, `identity`); 415 `unsupported_content_encoding` for any other value or for more
+    than one coding (RFC 9110 section 15.5.16)."""
+    values = [
+        coding.strip().lower()
+        for line in headers.getall("Content-Encoding", ())
+        for coding in line.split(",")
+    ]
+    values = [v for v in values if v not in ("", "identity")]
+    if not values:
+        return None
+    if len(values) > 1 or values[0] not in CONTENT_CODINGS:
+        raise api_error("unsupported_content_encoding")
+    return values[0]
+
+
+def decode_body(raw: bytes, coding: str | None, limits: HttpLimits) -> bytes:
+    """`raw` (a body as sent) decoded as `coding` (see `content_coding`), at most
+    `limits.max_body_bytes` decoded bytes: 413 `request_too_large` past them (decoding stops
+    there, so a small bomb costs little); 400 `invalid_content_encoding` for data that is not
+    of its coding, a stream cut short (no gzip trailer, an unfinished deflate stream, an empty
+    body) or any byte after the stream's end. That includes a second gzip member (RFC 1952
+    section 2.2): clients send one, and each member costs a decoder (about 2 us per 20-byte
+    empty member: a 4 MiB body of them would hold the event loop 0.4 s)."""
+    if coding is None:
+        return raw
+    if coding == "gzip":
+        wbits = _GZIP_WBITS
+    else:  # RFC 1950's header: compression method 8 in the low four bits of byte 0
+        wbits = _ZLIB_WBITS if raw[:1] and (raw[0] & 0x0F) == 8 else _RAW_DEFLATE_WBITS
+    decoder = zlib.decompressobj(wbits)
+    try:
+        decoded = decoder.decompress(raw, limits.max_body_bytes + 1)
+    except zlib.error:
+        raise limits.error("invalid_content_encoding") from None
+    if len(decoded) > limits.max_body_bytes:
+        raise limits.error("request_too_large")
+    if not decoder.eof or decoder.unused_data:
+        raise limits.error("invalid_content_encoding")
+    return decoded
 
 
 class ParserRejection(BadHttpMessage):
@@ -238,61 +335,133 @@ class ParserRejection(BadHttpMessage):
         self.error = error
 
 
-_NOTHING: tuple[tuple[()], bool, bytes] = ((), False, b"")
+_Parsed = list[tuple[RawRequestMessage, StreamReader]]
+_NOTHING: tuple[Sequence[tuple[RawRequestMessage, StreamReader]], bool, bytes] = ((), False, b"")
+
+
+def request_parser(
+    protocol: Any,
+    loop: asyncio.AbstractEventLoop,
+    limits: HttpLimits,
+    *,
+    read_bufsize: int = DEFAULT_CHUNK_SIZE,
+    parser_class: type = HttpRequestParser,
+) -> ParserGuard:
+    """The guarded request parser of one connection: `parser_class` (aiohttp's, llhttp unless
+    `AIOHTTP_NO_EXTENSIONS` is set) with `limits`, made to stop after each request
+    (`max_msg_queue_size=1`) so that `ParserGuard` can step it. `read_bufsize`: the payload
+    buffer's size in bytes, aiohttp's `read_bufsize`."""
+    parser = parser_class(
+        protocol,
+        loop,
+        read_bufsize,
+        payload_exception=web.RequestPayloadError,
+        max_msg_queue_size=1,
+        **limits.parser_kwargs(),
+    )
+    return ParserGuard(parser, limits)
 
 
 class ParserGuard:
-    """Wraps aiohttp's request parser (all else is delegated to it).
+    """Wraps aiohttp's request parser (all else is delegated to it), which must stop after
+    each request (see `request_parser`).
 
     It counts the bytes of a request head still being received and refuses the head past
     `max_header_bytes` (431), so a head trickled in many reads is bounded as a whole, not
     only per line; a head that completes within one read is measured exactly by the
-    middleware instead. Parser errors become `ParserRejection`s; when the refusal concerns the
-    body of a request already being handled, that body gets the error too (the handler's read
-    raises it at once instead of waiting for the body timeout). After a refusal the rest of
-    the connection is ignored.
+    middleware instead. Parser errors and `head_error`s become `ParserRejection`s. A read is
+    parsed one request at a time, so the requests before a refusal are handed on and the
+    refusal is raised by the next call (`rejection_due`): aiohttp answers it after them. When
+    the refusal concerns the body of a request already being handled, that body gets the
+    error too (the handler's read raises it at once instead of waiting for the body timeout).
+    After a refusal the rest of the connection is ignored. At most aiohttp's
+    `MAX_MSG_QUEUE_SIZE` (32) requests wait unanswered; the rest of a read waits in the
+    parser until the connection consumes them (aiohttp then feeds `b""`).
     """
 
     def __init__(self, parser: Any, limits: HttpLimits) -> None:
         self._parser = parser
         self._limits = limits
         self._head_bytes = 0
-        self._body: StreamReader | None = None  # payload of the last request parsed
+        self._body: StreamReader | None = None  # payload of the last request handed on
         self._failed = False
+        self._due: ParserRejection | None = None  # raised by the next feed_data
+        self._queued = 0  # requests handed on and not yet consumed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._parser, name)
 
-    def feed_data(self, data: bytes) -> Any:
-        """aiohttp's `feed_data`: (messages, upgraded, tail)."""
+    @property
+    def rejection_due(self) -> bool:
+        """A refusal waits for the next `feed_data` call, after the requests handed on."""
+        return self._due is not None
+
+    def message_consumed(self) -> None:
+        """aiohttp's connection took a request (or a parser error) off its queue."""
+        self._queued = max(0, self._queued - 1)
+
+    def feed_data(
+        self, data: bytes
+    ) -> tuple[Sequence[tuple[RawRequestMessage, StreamReader]], bool, bytes]:
+        """aiohttp's `feed_data`: (requests, upgraded, tail); raises `ParserRejection`."""
+        if self._due is not None:
+            due, self._due = self._due, None
+            raise due
         if self._failed:
             return _NOTHING
-        body = self._body
-        in_body = body is not None and not body.is_eof()
+        in_body = self._in_body()
         if not in_body:
             self._head_bytes += len(data)
+        messages: _Parsed = []
+        upgraded, tail = False, b""
         try:
-            result = self._parser.feed_data(data)
-        except HttpProcessingError as exc:
-            raise self._reject(parser_error(exc, in_body=in_body, limits=self._limits)) from exc
-        messages = result[0]
+            upgraded, tail = self._step(data, messages)
+        except ParserRejection as rejection:
+            if not messages:
+                raise
+            self._due = rejection
         if messages:
             self._head_bytes = 0
-            self._body = messages[-1][1]
-            for message, _ in messages:
-                refusal = head_error(message, self._limits)
-                if refusal is not None:
-                    raise self._reject(refusal)
+            self._queued += len(messages)
         elif not in_body and self._head_bytes > self._limits.max_header_bytes:
             raise self._reject(self._limits.error("request_header_fields_too_large"))
         self._end_failed_body()
-        return result
+        return messages, upgraded, tail
+
+    def _step(self, data: bytes, messages: _Parsed) -> tuple[bool, bytes]:
+        """Feed `data`, then `b""` while the parser may hold a next request (it stopped after
+        one whose body is complete) and the queue has room, appending each request to
+        `messages`: (upgraded, tail). Data that arrives with the queue full is still fed:
+        the parser takes one more request of it at most, as aiohttp's own does."""
+        first = True
+        while True:
+            if not data and self._queued + len(messages) >= MAX_MSG_QUEUE_SIZE:
+                return False, b""
+            in_body = self._in_body()
+            self._parser.message_consumed()  # lets it go on to one more request
+            try:
+                step, upgraded, tail = self._parser.feed_data(data)
+            except HttpProcessingError as exc:
+                raise self._reject(parser_error(exc, in_body=in_body, limits=self._limits)) from exc
+            for message, payload in step:
+                refusal = head_error(message, self._limits)
+                if refusal is not None:
+                    raise self._reject(refusal)
+                messages.append((message, payload))
+                self._body = payload
+            if upgraded or (not step and not first) or self._in_body():
+                return upgraded, tail
+            data, first = b"", False
+
+    def _in_body(self) -> bool:
+        """The body of the last request handed on is still being received."""
+        return self._body is not None and not self._body.is_eof()
 
     def _reject(self, error: APIError) -> ParserRejection:
         self._failed = True
-        body = self._body
-        if body is not None and not body.is_eof():
-            body.set_exception(error)
+        if self._in_body():
+            assert self._body is not None
+            self._body.set_exception(error)
         self._end_failed_body()
         return ParserRejection(error)
 
@@ -309,10 +478,28 @@ class GatewayProtocol(RequestHandler):
 
     __slots__ = ("_limits",)
 
-    def __init__(self, manager: web.Server, *, limits: HttpLimits, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        limits: HttpLimits,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(manager, loop=loop, **kwargs)
         self._limits = limits
-        self._parser = ParserGuard(self._parser, limits)  # private: see the module docstring
+        # private: see the module docstring (aiohttp's own parser is dropped unused)
+        self._parser = request_parser(
+            self, loop, limits, read_bufsize=kwargs.get("read_bufsize", DEFAULT_CHUNK_SIZE)
+        )
+
+    def data_received(self, data: bytes) -> None:
+        """aiohttp's, then once more with no data when the parser has a refusal due after the
+        requests it handed on: aiohttp queues it behind them, so they are answered first."""
+        super().data_received(data)
+        parser = self._parser
+        if isinstance(parser, ParserGuard) and parser.rejection_due:
+            super().data_received(b"")
 
     def handle_error(
         self,

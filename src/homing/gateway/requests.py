@@ -15,15 +15,20 @@ served (a field of the model, forwarded to the engine or used by the gateway), r
 (`_CHAT_REFUSED`/`_COMPLETION_REFUSED`: 400 `unsupported_parameter` unless null or the value
 that means "off"), or unknown (400 `unknown_parameter`, as OpenAI answers "Unrecognized
 request argument supplied"). Nested objects other than messages refuse unknown keys too.
-Numbers are strict: `"0.5"` or `true` is not a temperature.
+Numbers are strict: `"0.5"` or `true` is not a temperature. JSON text is RFC 8259's
+(`loads_json`). What an error shows of a client's string (a name, a key, a model) is cut to
+`MAX_NAME_SHOWN` characters (`shown`), so an error body or log line is never as large as the
+input that caused it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -31,9 +36,11 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from homing.gateway.errors import APIError, invalid
 
@@ -62,34 +69,54 @@ MAX_METADATA_VALUE = 512
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Closed(BaseModel):
+    """A nested object whose unknown keys are refused (400 `unknown_parameter`)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
-class ContentPart(_Strict):
+def _refused(value: Any) -> Any:
+    """A nested field served only when off (null or empty): else 400 `unsupported_parameter`
+    (see `_to_api_error`)."""
+    if value not in (None, []):
+        raise PydanticCustomError("unsupported_parameter", "not supported by this gateway")
+    return None
+
+
+class ContentPart(_Closed):
     """One part of a message's content list; only text parts are served."""
 
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Strict):
-    """A chat message. `content` is text or a list of text parts, joined."""
+class ChatMessage(_Closed):
+    """A chat message. `content` is text or a list of text parts, joined; null only for an
+    assistant turn (an empty one). `name` goes to the chat template with the message (the
+    template decides whether it shows). `tool_calls` and `tool_call_id` are refused unless
+    null: no tool calling is served."""
 
     role: Role
-    content: str | list[ContentPart]
+    content: str | list[ContentPart] | None
+    name: str | None = None
+    tool_calls: Annotated[Any, AfterValidator(_refused)] = None
+    tool_call_id: Annotated[Any, AfterValidator(_refused)] = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_assistant(cls, value: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if value is None and role != "assistant":
+            raise ValueError(f"must not be null for a {role} message")
+        return value
 
     def text(self) -> str:
-        """The message's content as one string."""
+        """The message's content as one string ("" for null)."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
-
-
-class _Closed(BaseModel):
-    """A nested object whose unknown keys are refused (400 `unknown_parameter`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(_Closed):
@@ -196,8 +223,9 @@ class _Common(_Closed):
         if len(value) > MAX_LOGIT_BIAS:
             raise ValueError(f"at most {MAX_LOGIT_BIAS} token ids are allowed, got {len(value)}")
         for key in value:
-            if not (key.isascii() and key.isdigit() and str(int(key)) == key):
-                raise ValueError(f"keys must be token ids as decimal integers, got {key!r}")
+            # a token id fits in 10 digits (ids are int32); longer keys are not parsed at all
+            if not (key.isascii() and key.isdigit() and len(key) <= 10 and str(int(key)) == key):
+                raise ValueError(f"keys must be token ids as decimal integers, got {shown(key)!r}")
         return value
 
     @property
@@ -318,8 +346,35 @@ _COMPLETION_REFUSED: dict[str, tuple[object, ...]] = {
     "seed": (),
     "suffix": ("",),
 }
-# Longest parameter name echoed back in an error (the rest is cut).
+# Longest client string (parameter name or path, key, model, number) an error shows.
 MAX_NAME_SHOWN = 64
+
+
+def shown(text: str) -> str:
+    """`text` as an error message, `param` or log line may show it: its first
+    `MAX_NAME_SHOWN` characters, then "..." when it is longer."""
+    return text if len(text) <= MAX_NAME_SHOWN else text[:MAX_NAME_SHOWN] + "..."
+
+
+def _refuse_constant(name: str) -> Any:
+    """`json.loads`'s `parse_constant`: `NaN`, `Infinity` and `-Infinity` are not JSON."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    """`json.loads`'s `parse_float`: a number beyond a double (`1e999`) would become `inf`
+    and reach the engine as `Infinity`."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {shown(text)} is out of range")
+    return value
+
+
+def loads_json(text: str) -> Any:
+    """`text` (a client's) parsed as RFC 8259 JSON: `json.loads`, but `NaN`, `Infinity`,
+    `-Infinity` and numbers beyond a double raise `ValueError`, as malformed text and
+    integers over Python's 4,300 digits do (nesting too deep: `RecursionError`)."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
@@ -327,7 +382,7 @@ def _param(loc: tuple[int | str, ...]) -> str:
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif item in ("str", "list[ContentPart]"):
+        elif item in ("str", "list[ContentPart]", "function-after[_refused(), any]"):
             continue  # union branch names from pydantic, not part of the user's path
         else:
             parts.append(str(item))
@@ -335,15 +390,20 @@ def _param(loc: tuple[int | str, ...]) -> str:
 
 
 def _to_api_error(err: ValidationError) -> APIError:
-    first = err.errors(include_url=False)[0]
+    # The deepest error names the most specific mistake (a union tries each branch: a bad
+    # content part is an error inside the list branch, not "not a string").
+    errors = err.errors(include_url=False)
+    first = max(errors, key=lambda e: len(e["loc"]))
     loc = tuple(first["loc"])
-    param = _param(loc) if loc else None
+    param = shown(_param(loc)) if loc else None
     if first["type"] == "missing":
         return invalid(
             f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
         )
     if first["type"] == "extra_forbidden" and param is not None:
         return _unknown(param)
+    if first["type"] == "unsupported_parameter" and param is not None:
+        return _unsupported(param)
     msg = first["msg"].removeprefix("Value error, ")
     if param is None:
         return invalid(msg, None, "invalid_value")
@@ -355,8 +415,8 @@ def _unsupported(name: str) -> APIError:
 
 
 def _unknown(name: str) -> APIError:
-    shown = name if len(name) <= MAX_NAME_SHOWN else name[:MAX_NAME_SHOWN] + "..."
-    return invalid(f"Unrecognized request argument supplied: {shown}", shown, "unknown_parameter")
+    name = shown(name)
+    return invalid(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
 
 
 def _is_off(value: object, off: tuple[object, ...]) -> bool:

@@ -14,7 +14,7 @@ call this module, so they share semantics and validation. A request's life:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from homing.gateway.admission import AdmissionController
 from homing.gateway.errors import APIError, no_capacity
@@ -47,6 +47,8 @@ class InferenceService:
         self.quotas = quotas
         self.admission = admission
         self.in_flight = 0
+        # False once the gateway drains: new requests get 503 `shutting_down`.
+        self.accepting = True
         self._open: set[Generation] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -78,13 +80,17 @@ class InferenceService:
             return False
         return True
 
-    def interrupt_all(self, error: APIError, outcome: str) -> int:
-        """End every open request now with `error` (logged as `outcome`), those waiting for
-        admission included; returns how many were open."""
+    def stop_accepting(self) -> None:
+        """Refuse every request that has not yet reached a replica (503 `shutting_down`)."""
+        self.accepting = False
+
+    def interrupt_all(self, error: Callable[[], APIError], outcome: str) -> int:
+        """End every open request now with a fresh `error()` each (logged as `outcome`),
+        those waiting for admission included; returns how many were open."""
         if self.admission is not None:
             self.admission.reject_waiting(error)
         for generation in list(self._open):
-            generation.interrupt(error, outcome)
+            generation.interrupt(error(), outcome)
         return len(self._open)
 
     def _enter(self, generation: Generation) -> None:

@@ -28,9 +28,13 @@ async def spawn_sim(
     `stderr`: where the child's stderr goes (None: ours). Raises RuntimeError when the
     child exits before it is ready, TimeoutError after `timeout_s` (the child is killed).
     """
+    # A session of its own: a terminal's Ctrl-C or hangup reaches the parent only, which
+    # drains its requests before it stops the child (`terminate`); the child still dies
+    # with its parent (`homing sim --parent-pid`).
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "homing", "sim", *args,
         stdout=asyncio.subprocess.PIPE, stderr=stderr, stdin=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
     )  # fmt: skip
     try:
         ready = await asyncio.wait_for(_ready(process), timeout_s)

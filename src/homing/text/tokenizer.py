@@ -13,6 +13,12 @@ always plain text, and `encode_plain` does the same for any text. "Added tokens"
 added vocabulary (`Tokenizer.get_added_tokens_decoder()`), flagged special or not: DeepSeek's
 `<｜User｜>` and `<｜Assistant｜>` are added tokens not flagged special, which is why the
 library's `encode_special_tokens` switch (it skips only flagged ones) is not enough here.
+Dropping the added vocabulary is not enough either where the model's own vocabulary holds the
+special token too (a BPE model with `ignore_merges`, as Llama 3's, keeps a word that spells it
+whole; a converted SentencePiece Unigram model scores its control tokens 0, the best score):
+such a token in plain text is spelled again from ordinary vocabulary entries, or the text is
+refused (ValueError). The model's unknown token is the one added token plain text may yield,
+as unknown text must.
 
 Files read (names as in a Hugging Face model directory):
 - `tokenizer.json` (required),
@@ -27,7 +33,7 @@ import io
 import json
 import re
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
@@ -35,7 +41,7 @@ from typing import Any, NoReturn
 import jinja2
 import jinja2.ext
 import jinja2.sandbox
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -105,6 +111,15 @@ def _as_id_list(value: object) -> list[int]:
     return []
 
 
+def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """`tokenizer`'s ids of `text` without added bos/eos. Through `encode_batch_fast`: the
+    same ids as `encode`, but the library releases the GIL while it works (its `encode`
+    holds it: a 3 MB prompt encoded in a thread stalled the event loop for seconds), and it
+    skips the character offsets nobody reads. Raises TypeError for a str the library
+    refuses (e.g. one with a lone surrogate)."""
+    return tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
+
 def _plain_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
     """`tokenizer`'s pipeline without its added vocabulary: text in, ids of plain text out.
 
@@ -121,6 +136,20 @@ def _plain_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
     if tokenizer.post_processor is not None:
         plain.post_processor = tokenizer.post_processor
     return plain
+
+
+def _model_facts(tokenizer: Tokenizer) -> tuple[int | None, bool]:
+    """The model's unknown-token id (None if it has none) and whether it falls back to byte
+    tokens ("<0x3C>") for text its vocabulary lacks. Unigram exposes neither as an attribute,
+    so its serialized model (JSON) is read."""
+    model = tokenizer.model
+    if isinstance(model, models.Unigram):
+        state = json.loads(model.__getstate__())
+        unk_id = state.get("unk_id")
+        return (unk_id if isinstance(unk_id, int) else None), bool(state.get("byte_fallback"))
+    unk_token = getattr(model, "unk_token", None)
+    unk_id = tokenizer.token_to_id(unk_token) if isinstance(unk_token, str) else None
+    return unk_id, bool(getattr(model, "byte_fallback", False))
 
 
 def _placeholder_pattern(template: str | None) -> tuple[str, re.Pattern[str]]:
@@ -200,7 +229,8 @@ class TextTokenizer:
         bos_token / eos_token / pad_token: their texts, or None.
         chat_template: the template source, or None when the files carry none.
         added_token_ids: ids of the added vocabulary, flagged special or not (bos, eos, role
-            markers, ...): the ids only template text may produce (see `encode_chat`).
+            markers, ...): the ids only template text may produce (see `encode_chat`), but
+            for the model's unknown token, which unknown text in content also yields.
         max_token_chars: the longest vocabulary entry in characters; a text longer than
             this cannot be a single token.
     """
@@ -224,6 +254,7 @@ class TextTokenizer:
         self._plain = _plain_tokenizer(tokenizer)
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
         self.added_token_ids: frozenset[int] = frozenset(tokenizer.get_added_tokens_decoder())
+        unk_id, self._byte_fallback = _model_facts(tokenizer)
         # A vocabulary entry spells its token in at least as many characters as the token
         # decodes to (byte-level entries use one character per byte).
         self.max_token_chars: int = max(
@@ -245,6 +276,17 @@ class TextTokenizer:
             eos.append(eos_id)
         eos.extend(_as_id_list(generation_config.get("eos_token_id")))
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))
+
+        # The ids content must not yield: the added vocabulary less the unknown token (unless
+        # it doubles as bos, eos or pad), and of those the ones the plain pipeline can still
+        # produce, those the model's own vocabulary holds (often none: nothing to check then).
+        roles = {self.bos_token_id, self.pad_token_id, *self.eos_token_ids}
+        exempt = {unk_id} if unk_id is not None and unk_id not in roles else set()
+        self._forbidden: frozenset[int] = self.added_token_ids - exempt
+        self._reachable: frozenset[int] = frozenset(
+            t for t in self._forbidden if tokenizer.model.id_to_token(t) is not None
+        )
+        self._ordinary: dict[str, int] | None = None  # built on first need (see _spell)
 
         template = chat_template if chat_template is not None else config.get("chat_template")
         if template is not None and not isinstance(template, str):
@@ -359,15 +401,67 @@ class TextTokenizer:
         template text, stop strings, and prompts whose sender may write control tokens.
         Raises TypeError for a str the library refuses (e.g. one with a lone surrogate).
         """
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        return _ids(self._tokenizer, text)
 
     def encode_plain(self, text: str) -> list[int]:
-        """Token ids of `text` as plain text: no added token (see `added_token_ids`) is matched,
-        so "<｜User｜>" gives the ids of its characters, never the role marker's id.
+        """Token ids of `text` as plain text: never an added token (see `added_token_ids`) but
+        the unknown token, so "<｜User｜>" gives the ids of its characters, not the marker's.
 
-        Text without added-token texts encodes as `encode` does. Raises TypeError as `encode`.
+        Text without added-token texts encodes as `encode` does. The added vocabulary is not
+        matched; where the model itself still yields an added id (see the module docstring),
+        that token is spelled from the fewest ordinary vocabulary entries (or byte tokens)
+        that concatenate to its vocabulary text, so the ids decode to the text it did. Raises
+        ValueError when no such spelling exists, TypeError as `encode`.
         """
-        return self._plain.encode(text, add_special_tokens=False).ids
+        ids = _ids(self._plain, text)
+        if not self._reachable or self._reachable.isdisjoint(ids):
+            return ids
+        plain: list[int] = []
+        for token in ids:
+            if token not in self._reachable:
+                plain.append(token)
+                continue
+            piece = self._tokenizer.model.id_to_token(token)
+            spelled = self._spell(piece) if piece else None
+            if spelled is None:
+                raise ValueError(
+                    f"the text {piece!r} can only be encoded as the special token it spells "
+                    "with this tokenizer, and special tokens are not accepted in text"
+                )
+            plain.extend(spelled)
+        return plain
+
+    def _spell(self, piece: str) -> list[int] | None:
+        """The fewest ids of ordinary vocabulary entries (no added token) whose texts
+        concatenate to `piece`, a character taken as its UTF-8 byte tokens where the model
+        falls back to bytes; None when there are none."""
+        if self._ordinary is None:
+            self._ordinary = {
+                text: token
+                for text, token in self._tokenizer.get_vocab(with_added_tokens=False).items()
+                if token not in self.added_token_ids
+            }
+        ordinary = self._ordinary
+        # best[j]: the shortest spelling of piece[:j] (dynamic programming over end positions).
+        best: list[list[int] | None] = [[]] + [None] * len(piece)
+        for start in range(len(piece)):
+            head = best[start]
+            if head is None:
+                continue
+            candidates: list[tuple[int, list[int]]] = [
+                (end, [ordinary[piece[start:end]]])
+                for end in range(start + 1, len(piece) + 1)
+                if piece[start:end] in ordinary
+            ]
+            if self._byte_fallback:
+                raw = [ordinary.get(f"<0x{b:02X}>") for b in piece[start].encode("utf-8")]
+                if all(t is not None for t in raw):
+                    candidates.append((start + 1, [t for t in raw if t is not None]))
+            for end, tokens in candidates:
+                known = best[end]
+                if known is None or len(head) + len(tokens) < len(known):
+                    best[end] = head + tokens
+        return best[-1]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; special tokens (bos, eos, pad, ...) left out unless asked for."""
@@ -404,14 +498,16 @@ class TextTokenizer:
         `encode_plain`, so every content boundary is also a token boundary. The pieces and the
         content (trimmed where the template trimmed it) must give the real rendering back.
         When they cannot (a template that rewrites content in another way), the real rendering
-        is encoded whole and accepted only if its added tokens are, in order, exactly those of
-        the template's pieces. Only `content` is kept apart: other message fields (`role`, ...)
-        are template input and must be trusted.
+        is encoded whole, and only if no content holds an added token's text and the
+        rendering's added tokens are, in order, exactly those of the template's pieces. Only
+        `content` is kept apart: other message fields (`role`, ...) are template input and
+        must be trusted.
 
         For the served template this gives the ids `encode(apply_chat_template(...))` gave
         for content free of added-token texts (its content always borders a role marker).
         Raises ChatTemplateError (a ValueError) as `apply_chat_template` does, and when the
-        last check fails; TypeError as `encode` for text the library refuses.
+        last check fails; ValueError as `encode_plain`; TypeError as `encode` for text the
+        library refuses.
         """
         given = [dict(message) for message in messages]
         contents: dict[int, str] = {}
@@ -432,7 +528,7 @@ class TextTokenizer:
         slots = [contents.get(int(index)) for index in parts[1::2]]
         filled = _fill(rendered, pieces, slots)
         if filled is None:
-            return self._encode_checked(rendered, pieces)
+            return self._encode_checked(rendered, pieces, contents.values())
         ids: list[int] = []
         for piece, content in zip(pieces, [*filled, ""], strict=True):
             if piece:
@@ -441,13 +537,28 @@ class TextTokenizer:
                 ids.extend(self.encode_plain(content))
         return ids
 
-    def _encode_checked(self, rendered: str, pieces: Sequence[str]) -> list[int]:
-        """`encode(rendered)` when its added tokens are, in order, those of the template
-        `pieces`; else ChatTemplateError (content held added-token text the template did not
-        let us keep apart)."""
-        placed = [t for piece in pieces for t in self.encode(piece) if t in self.added_token_ids]
+    def _encode_checked(
+        self, rendered: str, pieces: Sequence[str], contents: Iterable[str]
+    ) -> list[int]:
+        """`encode(rendered)` when no content, encoded alone with or without the added
+        vocabulary, yields an added id, and the rendering's added ids are, in order, those of
+        the template `pieces`; else ChatTemplateError. (The first check keeps content from
+        supplying a marker a template that branches on content leaves out; the second catches
+        a rewrite that makes special text of ordinary content.)"""
+        forbidden = self._forbidden
+        if any(
+            not forbidden.isdisjoint(self.encode(content))
+            or not forbidden.isdisjoint(_ids(self._plain, content))
+            for content in contents
+        ):
+            raise ChatTemplateError(
+                "message content contains special-token text, and this model's chat template "
+                "rewrites content, so that text cannot be kept apart from the template's own "
+                "special tokens"
+            )
+        placed = [t for piece in pieces for t in self.encode(piece) if t in forbidden]
         ids = self.encode(rendered)
-        if [t for t in ids if t in self.added_token_ids] != placed:
+        if [t for t in ids if t in forbidden] != placed:
             raise ChatTemplateError(
                 "message content contains special-token text, and this model's chat template "
                 "rewrites content, so that text cannot be kept apart from the template's own "
