@@ -244,3 +244,36 @@ async def test_grpc_client_cancelling_a_stream_of_several_choices_is_client_clos
         assert await eventually(lambda: app.service.in_flight == 0, within_s=5.0)
         assert await eventually(lambda: bool(_done_lines(logs)), within_s=5.0)
     assert [e["outcome"] for e in _done_lines(logs)] == ["client_closed"]
+
+
+async def test_request_queued_for_admission_when_the_drain_begins_is_refused() -> None:
+    """A request waiting in the admission queue when the drain begins gets 503
+    `shutting_down` at once instead of starting engine work during the drain."""
+    from homing.config import AdmissionSettings
+
+    config = _config()
+    config.admission = AdmissionSettings(max_in_flight_per_replica=1, queue_timeout_s=30.0)
+    running = App(config)
+    await running.start()
+    try:
+        assert running.admission is not None
+        async with aiohttp.ClientSession() as http:
+            body = {"model": MODEL, "prompt": "go", "stream": True, "max_tokens": 40}
+            hog = await http.post(_url(running, "/v1/completions"), json=body)
+            await hog.content.readline()
+            queued = asyncio.ensure_future(
+                http.post(_url(running, "/v1/completions"), json={**body, "stream": False})
+            )
+            assert await eventually(lambda: len(running.admission.queue) == 1, within_s=5.0)
+            with capture_logs() as logs:
+                stopping = asyncio.ensure_future(running.stop())
+                answer = await queued
+                status, refused = answer.status, await answer.json()
+                text = (await hog.read()).decode()
+                await stopping
+    finally:
+        await running.stop()
+    assert (status, refused["error"]["code"]) == (503, "shutting_down")
+    assert _events(text)[-1] == "data: [DONE]" and '"error"' not in text
+    outcomes = sorted(e["outcome"] for e in _done_lines(logs))
+    assert outcomes == ["error_503", "ok"]

@@ -580,3 +580,34 @@ async def test_message_name_spelling_a_special_token_is_400(gateway: App) -> Non
         400,
         _invalid("messages.[0].name", "a name must not hold special-token text."),
     )
+
+
+@pytest.mark.parametrize("field", ["refusal", "audio", "function_call"])
+async def test_assistant_history_fields_are_served_as_null_and_refused_otherwise(
+    gateway: App, field: str
+) -> None:
+    """An assistant turn replayed as OpenAI returned it (`refusal`, `audio`, `function_call`
+    null) is served; the same field with a value is 400 `unsupported_parameter`."""
+    turn = {"role": "assistant", "content": "yo", field: None}
+    messages = [{"role": "user", "content": "hi"}, turn, {"role": "user", "content": "again"}]
+    status, body, _ = await _post(
+        gateway, "/v1/chat/completions", _chat(gateway, messages=messages)
+    )
+    assert status == 200, body
+    turn[field] = {"id": "x"}
+    status, body, _ = await _post(
+        gateway, "/v1/chat/completions", _chat(gateway, messages=messages)
+    )
+    assert (status, body) == (400, _unsupported(f"messages.[1].{field}"))
+
+
+async def test_message_name_longer_than_64_characters_is_400(gateway: App) -> None:
+    """A message `name` is at most 64 characters (OpenAI's bound), so checking it is cheap."""
+    messages = [{"role": "user", "content": "hi", "name": "n" * 65}]
+    status, body, _ = await _post(
+        gateway, "/v1/chat/completions", _chat(gateway, messages=messages)
+    )
+    assert (status, body) == (
+        400,
+        _invalid("messages.[0].name", "String should have at most 64 characters"),
+    )

@@ -164,7 +164,9 @@ def from_engine_error(err: EngineError, *, constrained: bool = False) -> APIErro
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return APIError(429, f"The worker is out of capacity: {detail}", retry_after_s=1)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return APIError(504, "The request timed out at the worker.", code="timeout")
+        return APIError(
+            504, "The request did not finish within the gateway's time limit.", code="timeout"
+        )
     if code == grpc.StatusCode.ABORTED:
         return no_capacity("The worker aborted the request; retry it.")
     return no_capacity(f"The worker failed: {detail}")

@@ -175,10 +175,10 @@ class Generation:
         tb: TracebackType | None,
     ) -> None:
         unfinished = exc is not None or self._open_choices > 0
-        if self._interrupt is not None and unfinished:
-            self.outcome = self._interrupt.outcome  # even if its consumer never read it
-        elif self._failure is not None:
+        if self._failure is not None:  # what ended it, read by the consumer
             self.outcome = self._failure
+        elif self._interrupt is not None and unfinished:
+            self.outcome = self._interrupt.outcome  # even if its consumer never read it
         elif exc is not None:
             self.outcome = _outcome_of(exc)
         elif self._open_choices > 0:
@@ -211,6 +211,8 @@ class Generation:
         if service.admission is not None:
             priority = p.principal.priority if p.principal is not None else 0
             await service.admission.admit(p.tenant, priority, p.request_id)
+        if not service.accepting:  # the drain began while it waited
+            raise shutting_down()
         self._route_and_launch()
         while True:
             first = await self._take_next()

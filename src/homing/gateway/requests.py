@@ -92,21 +92,26 @@ class ContentPart(_Closed):
 
 class ChatMessage(_Closed):
     """A chat message. `content` is text or a list of text parts, joined; null only for an
-    assistant turn (an empty one). `name` goes to the chat template with the message (the
-    template decides whether it shows). `tool_calls` and `tool_call_id` are refused unless
-    null: no tool calling is served."""
+    assistant turn (an empty one). `name` (at most 64 characters, OpenAI's bound) goes to the
+    chat template with the message (the template decides whether it shows). `tool_calls`,
+    `tool_call_id`, and an assistant turn's `refusal`, `audio` and `function_call` (as
+    OpenAI returns them in a history) are served only as null: no tool calling, audio or
+    refusal replay is served."""
 
     role: Role
     content: str | list[ContentPart] | None
-    name: str | None = None
+    name: Annotated[str, Field(max_length=64)] | None = None
     tool_calls: Annotated[Any, AfterValidator(_refused)] = None
     tool_call_id: Annotated[Any, AfterValidator(_refused)] = None
+    refusal: Annotated[Any, AfterValidator(_refused)] = None
+    audio: Annotated[Any, AfterValidator(_refused)] = None
+    function_call: Annotated[Any, AfterValidator(_refused)] = None
 
     @field_validator("content")
     @classmethod
     def _content_unless_assistant(cls, value: Any, info: ValidationInfo) -> Any:
         role = info.data.get("role")
-        if value is None and role != "assistant":
+        if value is None and role is not None and role != "assistant":
             raise ValueError(f"must not be null for a {role} message")
         return value
 

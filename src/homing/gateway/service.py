@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from homing.gateway.admission import AdmissionController
-from homing.gateway.errors import APIError, no_capacity
+from homing.gateway.errors import APIError, no_capacity, shutting_down
 from homing.gateway.generation import Generation
 from homing.gateway.prepare import ModelEntry, PreparedRequest, Preparer
 from homing.gateway.quotas.guard import QuotaGuard
@@ -81,8 +81,11 @@ class InferenceService:
         return True
 
     def stop_accepting(self) -> None:
-        """Refuse every request that has not yet reached a replica (503 `shutting_down`)."""
+        """Refuse every request that has not yet reached a replica (503 `shutting_down`),
+        those waiting for admission included."""
         self.accepting = False
+        if self.admission is not None:
+            self.admission.reject_waiting(shutting_down)
 
     def interrupt_all(self, error: Callable[[], APIError], outcome: str) -> int:
         """End every open request now with a fresh `error()` each (logged as `outcome`),

@@ -287,6 +287,8 @@ class TextTokenizer:
             t for t in self._forbidden if tokenizer.model.id_to_token(t) is not None
         )
         self._ordinary: dict[str, int] | None = None  # built on first need (see _spell)
+        # reachable id -> (its vocabulary text, its ordinary spelling or None), on first need
+        self._spellings: dict[int, tuple[str | None, list[int] | None]] = {}
 
         template = chat_template if chat_template is not None else config.get("chat_template")
         if template is not None and not isinstance(template, str):
@@ -421,8 +423,10 @@ class TextTokenizer:
             if token not in self._reachable:
                 plain.append(token)
                 continue
-            piece = self._tokenizer.model.id_to_token(token)
-            spelled = self._spell(piece) if piece else None
+            if token not in self._spellings:  # at most one search per reachable id
+                piece = self._tokenizer.model.id_to_token(token)
+                self._spellings[token] = (piece, self._spell(piece) if piece else None)
+            piece, spelled = self._spellings[token]
             if spelled is None:
                 raise ValueError(
                     f"the text {piece!r} can only be encoded as the special token it spells "
