@@ -60,3 +60,14 @@ async def post_without_reading(port: int, path: str, body: bytes) -> asyncio.Str
     )
     await writer.drain()
     return writer
+
+
+async def send_raw(port: int, data: bytes, timeout_s: float = 5.0) -> bytes:
+    """Send `data` on a fresh loopback connection and read until the server closes it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout_s)
+    finally:
+        writer.close()

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from helpers import send_raw
 
 from homing.app import App
 from homing.config import GatewaySettings, HomingConfig, SimSettings
@@ -46,13 +47,7 @@ async def app() -> AsyncIterator[App]:
 
 async def _raw(app: App, data: bytes) -> tuple[int, dict[str, str], bytes]:
     """Send `data` on a fresh connection; the status, headers and body of the answer."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
-    try:
-        writer.write(data)
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
+    raw = await send_raw(app.http_port, data)
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.decode().split("\r\n")
     headers = dict(line.split(": ", 1) for line in lines[1:])

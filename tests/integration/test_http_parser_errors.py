@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from helpers import assert_ready_and_healthy
+from helpers import assert_ready_and_healthy, send_raw
 
 from homing.app import App
 from homing.config import GatewaySettings, HomingConfig, SimSettings
@@ -278,13 +278,7 @@ async def test_body_longer_than_its_content_length_answers_the_request_then_400(
     are taken as a next request and refused with 400 `invalid_request_line`."""
     body = _chat(app)
     request = _head(H, JSON, f"Content-Length: {len(body)}") + body + b"}\r\n\r\n"
-    reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
+    raw = await send_raw(app.http_port, request)
     served, refused = _parse_all(raw)
     assert served.status == 200
     assert served.json()["object"] == "chat.completion"

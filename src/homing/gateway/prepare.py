@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -173,14 +173,7 @@ class Preparer:
                 raise invalid("The prompt must not be empty.", "prompt")
         else:
             prompt_ids = list(req.prompt)
-            vocab = model.tokenizer.vocab_size
-            bad = next((t for t in prompt_ids if t >= vocab), None)
-            if bad is not None:
-                raise invalid(
-                    f"Token id {bad} in 'prompt' is out of range for the vocabulary "
-                    f"(size {vocab}).",
-                    "prompt",
-                )
+            _check_ids(prompt_ids, model.tokenizer.vocab_size, "prompt")
         return self._prepared(
             "text", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal
         )
@@ -210,21 +203,9 @@ class Preparer:
                 code="context_length_exceeded",
             )
         vocab = model.tokenizer.vocab_size
-        bad_stop = next((t for t in req.stop_token_ids if t >= vocab), None)
-        if bad_stop is not None:
-            raise invalid(
-                f"Token id {bad_stop} in 'stop_token_ids' is out of range for the vocabulary "
-                f"(size {vocab}).",
-                "stop_token_ids",
-            )
+        _check_ids(req.stop_token_ids, vocab, "stop_token_ids")
         logit_bias = req.logit_bias_ids
-        bad_bias = next((t for t in logit_bias if t >= vocab), None)
-        if bad_bias is not None:
-            raise invalid(
-                f"Token id {bad_bias} in 'logit_bias' is out of range for the vocabulary "
-                f"(size {vocab}).",
-                "logit_bias",
-            )
+        _check_ids(logit_bias, vocab, "logit_bias")
         stop_token_ids = list(req.stop_token_ids)
         for stop in req.stop_strings:
             if len(stop) > model.tokenizer.max_token_chars:
@@ -268,3 +249,13 @@ def _template_message(message: ChatMessage) -> dict[str, str]:
     if message.name is not None:
         fields["name"] = message.name
     return fields
+
+
+def _check_ids(ids: Iterable[int], vocab: int, param: str) -> None:
+    """400 naming the first of `ids` at or past the vocabulary size."""
+    bad = next((t for t in ids if t >= vocab), None)
+    if bad is not None:
+        raise invalid(
+            f"Token id {bad} in '{param}' is out of range for the vocabulary (size {vocab}).",
+            param,
+        )
