@@ -205,8 +205,11 @@ async def test_in_flight_returns_to_zero_after_500_cancelled_streams(app4: App) 
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_dead_worker_is_never_chosen_for_affinity(app4: App) -> None:
-    """kill -9 of the prefix holder: 20 requests with its prefix all succeed elsewhere and
-    no decision credits the dead worker. (Destructive: last in this module.)"""
+    """kill -9 of the prefix holder: once its KV-event stream is seen to drop and its
+    index entries are flushed (at once: the socket closes), 20 requests with its prefix all
+    succeed elsewhere and no decision credits the dead worker. (A request routed in the
+    instant before is retried elsewhere; see test_retry_worker_restart.) (Destructive: last
+    in this module.)"""
     pool, router, url = parts(app4)
     assert app4.sims is not None
     prompt = [*SYSTEM[:1024], *range(60_000, 60_064)]
@@ -214,8 +217,11 @@ async def test_dead_worker_is_never_chosen_for_affinity(app4: App) -> None:
         victim = await warm(app4, session, prompt)
         child = next(c for c in app4.sims.children if c.url == pool.state(victim).url)
         before = Counter(router.chosen)
+        epoch = pool.state(victim).kv_epoch
         child.process.kill()
         await child.process.wait()
+        # the stream drop flushes its part of the index
+        assert await eventually(lambda: pool.state(victim).kv_epoch > epoch, 5)
         results = [
             await complete(session, url, [*prompt, *range(70_000 + 10 * i, 70_005 + 10 * i)])
             for i in range(20)
