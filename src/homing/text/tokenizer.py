@@ -54,6 +54,10 @@ _KNOWN_FILES = (TOKENIZER_FILE, CONFIG_FILE, CHAT_TEMPLATE_FILE, GENERATION_CONF
 # one is repeated until the template source does not hold it (see `_placeholder_pattern`).
 _PLACEHOLDER_OPEN = "\ue000"
 _PLACEHOLDER_CLOSE = "\ue001"
+_REWRITTEN_SPECIAL_CONTENT = (
+    "message content contains special-token text, and this model's chat template rewrites "
+    "content, so that text cannot be kept apart from the template's own special tokens"
+)
 
 
 class ChatTemplateError(ValueError):
@@ -555,19 +559,11 @@ class TextTokenizer:
             or not forbidden.isdisjoint(_ids(self._plain, content))
             for content in contents
         ):
-            raise ChatTemplateError(
-                "message content contains special-token text, and this model's chat template "
-                "rewrites content, so that text cannot be kept apart from the template's own "
-                "special tokens"
-            )
+            raise ChatTemplateError(_REWRITTEN_SPECIAL_CONTENT)
         placed = [t for piece in pieces for t in self.encode(piece) if t in forbidden]
         ids = self.encode(rendered)
         if [t for t in ids if t in forbidden] != placed:
-            raise ChatTemplateError(
-                "message content contains special-token text, and this model's chat template "
-                "rewrites content, so that text cannot be kept apart from the template's own "
-                "special tokens"
-            )
+            raise ChatTemplateError(_REWRITTEN_SPECIAL_CONTENT)
         return ids
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
