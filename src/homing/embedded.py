@@ -65,10 +65,8 @@ class SimLauncher:
         Raises `RuntimeError` when a child exits or stays silent past `timeout_s`.
         """
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(self._start_one() for _ in range(self.settings.workers))),
-                timeout_s,
-            )
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(self._start_one() for _ in range(self.settings.workers)))
         except BaseException:
             await self.stop()
             raise

@@ -35,7 +35,6 @@ gateway's own live `in_flight`) is not limited.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -44,6 +43,7 @@ from typing import Literal
 
 import structlog
 
+from homing.aio import cancel_and_wait
 from homing.clock import Clock, SystemClock
 from homing.config import AdmissionSettings
 from homing.gateway.errors import APIError, no_capacity
@@ -372,7 +372,5 @@ class AdmissionController:
     async def stop(self) -> None:
         """Stop the ticker (waiting requests time out or are cancelled with their callers)."""
         if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+            await cancel_and_wait(self._ticker)
             self._ticker = None

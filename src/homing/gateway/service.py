@@ -75,7 +75,8 @@ class InferenceService:
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no request is in flight, at most `timeout_s`; True when drained."""
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
         except TimeoutError:
             return False
         return True

@@ -28,6 +28,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from homing.aio import cancel_and_wait
 from homing.clock import Clock, SystemClock
 from homing.sim.faults import FaultState
 from homing.sim.radix_cache import KvEvent
@@ -168,9 +169,7 @@ class EngineLoop:
         """Stop the loop and end every open stream with an "abort" finish."""
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         for request_id in list(self._streams):
             self.abort(request_id)
         for request_id, stream in list(self._streams.items()):  # finished, not yet delivered
@@ -245,7 +244,8 @@ class EngineLoop:
             self._wake.clear()
             remaining = self.faults.stall_until - self._clock.now()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(remaining, 0.0))
+                async with asyncio.timeout(max(remaining, 0.0)):
+                    await self._wake.wait()
         return waited
 
     async def _run(self) -> None:

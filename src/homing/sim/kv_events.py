@@ -318,7 +318,8 @@ class KvSubscription:
                     continue
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
+                    async with asyncio.timeout(wait_s):
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
         finally:

@@ -37,7 +37,8 @@ async def spawn_sim(
         start_new_session=True,
     )  # fmt: skip
     try:
-        ready = await asyncio.wait_for(_ready(process), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            ready = await _ready(process)
     except BaseException:
         await terminate([process], grace_s=0.0)
         raise
@@ -71,7 +72,8 @@ async def terminate(processes: Iterable[asyncio.subprocess.Process], grace_s: fl
             proc.send_signal(signal.SIGTERM)
     for proc in procs:
         try:
-            await asyncio.wait_for(proc.wait(), grace_s)
+            async with asyncio.timeout(grace_s):
+                await proc.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

@@ -498,10 +498,8 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
     ) -> common_pb2.FlushCacheResponse:
         try:
-            success, message = await asyncio.wait_for(
-                self.engine.flush_cache(request.timeout_s),
-                timeout=max(request.timeout_s, 0.0) + 5.0,
-            )
+            async with asyncio.timeout(max(request.timeout_s, 0.0) + 5.0):
+                success, message = await self.engine.flush_cache(request.timeout_s)
         except TimeoutError:
             success, message = False, "Cache not flushed: timed out"
         return common_pb2.FlushCacheResponse(success=success, message=message)

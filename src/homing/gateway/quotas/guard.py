@@ -23,13 +23,13 @@ Redis); this file does I/O and policy around them:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import uuid
 from dataclasses import dataclass
 
 import structlog
 
+from homing.aio import cancel_and_wait
 from homing.clock import Clock, SystemClock
 from homing.config import QuotaLimits, QuotaSettings
 from homing.gateway.auth import Principal
@@ -273,9 +273,7 @@ class QuotaGuard:
     async def stop(self) -> None:
         """Stop renewing, let pending settles finish (bounded by the store timeout), close."""
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await cancel_and_wait(self._renewer)
             self._renewer = None
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=2 * self.settings.store_timeout_s)
