@@ -72,7 +72,7 @@ class Recorder:
         async for batch in self.call:
             self.batches.append(batch)
 
-    async def until(self, predicate, timeout_s: float = 2.0) -> None:  # type: ignore[no-untyped-def]
+    async def until(self, predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
         deadline = asyncio.get_running_loop().time() + timeout_s
         while not predicate(self.batches):
             if asyncio.get_running_loop().time() > deadline:
@@ -197,6 +197,7 @@ class TestFlush:
         """FlushCache on an idle worker emits a cleared event; the next repeat is a miss."""
         await generate(stub, "warm")
         recorder = subscribe(stub)
+        await recorder.until(bool)  # the subscription is live (its first load record is in)
         assert (await stub.FlushCache(common_pb2.FlushCacheRequest())).success
         await recorder.until(lambda bs: any(e.HasField("cleared") for b in bs for e in b.events))
         assert (await generate(stub, "cold")).cached_tokens == 0
