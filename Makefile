@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test proto bench bench-sim bench-gateway bench-stops bench-router bench-routers lint format clean redis-server native-deps apt-libxxhash
+.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers lint format clean redis-server native-deps apt-libxxhash
 
 NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
 
@@ -64,9 +64,34 @@ apt-libxxhash:
 redis-server:
 	$(call apt-install,command -v redis-server >/dev/null 2>&1,redis-server)
 
-## make test: the whole suite (unit + integration over loopback; installs redis-server if missing)
-test: proto redis-server
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+# A real SGLang 0.5.23 worker on the CPU (deploy/sglang-cpu/README.md): its own virtual env,
+# pinned, with our `sgl_kernel` shim and the torchvision fix, and a tiny random-weight Llama
+# serving the simulator's tokenizer. Cached: rebuilt only when its inputs change.
+SGLANG_VENV := .venv-sglang
+SGLANG_PY   := $(SGLANG_VENV)/bin/python
+SGLANG_DIR  := deploy/sglang-cpu
+SGLANG_DATA := .cache/sglang-cpu
+TINY_MODEL  := $(SGLANG_DATA)/tiny-llama
+
+$(SGLANG_VENV)/.installed: $(addprefix $(SGLANG_DIR)/,install.sh requirements.txt constraints.txt \
+    fix_torchvision.py sgl_kernel/pyproject.toml sgl_kernel/sgl_kernel/__init__.py)
+	PYTHON=$(PYTHON) $(SGLANG_DIR)/install.sh $(SGLANG_VENV)
+	touch $@
+
+$(TINY_MODEL)/.built: $(SGLANG_VENV)/.installed $(VENV)/.installed $(SGLANG_DIR)/build_tiny_model.py
+	$(PY) -m homing.text.served $(SGLANG_DATA)/tokenizer
+	$(SGLANG_PY) $(SGLANG_DIR)/build_tiny_model.py --tokenizer-dir $(SGLANG_DATA)/tokenizer \
+	    --out $(TINY_MODEL)
+	touch $@
+
+## make sglang-cpu: the SGLang CPU env (.venv-sglang) and the tiny model (~80 s the first time)
+sglang-cpu: $(TINY_MODEL)/.built
+
+## make test: the whole suite (unit + integration over loopback, against simulated and real
+## SGLang workers; builds the SGLang CPU env and installs redis-server if missing)
+test: proto redis-server sglang-cpu
+	$(SGLANG_PY) -m pytest -q -p no:cacheprovider $(SGLANG_DIR)/sgl_kernel/tests
+	HOMING_REQUIRE_SGLANG=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 ## make bench: replay 300 Mooncake requests against a running gateway (start `make run` first)
 bench: proto
@@ -117,4 +142,4 @@ format: proto
 	$(VENV)/bin/ruff format src tests
 
 clean:
-	rm -rf $(VENV) src/homing/v1 bench-out build src/homing/router/*.so
+	rm -rf $(VENV) $(SGLANG_VENV) $(SGLANG_DATA) src/homing/v1 bench-out build src/homing/router/*.so

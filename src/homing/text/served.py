@@ -115,3 +115,18 @@ def served_tokenizer_sha256() -> str:
 def load_served_tokenizer() -> TextTokenizer:
     """The served tokenizer, loaded once per process from `served_tokenizer_files()`."""
     return TextTokenizer.from_files(served_tokenizer_files())
+
+
+def write_served_tokenizer(directory: Path) -> None:
+    """Write the served files into `directory` (created if missing; files replaced)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in served_tokenizer_files().items():
+        (directory / name).write_bytes(data)
+
+
+if __name__ == "__main__":  # python -m homing.text.served DIR: what the tiny SGLang model uses
+    import sys
+
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m homing.text.served DIR")
+    write_served_tokenizer(Path(sys.argv[1]))
