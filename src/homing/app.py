@@ -1,11 +1,12 @@
 """Composition root: builds the subsystems from the config, runs them, and stops them in order.
 
-Start order: simulated workers (embedded default only) -> worker pool (discovery, health,
-KV-event subscriptions feeding the router) -> tokenizer (local directory or the worker's
-GetTokenizer bundle) -> inference service -> HTTP and gRPC listeners.
+Start order: homing's own workers (embedded default only: simulated, or real SGLang with
+`engines.launch = "sglang"`) -> worker pool (discovery, health, KV-event subscriptions
+feeding the router) -> tokenizer (local directory or the worker's GetTokenizer bundle) ->
+inference service -> HTTP and gRPC listeners.
 Stop order (SIGINT/SIGTERM): stop accepting (listeners closed, health NOT_SERVING), let
 in-flight requests finish up to `gateway.drain_timeout_s`, end those still open with a 503
-`drained` error (a stream as its last event), then stop the pool and the simulated
+`drained` error (a stream as its last event), then stop the pool and homing's own
 workers. SIGHUP is logged and ignored (it does not kill the process).
 """
 
@@ -19,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from homing.config import HomingConfig
-from homing.embedded import SimLauncher
+from homing.embedded import SglangLauncher, SimLauncher
 from homing.engines.pool import PoolConfig, WorkerPool, WorkerState
 from homing.gateway.admission import AdmissionController
 from homing.gateway.auth import KeyRing
@@ -48,7 +49,7 @@ class App:
 
     def __init__(self, config: HomingConfig) -> None:
         self.config = config
-        self.sims: SimLauncher | None = None
+        self.sims: SimLauncher | SglangLauncher | None = None
         self.pool: WorkerPool | None = None
         self.router: Router | None = None
         self.service: InferenceService | None = None
@@ -79,7 +80,15 @@ class App:
             _ensure_bindable(host, port)  # fail fast, before any worker is started
         try:
             urls = list(cfg.engines.workers)
-            if cfg.embedded:
+            health_timeout_s = cfg.engines.health_timeout_s
+            if cfg.embedded and cfg.engines.launch == "sglang":
+                # Real engines: HealthCheck is a generation inside the engine (SglangSettings).
+                health_timeout_s = cfg.sglang.health_timeout_s
+                self.sims = SglangLauncher(cfg.sglang, page_size=cfg.router.block_size)
+                # In parallel; each child gives SGLang its own startup timeout after it has
+                # checked its input (a second or two), hence the margin.
+                urls = await self.sims.start(timeout_s=cfg.sglang.startup_timeout_s + 30.0)
+            elif cfg.embedded:
                 self.sims = SimLauncher(cfg.sim)
                 urls = await self.sims.start(timeout_s=cfg.engines.startup_timeout_s)
             self.router = router_from_settings(cfg.router)
@@ -89,7 +98,7 @@ class App:
                 on_health_change=self._on_health_change,
                 config=PoolConfig(
                     health_interval_s=cfg.engines.health_interval_s,
-                    health_timeout_s=cfg.engines.health_timeout_s,
+                    health_timeout_s=health_timeout_s,
                     unhealthy_threshold=cfg.engines.unhealthy_threshold,
                     healthy_threshold=cfg.engines.healthy_threshold,
                 ),

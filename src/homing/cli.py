@@ -1,9 +1,10 @@
-"""One binary: `homing serve | sim | bench`.
+"""One binary: `homing serve | sim | worker | bench`.
 
 `homing serve` with no `--config` runs the embedded default (simulated SGLang workers as
-child processes, the gateway on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051).
-`homing sim` runs simulated workers in this process; `homing bench` replays a trace against a
-running gateway.
+child processes, the gateway on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051); with
+`--engine sglang --model PATH` the child processes are real SGLang workers.
+`homing sim` runs simulated workers in this process; `homing worker` runs one real SGLang
+worker; `homing bench` replays a trace against a running gateway.
 """
 
 from __future__ import annotations
@@ -33,15 +34,37 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="grpc://HOST:PORT",
         help="serve this SGLang worker (repeatable); disables the simulated ones",
     )
+    p.add_argument(
+        "--engine",
+        choices=["sim", "sglang"],
+        help="workers homing starts when none is listed: simulated (default) or real SGLang",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        dest="launch_workers",
+        metavar="N",
+        help="number of workers homing starts, of either engine (default 2)",
+    )
     p.add_argument("--sim-workers", type=int, help="number of simulated workers (default 2)")
-    p.add_argument("--model", help="simulated model preset (default llama-3.1-8b)")
+    p.add_argument(
+        "--model",
+        help="simulated model preset (default llama-3.1-8b); with --engine sglang, "
+        "the model directory SGLang loads",
+    )
     p.add_argument("--gpu", help="simulated GPU (default H100)")
-    p.add_argument("--tp", type=int, help="simulated tensor-parallel size (default: the preset's)")
+    p.add_argument(
+        "--tp",
+        type=int,
+        help="tensor-parallel size (simulated: default the preset's; sglang: default 1)",
+    )
     p.add_argument("--speedup", type=float, help="simulated clock speedup (default 1.0)")
     p.add_argument("--log-level", default="info")
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from homing.app import App, ignore_sighup
     from homing.config import ConfigError, load_config
     from homing.obs.logging import configure_logging
@@ -52,15 +75,19 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"homing: {err}", file=sys.stderr)
         return 2
+    if args.engine is not None:
+        config.engines.launch = args.engine
+    sglang = config.engines.launch == "sglang"
     overrides = [
         (config.gateway, "host", args.host),
         (config.gateway, "port", args.port),
         (config.gateway, "grpc_port", args.grpc_port),
         (config.router, "policy", args.policy),
         (config.sim, "workers", args.sim_workers),
-        (config.sim, "model", args.model),
+        (config.sglang if sglang else config.sim, "workers", args.launch_workers),
+        (config.sglang, "model_path", args.model) if sglang else (config.sim, "model", args.model),
         (config.sim, "gpu", args.gpu),
-        (config.sim, "tp", args.tp),
+        (config.sglang if sglang else config.sim, "tp", args.tp),
         (config.sim, "speedup", args.speedup),
     ]
     for section, name, value in overrides:
@@ -70,8 +97,13 @@ def _serve(args: argparse.Namespace) -> int:
         config.engines.workers = list(args.workers)
     try:
         config = type(config).model_validate(config.model_dump())  # re-check the overrides
-    except ValueError as err:
-        print(f"homing: invalid option: {err}", file=sys.stderr)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        print(
+            f"homing: invalid option: {where + ': ' if where else ''}{first['msg']}",
+            file=sys.stderr,
+        )
         return 2
 
     async def main() -> None:
@@ -97,6 +129,7 @@ def _run(coro: object) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `homing` binary."""
     from homing.bench.main import add_bench_arguments
+    from homing.engines.worker_main import add_worker_arguments
     from homing.sim.main import add_sim_arguments
 
     parser = argparse.ArgumentParser(prog="homing", description=__doc__.splitlines()[0])
@@ -104,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     add_sim_arguments(sub.add_parser("sim", help="run simulated SGLang workers"))
+    add_worker_arguments(sub.add_parser("worker", help="run one real SGLang worker"))
     add_bench_arguments(sub.add_parser("bench", help="replay a trace against a gateway"))
     return parser
 
@@ -117,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from homing.sim.main import run_sim
 
         return run_sim(args)
+    if args.command == "worker":
+        from homing.engines.worker_main import run_worker
+
+        return run_worker(args)
     if args.command == "bench":
         from homing.bench.main import run_bench
 

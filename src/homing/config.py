@@ -1,7 +1,8 @@
 """Typed configuration: a TOML file read into pydantic models; every default is the embedded one.
 
 With no file, `homing serve` runs the embedded default: simulated workers started as child
-processes (`sim`), the gateway on 127.0.0.1:8080 (HTTP) and 127.0.0.1:50051 (gRPC).
+processes (`sim`; `engines.launch = "sglang"` starts real SGLang ones, section `sglang`),
+the gateway on 127.0.0.1:8080 (HTTP) and 127.0.0.1:50051 (gRPC).
 A file that lists `engines.workers` (`grpc://host:port`) serves those SGLang workers instead.
 Unknown keys are errors, so a typo in a config file is reported rather than ignored.
 """
@@ -107,9 +108,12 @@ class RouterSettings(_Section):
 
 
 class EngineSettings(_Section):
-    """The SGLang workers to serve (empty = start simulated ones) and how to probe them."""
+    """The SGLang workers to serve and how to probe them. With `workers` empty, homing
+    starts its own: simulated ones (`launch = "sim"`, section `sim`) or real SGLang ones
+    (`launch = "sglang"`, section `sglang`)."""
 
     workers: list[str] = Field(default_factory=list)
+    launch: Literal["sim", "sglang"] = "sim"
     tokenizer_path: str | None = None
     startup_timeout_s: float = Field(default=120.0, gt=0)
     health_interval_s: float = Field(default=1.0, gt=0)
@@ -135,6 +139,30 @@ class SimSettings(_Section):
     tp: int | None = Field(default=None, ge=1)  # None: the preset's TP (8 for 70b)
     speedup: float = Field(default=1.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
+
+
+class SglangSettings(_Section):
+    """Real SGLang workers started as child processes (`homing worker`) when
+    `engines.launch = "sglang"` and `engines.workers` is empty.
+
+    `model_path`: the model directory (required then). `python`: the interpreter with
+    sglang (None: `homing.engines.sglang_launch.default_python`). `device`: auto (cuda when
+    `nvidia-smi` runs), cpu or cuda. `max_total_tokens`: KV pool per worker, tokens.
+    `extra_args`: passed to `sglang.launch_server` as they are. `startup_timeout_s`: per
+    worker, to serving. `health_timeout_s`: replaces `engines.health_timeout_s` for these
+    workers, whose HealthCheck is a one-token generation inside the engine (20 s: SGLang's
+    own SGLANG_HEALTH_CHECK_TIMEOUT default).
+    """
+
+    model_path: str | None = None
+    workers: int = Field(default=2, ge=1, le=64)
+    python: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_total_tokens: int = Field(default=65536, ge=1)
+    tp: int = Field(default=1, ge=1)
+    extra_args: list[str] = Field(default_factory=list)
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    health_timeout_s: float = Field(default=20.0, gt=0)
 
 
 class QuotaLimits(_Section):
@@ -262,10 +290,17 @@ class HomingConfig(_Section):
     router: RouterSettings = Field(default_factory=RouterSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
     sim: SimSettings = Field(default_factory=SimSettings)
+    sglang: SglangSettings = Field(default_factory=SglangSettings)
     # No tenants (the embedded default): authentication and quotas are off.
     tenants: list[TenantSettings] = Field(default_factory=list)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+
+    @model_validator(mode="after")
+    def _sglang_model(self) -> HomingConfig:
+        if self.embedded and self.engines.launch == "sglang" and not self.sglang.model_path:
+            raise ValueError('engines.launch = "sglang" needs sglang.model_path')
+        return self
 
     @model_validator(mode="after")
     def _unique_tenants_and_keys(self) -> HomingConfig:
@@ -287,7 +322,8 @@ class HomingConfig(_Section):
 
     @property
     def embedded(self) -> bool:
-        """True when no workers are configured, so simulated ones are started."""
+        """True when no workers are configured, so homing starts its own (simulated or
+        SGLang, per `engines.launch`)."""
         return not self.engines.workers
 
 

@@ -1,10 +1,12 @@
-"""The embedded default: simulated SGLang workers run as child processes on free loopback ports.
+"""The embedded default: homing's own workers run as child processes on free loopback ports.
 
-Each worker is its own `python -m homing sim --workers 1 --port 0` process (so one can be
-killed or restarted alone). A child prints one JSON line `{"event": "ready", "workers": [...]}`
-when it serves; its stderr goes to ours. Children die with their parent (`--parent-pid`: the
-child sets Linux `PR_SET_PDEATHSIG` itself), and `stop()` sends SIGTERM, then SIGKILL after a
-grace period.
+Simulated workers (`SimLauncher`): each is its own `python -m homing sim --workers 1
+--port 0` process (so one can be killed or restarted alone). Real SGLang workers
+(`SglangLauncher`): each is its own `python -m homing worker --model PATH --port 0`, which
+runs SGLang in a process group of its own. A child prints one JSON line `{"event": "ready",
+"workers": [...]}` when it serves; its stderr goes to ours. Children die with their parent
+(`--parent-pid`: the child sets Linux `PR_SET_PDEATHSIG` itself), and `stop()` sends
+SIGTERM, then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -15,28 +17,90 @@ from dataclasses import dataclass
 
 import structlog
 
-from homing.config import SimSettings
-from homing.sim.process import spawn_sim, terminate
+from homing.config import SglangSettings, SimSettings
+from homing.engines.sglang_launch import kill_group
+from homing.sim.process import spawn_homing, terminate
 
 log = structlog.get_logger("homing.embedded")
 
 
 @dataclass
 class SimProcess:
-    """One child process hosting one simulated worker."""
+    """One child process hosting one worker (simulated, or real SGLang in process group
+    `group`)."""
 
     process: asyncio.subprocess.Process
     url: str
+    group: int | None = None
 
 
-class SimLauncher:
-    """Starts and stops the simulated workers of the embedded default."""
+class _Launcher:
+    """Starts and stops `workers` children of one `homing` sub-command."""
 
-    def __init__(self, settings: SimSettings) -> None:
-        self.settings = settings
+    command = ""  # the `homing` sub-command
+    what = ""  # names a child in errors
+    event = ""  # prefix of the log events
+    kill_grace_s = 0.0  # seconds a child gets after SIGTERM when its start is abandoned
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
         self.children: list[SimProcess] = []
         self._watchers: set[asyncio.Task[None]] = set()
         self._stopping = False
+
+    def _args(self) -> list[str]:
+        raise NotImplementedError
+
+    async def start(self, timeout_s: float = 60.0) -> list[str]:
+        """Start the children, all at once; the worker URLs (`grpc://127.0.0.1:PORT`).
+
+        Raises `RuntimeError` when a child exits before it is ready, `TimeoutError` when
+        they are not all ready within `timeout_s`; every child is stopped then.
+        """
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(self._start_one() for _ in range(self.workers)))
+        except BaseException:
+            await self.stop()
+            raise
+        return [child.url for child in self.children]
+
+    async def _start_one(self) -> None:
+        process, ready = await spawn_homing(
+            self.command, self._args(), what=self.what, kill_grace_s=self.kill_grace_s
+        )
+        worker = ready["workers"][0]
+        url = worker["url"]
+        self.children.append(SimProcess(process, url, worker.get("pid")))
+        log.info(f"{self.event}_ready", url=url, pid=process.pid)
+        watcher = asyncio.get_running_loop().create_task(self._watch(process, url))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, process: asyncio.subprocess.Process, url: str) -> None:
+        """Log a child that exits while it should be serving (the pool's health probes take
+        it out of rotation; nothing restarts it)."""
+        code = await process.wait()
+        if not self._stopping:
+            log.warning(f"{self.event}_exited", url=url, pid=process.pid, code=code)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every child, SIGKILL those still alive after `grace_s`."""
+        self._stopping = True
+        children, self.children = self.children, []
+        await terminate((child.process for child in children), grace_s)
+
+
+class SimLauncher(_Launcher):
+    """Starts and stops the simulated workers of the embedded default."""
+
+    command = "sim"
+    what = "simulated worker"
+    event = "sim_worker"
+
+    def __init__(self, settings: SimSettings) -> None:
+        super().__init__(settings.workers)
+        self.settings = settings
 
     def _args(self) -> list[str]:
         s = self.settings
@@ -59,37 +123,48 @@ class SimLauncher:
             *s.extra_args,
         ]
 
-    async def start(self, timeout_s: float = 60.0) -> list[str]:
-        """Start `settings.workers` children; the worker URLs (`grpc://127.0.0.1:PORT`).
 
-        Raises `RuntimeError` when a child exits or stays silent past `timeout_s`.
-        """
-        try:
-            async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(self._start_one() for _ in range(self.settings.workers)))
-        except BaseException:
-            await self.stop()
-            raise
-        return [child.url for child in self.children]
+class SglangLauncher(_Launcher):
+    """Starts and stops real SGLang workers (`homing worker` children), one per worker.
 
-    async def _start_one(self) -> None:
-        process, ready = await spawn_sim(self._args())
-        url = ready["workers"][0]["url"]
-        self.children.append(SimProcess(process, url))
-        log.info("sim_worker_ready", url=url, pid=process.pid)
-        watcher = asyncio.get_running_loop().create_task(self._watch(process, url))
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
+    `page_size`: SGLang's KV page size, the router's block size (so its KV events describe
+    the router's blocks). A child stops its SGLang within 15 s of SIGTERM
+    (`SglangProcess.stop`), so `stop()` waits longer than that before SIGKILL, and then
+    SIGKILLs whatever is left of each SGLang's process group (the `pid` of its ready line).
+    """
 
-    async def _watch(self, process: asyncio.subprocess.Process, url: str) -> None:
-        """Log a child that exits while it should be serving (the pool's health probes take
-        it out of rotation; nothing restarts it)."""
-        code = await process.wait()
-        if not self._stopping:
-            log.warning("sim_worker_exited", url=url, pid=process.pid, code=code)
+    command = "worker"
+    what = "SGLang worker"
+    event = "sglang_worker"
+    kill_grace_s = 25.0
 
-    async def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every child, SIGKILL those still alive after `grace_s`."""
-        self._stopping = True
-        children, self.children = self.children, []
-        await terminate((child.process for child in children), grace_s)
+    def __init__(self, settings: SglangSettings, *, page_size: int) -> None:
+        super().__init__(settings.workers)
+        self.settings = settings
+        self.page_size = page_size
+
+    def _args(self) -> list[str]:
+        s = self.settings
+        assert s.model_path is not None  # HomingConfig refuses launch = "sglang" without
+        return [
+            "--model", s.model_path,
+            "--host", "127.0.0.1",
+            "--port", "0",
+            "--page-size", str(self.page_size),
+            "--max-total-tokens", str(s.max_total_tokens),
+            "--device", s.device,
+            "--tp", str(s.tp),
+            "--startup-timeout-s", str(s.startup_timeout_s),
+            *(["--python", s.python] if s.python else []),
+            "--parent-pid", str(os.getpid()),
+            *(f"--sglang-arg={arg}" for arg in s.extra_args),
+        ]  # fmt: skip
+
+    async def stop(self, grace_s: float = 25.0) -> None:
+        """SIGTERM every child, SIGKILL those still alive after `grace_s`, then SIGKILL any
+        process left in their SGLang process groups."""
+        groups = [child.group for child in self.children if child.group is not None]
+        await super().stop(grace_s)
+        for pgid in groups:
+            if kill_group(pgid):
+                log.warning("sglang_group_killed", pgid=pgid)

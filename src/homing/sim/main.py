@@ -30,22 +30,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import gc
 import json
 import logging
-import os
 import signal
 import sys
 
 import uvloop
 
+from homing.lifeline import exit_with_parent
 from homing.sim.config import FINAL_TOKENS, SimConfig
 from homing.sim.scheduler import SCHEDULE_POLICIES
 from homing.sim.timing import MODELS, TimingModel, model_spec, resolve_limits
 from homing.sim.worker import SimWorker
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 log = logging.getLogger("homing.sim")
 
@@ -196,18 +193,6 @@ def perf_figures(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def _exit_with_parent(parent_pid: int) -> bool:
-    """Ask Linux to SIGTERM us when our parent exits; False if it has already gone.
-
-    Set here, after exec, rather than in the launcher's `preexec_fn`: running Python between
-    fork and exec in a process with live gRPC threads can abort the child.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    return os.getppid() == parent_pid
-
-
 def run_sim(args: argparse.Namespace) -> int:
     """Run `homing sim` until SIGINT/SIGTERM (or `homing sim perf`); returns the exit code
     (0, 1 when every worker crashed, 2 on bad input)."""
@@ -223,7 +208,7 @@ def run_sim(args: argparse.Namespace) -> int:
         logging.basicConfig(
             level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
         )
-    if args.parent_pid is not None and not _exit_with_parent(args.parent_pid):
+    if args.parent_pid is not None and not exit_with_parent(args.parent_pid):
         return 1
     crashed = asyncio.Event()
     try:

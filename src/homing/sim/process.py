@@ -1,10 +1,11 @@
-"""A simulated worker process as its parent sees it: start `python -m homing sim`, wait for
-its ready line, stop it.
+"""A worker process as its parent sees it: start `python -m homing sim` (or another `homing`
+sub-command that announces itself the same way, such as `homing worker`), wait for its
+ready line, stop it.
 
-Rule of this file: the one place that launches and stops sim child processes (the embedded
-default, `homing.sim.throughput`, `homing.bench.routers`). A child prints one JSON line
-`{"event": "ready", "workers": [...]}` on stdout when it serves (other lines are skipped);
-its stdout is drained afterwards so the child never blocks on a full pipe.
+Rule of this file: the one place that launches and stops homing's worker child processes
+(the embedded default, `homing.sim.throughput`, `homing.bench.routers`). A child prints one
+JSON line `{"event": "ready", "workers": [...]}` on stdout when it serves (other lines are
+skipped); its stdout is drained afterwards so the child never blocks on a full pipe.
 """
 
 from __future__ import annotations
@@ -28,19 +29,39 @@ async def spawn_sim(
     `stderr`: where the child's stderr goes (None: ours). Raises RuntimeError when the
     child exits before it is ready, TimeoutError after `timeout_s` (the child is killed).
     """
+    return await spawn_homing(
+        "sim", args, what="simulated worker", stderr=stderr, timeout_s=timeout_s
+    )
+
+
+async def spawn_homing(
+    command: str,
+    args: Sequence[str],
+    *,
+    what: str,
+    stderr: int | None = None,
+    timeout_s: float = 120.0,
+    kill_grace_s: float = 0.0,
+) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
+    """Start `python -m homing COMMAND ARGS` and return it with its ready message.
+
+    `what` names the child in errors. `stderr`: where the child's stderr goes (None: ours).
+    Raises RuntimeError when the child exits before it is ready, TimeoutError after
+    `timeout_s`; either way the child is stopped (SIGTERM, SIGKILL after `kill_grace_s`).
+    """
     # A session of its own: a terminal's Ctrl-C or hangup reaches the parent only, which
     # drains its requests before it stops the child (`terminate`); the child still dies
     # with its parent (`homing sim --parent-pid`).
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "homing", "sim", *args,
+        sys.executable, "-m", "homing", command, *args,
         stdout=asyncio.subprocess.PIPE, stderr=stderr, stdin=asyncio.subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
     try:
         async with asyncio.timeout(timeout_s):
-            ready = await _ready(process)
+            ready = await _ready(process, what)
     except BaseException:
-        await terminate([process], grace_s=0.0)
+        await terminate([process], grace_s=kill_grace_s)
         raise
     assert process.stdout is not None
     task = asyncio.get_running_loop().create_task(_drain(process.stdout))
@@ -49,13 +70,13 @@ async def spawn_sim(
     return process, ready
 
 
-async def _ready(process: asyncio.subprocess.Process) -> dict[str, Any]:
+async def _ready(process: asyncio.subprocess.Process, what: str) -> dict[str, Any]:
     assert process.stdout is not None
     while True:
         line = await process.stdout.readline()
         if not line:
             code = await process.wait()
-            raise RuntimeError(f"simulated worker exited with code {code} before it was ready")
+            raise RuntimeError(f"{what} exited with code {code} before it was ready")
         try:
             message = json.loads(line)
         except json.JSONDecodeError:
