@@ -17,7 +17,8 @@ Per worker the pool runs two tasks:
   number going backwards (the worker restarted behind a live stream), when the stream ends
   or fails, and when the worker is removed (the router flushes on `cleared` itself). After
   a stream error or end the task resubscribes with exponential backoff
-  (`kv_backoff_initial_s` doubling to `kv_backoff_max_s`); a connection failure
+  (`kv_backoff_initial_s` doubling to `kv_backoff_max_s`, cut short when the worker turns
+  healthy, so a restarted worker is subscribed to again at once); a connection failure
   (UNAVAILABLE) also counts as one failed health observation, so a killed worker leaves
   rotation after a few failed resubscriptions (~0.7 s) rather than three probes. A worker
   that does not implement SubscribeKvEvents (UNIMPLEMENTED) is left in the router's
@@ -144,6 +145,9 @@ class _Worker:
     server_info: pb.GetServerInfoResponse | None = None
     rank_loads: dict[int | None, EngineLoadView] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Set when the worker turns healthy: its KV stream resubscribes at once, not after the
+    # rest of its backoff (events it stores meanwhile would be missed).
+    kv_retry: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def served_name(info: pb.GetModelInfoResponse) -> str:
@@ -379,6 +383,8 @@ class WorkerPool:
         w.state.consecutive_failures = status.consecutive_failures
         w.state.consecutive_successes = status.consecutive_successes
         self._changed.set()
+        if flipped and status.healthy:
+            w.kv_retry.set()
         if flipped and self._on_health_change is not None:
             self._on_health_change(w.state)
 
@@ -497,6 +503,7 @@ class WorkerPool:
         backoff = cfg.kv_backoff_initial_s
         unsupported = False
         while True:
+            w.kv_retry.clear()  # a worker turning healthy from here on wakes the retry
             cursor = KvStreamCursor()
             # A new subscription starts from the worker's current state: nothing credited
             # to it before may be trusted (it may have restarted or evicted meanwhile).
@@ -537,7 +544,9 @@ class WorkerPool:
             self._set_stream(w, "unsupported" if unsupported else "down")
             if not unsupported:
                 self._flush(w, reason)
-            await asyncio.sleep(backoff)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(backoff):
+                    await w.kv_retry.wait()
             backoff = min(backoff * 2, cfg.kv_backoff_max_s)
 
 

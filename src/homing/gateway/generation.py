@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -139,6 +139,9 @@ class Generation:
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: list[Event] = []
         self._tried: list[str] = []  # workers routed to, in order
+        # The engine ends a choice at its first stop token id (not under ignore_eos, SGLang's
+        # rule); that token is counted but, as SGLang and vLLM do, not shown.
+        self._hidden_stop_ids = frozenset(() if prepared.ignore_eos else prepared.stop_token_ids)
         self._interrupt: _Interrupt | None = None
         self._started_at = time.monotonic()
         self._first_token_at: float | None = None
@@ -423,6 +426,8 @@ class Generation:
         self._received_by_choice[index] = received + len(token_ids)
         self._cached_by_choice[index] = item.cached_tokens
         self._completion_by_choice[index] = completion
+        if self._hidden_stop_ids:
+            token_ids = _before_stop_id(token_ids, self._hidden_stop_ids)
         text = detok.push(token_ids)
         done = isinstance(item, GenerateDone)
         if done:
@@ -549,3 +554,11 @@ def _outcome_of(err: BaseException) -> str:
     if isinstance(err, ConnectionError):
         return "client_closed"
     return "error"
+
+
+def _before_stop_id(token_ids: Sequence[int], stop_ids: frozenset[int]) -> Sequence[int]:
+    """`token_ids` up to (not including) the first of `stop_ids`."""
+    for position, token in enumerate(token_ids):
+        if token in stop_ids:
+            return token_ids[:position]
+    return token_ids

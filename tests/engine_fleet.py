@@ -1,0 +1,159 @@
+"""Engine workers as real child processes, one kind at a time: simulated (`homing sim`) or real
+SGLang (`homing worker`). Each prints a JSON ready line with its URL; a worker can be killed
+with SIGKILL (its whole process tree, as when its machine dies) and started again on its port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+from sglang_env import SGLANG_PYTHON, TINY_MODEL
+
+ENGINES = ("sim", "sglang")
+"""The engine kinds the protocol suite runs against."""
+
+STARTUP_TIMEOUT_S = {"sim": 60.0, "sglang": 300.0}
+
+
+def _command(engine: str, port: int) -> list[str]:
+    base = [sys.executable, "-m", "homing"]
+    if engine == "sim":
+        return [*base, "sim", "--workers", "1", "--port", str(port), "--speedup", "10"]
+    return [
+        *base,
+        "worker",
+        "--model",
+        str(TINY_MODEL),
+        "--python",
+        str(SGLANG_PYTHON),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]
+
+
+@dataclass
+class EngineWorker:
+    """One worker process: `url` grpc://127.0.0.1:PORT, `engine_pid` the engine's own pid."""
+
+    engine: str
+    process: subprocess.Popen[bytes]
+    url: str = ""
+    port: int = 0
+    engine_pid: int = 0
+
+
+@dataclass
+class Fleet:
+    """Workers of one engine kind; `close()` stops them all."""
+
+    engine: str
+    workers: list[EngineWorker] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+    def start(self, count: int) -> None:
+        """Start `count` workers on free ports, in parallel; raises RuntimeError on failure."""
+        started = [self._spawn(0) for _ in range(count)]
+        try:
+            for worker in started:
+                self._wait_ready(worker)
+        except BaseException:
+            for worker in started:
+                _kill_tree(worker)
+            raise
+        self.workers.extend(started)
+
+    def kill(self, index: int) -> None:
+        """SIGKILL worker `index` and its whole process tree, and reap it."""
+        _kill_tree(self.workers[index])
+
+    def restart(self, index: int) -> EngineWorker:
+        """Start worker `index` again on the same port (after `kill`)."""
+        old = self.workers[index]
+        deadline = time.monotonic() + 30.0
+        while True:  # the port may linger a moment after a kill
+            worker = self._spawn(old.port)
+            try:
+                self._wait_ready(worker)
+                break
+            except RuntimeError:
+                _kill_tree(worker)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        self.workers[index] = worker
+        return worker
+
+    def close(self) -> None:
+        """SIGTERM every worker, SIGKILL any still alive after 20 s."""
+        for worker in self.workers:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
+        for worker in self.workers:
+            try:
+                worker.process.wait(timeout=20.0)
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_tree(worker)
+        self.workers.clear()
+
+    def _spawn(self, port: int) -> EngineWorker:
+        process = subprocess.Popen(
+            _command(self.engine, port),
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return EngineWorker(self.engine, process)
+
+    def _wait_ready(self, worker: EngineWorker) -> None:
+        assert worker.process.stdout is not None
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S[self.engine]
+        while time.monotonic() < deadline:
+            line = worker.process.stdout.readline()
+            if not line:
+                code = worker.process.wait()
+                raise RuntimeError(f"{self.engine} worker exited with code {code} before ready")
+            try:
+                message = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(message, dict) and message.get("event") == "ready":
+                info = message["workers"][0]
+                worker.url = info["url"]
+                worker.port = int(info["port"])
+                worker.engine_pid = int(info.get("pid", worker.process.pid))
+                threading.Thread(target=_drain, args=(worker.process.stdout,), daemon=True).start()
+                return
+        raise RuntimeError(f"{self.engine} worker not ready within the startup timeout")
+
+
+def _drain(stream: IO[bytes]) -> None:
+    """Read what the worker still prints, so it never blocks on a full pipe."""
+    for _ in stream:
+        pass
+
+
+def _kill_tree(worker: EngineWorker) -> None:
+    """SIGKILL the worker's process group and the engine's own group (each is a session
+    leader, so its pid is its group id; a group outlives its leader)."""
+    groups: Sequence[int] = sorted({worker.process.pid, worker.engine_pid} - {0})
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    worker.process.wait()

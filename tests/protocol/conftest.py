@@ -1,0 +1,66 @@
+"""Fixtures of the protocol suite: each test module runs once per engine kind, over two workers
+of that kind as real child processes (simulated, and real SGLang on the CPU), behind a whole
+homing `App` in the module's event loop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+from engine_fleet import ENGINES, Fleet
+from sglang_env import require_sglang
+
+from homing.app import App
+from homing.config import EngineSettings, GatewaySettings, HomingConfig, RouterSettings
+
+
+def _fleet(engine: str) -> Iterator[Fleet]:
+    fleet = Fleet(engine)
+    try:
+        fleet.start(2)
+        yield fleet
+    finally:
+        fleet.close()
+
+
+@pytest.fixture(scope="session")
+def sim_fleet() -> Iterator[Fleet]:
+    """Two simulated workers (`homing sim`, 10x speed) for the whole session."""
+    yield from _fleet("sim")
+
+
+@pytest.fixture(scope="session")
+def sglang_fleet() -> Iterator[Fleet]:
+    """Two real SGLang workers (`homing worker`, tiny model, CPU) for the whole session."""
+    require_sglang()
+    yield from _fleet("sglang")
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def fleet(request: pytest.FixtureRequest) -> Fleet:
+    """The workers of one engine kind; every test of the module runs once per kind."""
+    return request.getfixturevalue(f"{request.param}_fleet")
+
+
+def gateway_config(fleet: Fleet, policy: str = "cache_aware") -> HomingConfig:
+    """homing over `fleet`. Real SGLang's HealthCheck is a one-token generation inside the
+    engine, so its probe timeout is SGLang's own (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s)."""
+    real = fleet.engine == "sglang"
+    return HomingConfig(
+        gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=2.0),
+        engines=EngineSettings(
+            workers=fleet.urls,
+            startup_timeout_s=120.0,
+            health_interval_s=1.0,
+            health_timeout_s=20.0 if real else 2.0,
+        ),
+        router=RouterSettings(policy=policy),  # type: ignore[arg-type]
+    )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gateway(fleet: Fleet) -> AsyncIterator[App]:
+    """A running `App` on free ports over `fleet` (cache-aware routing)."""
+    async with App(gateway_config(fleet)) as app:
+        yield app
