@@ -114,6 +114,7 @@ class App:
                 model_id=self.pool.served_model_name,
                 tokenizer=tokenizer,
                 max_context_length=self.pool.max_context_length,
+                max_prompt_tokens=self.pool.max_prompt_tokens,
                 pool=self.pool,
                 router=self.router,
             )

@@ -79,3 +79,40 @@ async def test_token_ids_past_the_reported_vocab_size_are_accepted(gateway: App)
             error = (await resp.json())["error"]
     assert error["param"] == "prompt"
     assert f"Token id {vocab} in 'prompt' is out of range" in error["message"]
+
+
+async def test_the_context_window_is_what_the_engine_serves_untrimmed(gateway: App) -> None:
+    """A request filling the window exactly gets all its `max_tokens` (the engine does not
+    trim it), one token more is 400 `context_length_exceeded`, and so is a prompt past the
+    engine's longest input (real SGLang reports its KV pool size as max_context_length)."""
+    assert gateway.service is not None and gateway.pool is not None
+    model = gateway.service.model
+    window, longest = model.max_context_length, model.max_prompt_tokens
+    assert longest is not None and longest < window
+    completion = 8
+    body = {"model": model.model_id, "temperature": 0, "ignore_eos": True}
+    url = f"http://127.0.0.1:{gateway.http_port}/v1/completions"
+    async with aiohttp.ClientSession() as http:
+        prompt = [1000 + i % 5000 for i in range(window - completion)]
+        fits = {**body, "prompt": prompt, "max_tokens": completion}
+        async with http.post(url, json=fits) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["usage"]["completion_tokens"] == completion
+        async with http.post(url, json={**fits, "max_tokens": completion + 1}) as resp:
+            assert resp.status == 400
+            error = (await resp.json())["error"]
+            assert error["code"] == "context_length_exceeded"
+            assert error["message"].startswith(
+                f"This model's maximum context length is {window} tokens."
+            )
+        too_long = {**body, "prompt": [1000] * (longest + 1), "max_tokens": 1}
+        async with http.post(url, json=too_long) as resp:
+            assert resp.status == 400
+            error = (await resp.json())["error"]
+    assert error == {
+        "message": f"This model's maximum prompt length is {longest} tokens. However, your "
+        f"prompt has {longest + 1} tokens. Please reduce the prompt length.",
+        "type": "invalid_request_error",
+        "param": "prompt",
+        "code": "context_length_exceeded",
+    }

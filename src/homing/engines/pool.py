@@ -150,6 +150,11 @@ class _Worker:
     kv_retry: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+#: The window beyond `max_req_input_len` that SGLang serves untrimmed: max_req_len =
+#: max_req_input_len + 5 and max_new_tokens <= max_req_len - prompt - 1 (sglang 0.5.23).
+SGLANG_WINDOW_OVER_INPUT = 4
+
+
 def served_name(info: pb.GetModelInfoResponse) -> str:
     """The model name a worker serves: `served_model_name`, else `model_path`."""
     return info.served_model_name or info.model_path
@@ -278,8 +283,25 @@ class WorkerPool:
 
     @property
     def max_context_length(self) -> int:
-        """Context window in tokens (prompt + completion)."""
-        return int(self.model_info.max_context_length)
+        """Tokens one request may span, prompt + completion, without the engine trimming it.
+
+        SGLang's servicer reports its KV pool size as `max_context_length`; its scheduler
+        caps a request at max_req_len = `max_req_input_len` + 5 (sglang tp_worker.py) and
+        silently trims `max_new_tokens` to max_req_len - prompt - 1. So the window is
+        `max_req_input_len` + 4 where that is the smaller (0 means unreported).
+        """
+        info = self.model_info
+        window = int(info.max_context_length)
+        if info.max_req_input_len > 0:
+            window = min(window, int(info.max_req_input_len) + SGLANG_WINDOW_OVER_INPUT)
+        return window
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt the engine accepts: below `max_req_input_len` (SGLang refuses a
+        prompt of that length or more), else one less than the window."""
+        limit = int(self.model_info.max_req_input_len)
+        return limit - 1 if limit > 0 else self.max_context_length - 1
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

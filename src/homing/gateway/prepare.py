@@ -35,7 +35,8 @@ ENCODE_MESSAGE_CHARS = 32
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One served model: its id, tokenizer, context window and replica pool."""
+    """One served model: its id, tokenizer, context window (prompt + completion tokens),
+    longest prompt (tokens; None: the window less one) and replica pool."""
 
     model_id: str
     tokenizer: TextTokenizer
@@ -43,6 +44,7 @@ class ModelEntry:
     pool: WorkerPool
     router: Router
     created: int = field(default_factory=lambda: int(time.time()))
+    max_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,15 @@ class Preparer:
         principal: Principal | None = None,
     ) -> PreparedRequest:
         limit = model.max_context_length
+        longest = model.max_prompt_tokens
+        if longest is not None and len(prompt_ids) > longest:
+            raise APIError(
+                400,
+                f"This model's maximum prompt length is {longest} tokens. However, your prompt "
+                f"has {len(prompt_ids)} tokens. Please reduce the prompt length.",
+                param="messages" if kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
         room = limit - len(prompt_ids)
         wanted = room if max_new_tokens is None else max_new_tokens
         if room < 1 or wanted > room:
