@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-from sglang_env import SGLANG_PYTHON, TINY_MODEL
+from sglang_env import SGLANG_PYTHON, TINY_MODEL, fast_start_env
 
 ENGINES = ("sim", "sglang")
 """The engine kinds the protocol suite runs against."""
@@ -111,8 +111,10 @@ class Fleet:
         self.workers.clear()
 
     def _spawn(self, port: int) -> EngineWorker:
+        env = {**os.environ, **(fast_start_env() if self.engine == "sglang" else {})}
         process = subprocess.Popen(
             _command(self.engine, port),
+            env=env,
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             start_new_session=True,

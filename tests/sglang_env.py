@@ -30,3 +30,17 @@ def require_sglang() -> None:
     if os.environ.get("HOMING_REQUIRE_SGLANG") == "1":
         pytest.fail(f"HOMING_REQUIRE_SGLANG=1 but {reason}")
     pytest.skip(reason)
+
+
+def fast_start_env() -> dict[str, str]:
+    """Environment that shortens a real worker's startup for the tiny Llama: SGLang imports
+    every module of `sglang.srt.models` (~250) to build its registry, and
+    `SGLANG_DISABLED_MODEL_ARCHS` (SGLang's own variable) skips all but `llama` (57 s -> 34 s
+    measured here). Empty when the package is not where the venv keeps it."""
+    venv = SGLANG_PYTHON.parent.parent
+    names = sorted(
+        path.stem
+        for path in venv.glob("lib/python3*/site-packages/sglang/srt/models/*.py")
+        if path.stem not in ("llama", "__init__", "registry")
+    )
+    return {"SGLANG_DISABLED_MODEL_ARCHS": ",".join(names)} if names else {}
