@@ -12,6 +12,9 @@ pip_() { "$venv/bin/python" -m pip --quiet --disable-pip-version-check "$@" 2>&1
 pip_ install torch==2.13.0
 pip_ install -r "$here/requirements.txt" -c "$here/constraints.txt"
 pip_ install --no-deps sglang==0.5.23
-pip_ install --no-deps --force-reinstall "$here/sgl_kernel"
+# Built from a copy, so no build/ folder is left in the source tree.
+shim=$(mktemp -d); trap 'rm -rf "$shim"' EXIT
+cp -r "$here/sgl_kernel/pyproject.toml" "$here/sgl_kernel/sgl_kernel" "$shim/"
+pip_ install --no-deps --force-reinstall "$shim"
 pip_ install pytest==9.2.0  # runs the shim's tests
 "$venv/bin/python" "$here/fix_torchvision.py"
