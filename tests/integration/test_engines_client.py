@@ -147,17 +147,40 @@ async def test_consumer_close_aborts_within_one_second(
     assert await wait_until_idle(worker, 1.0)
 
 
-async def test_abort_rpc_ends_the_stream_with_finish_reason_abort(
+async def test_abort_rpc_stops_the_request_and_closing_the_silent_stream_frees_it(
     worker: SimWorker, client: EngineClient
 ) -> None:
-    """An explicit Abort(request_id) ends a running stream with a done of reason "abort"."""
+    """An explicit Abort(request_id) stops the request at once; as on SGLang 0.5.23 its stream
+    then gets no done and does not end (chunks in flight arrive during one other generation,
+    nothing during a second), and closing the generator is what lets the worker forget it."""
     stream = client.generate(long_params("abort-1"), timeout_s=60)
     await anext(stream)
     await client.abort("abort-1", "test")
-    rest = [item async for item in stream]
-    assert rest and isinstance(rest[-1], GenerateDone)
-    assert rest[-1].finish_reason == "abort"
     assert await wait_until_idle(worker, 1.0)
+    received: list[TokenChunk | GenerateDone] = []
+
+    async def read() -> None:
+        async for item in stream:
+            received.append(item)
+
+    reader = asyncio.ensure_future(read())
+    short = GenerateParams("other", PROMPT, max_new_tokens=8, temperature=0.0, stream=False)
+    assert [item async for item in client.generate(short, timeout_s=30)]
+    in_flight = len(received)
+    assert [item async for item in client.generate(short, timeout_s=30)]
+    assert len(received) == in_flight and not reader.done()
+    assert all(isinstance(item, TokenChunk) for item in received)
+    assert worker.engine.num_silenced_streams == 1
+    reader.cancel()  # the generator cancels its call (and sends Abort again)
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 1.0
+    while loop.time() < deadline:
+        if not worker.engine.num_silenced_streams:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.engine.num_silenced_streams == 0
 
 
 async def test_cancellation_aborts_within_one_second(
@@ -207,7 +230,7 @@ async def test_discovery_and_loads(client: EngineClient) -> None:
     """Model, server and load info come back from the worker."""
     info = await client.model_info()
     assert info.served_model_name == "llama-3.1-8b" and info.max_context_length > 0
-    assert list(info.eos_token_ids)
+    assert list(info.eos_token_ids) == []  # as SGLang's servicer: none reported
     server = await client.server_info()
     assert server.server_args.fields["page_size"].number_value == 16
     loads = await client.loads()

@@ -101,34 +101,81 @@ class TestStoredBlocks:
     async def test_a_prompt_is_stored_as_sglang_blocks_and_then_served_from_cache(
         self, stub: pb_grpc.SglangSchedulerStub
     ) -> None:
-        """The first request stores its prompt pages (16 ids each, SGLang hash chain, parent
-        links, root unlinked); the repeat reports cached tokens and stores no prompt page."""
+        """The first request stores its prompt pages as one event (a radix node: 16 ids per
+        block, SGLang's hash chain, unlinked under the root, locality LOCAL) and its output
+        page at the end as another, linked to the last prompt page; the repeat reports cached
+        tokens and stores no prompt page."""
         recorder = subscribe(stub)
         await generate(stub, "first")
-        await recorder.until(lambda bs: sum(len(b.events) for b in bs) >= 5)
-        stored = [e.stored for b in recorder.event_batches() for e in b.events]
-        blocks = [(s.blocks[0], s) for s in stored]
+
+        def blocks(batches: list[common_pb2.KvEventBatch]) -> int:
+            return sum(len(e.stored.blocks) for b in batches for e in b.events)
+
+        await recorder.until(lambda bs: blocks(bs) >= 5)
+        prompt_run, output_run = [e.stored for b in recorder.event_batches() for e in b.events]
         prompt_hashes = sglang_hashes(PROMPT)
-        assert [b.block_hash for b, _ in blocks[:4]] == prompt_hashes
-        assert [list(b.token_ids) for b, _ in blocks[:4]] == [
+        assert [b.block_hash for b in prompt_run.blocks] == prompt_hashes
+        assert [list(b.token_ids) for b in prompt_run.blocks] == [
             PROMPT[i : i + PAGE] for i in range(0, 64, PAGE)
         ]
-        assert all(len(s.blocks) == 1 and s.blocks[0].block_size == PAGE for _, s in blocks)
-        assert not blocks[0][1].HasField("parent_block_hash")
-        assert [s.parent_block_hash for _, s in blocks[1:4]] == prompt_hashes[:3]
+        assert not prompt_run.HasField("parent_block_hash")
+        assert len(output_run.blocks) == 1 and output_run.parent_block_hash == prompt_hashes[-1]
+        for run in (prompt_run, output_run):
+            assert {b.block_size for b in run.blocks} == {PAGE}
+            assert run.tier == common_pb2.KV_CACHE_TIER_DEVICE and run.medium == "GPU"
+            assert run.locality == common_pb2.KV_CACHE_LOCALITY_LOCAL
         known = len(recorder.event_batches())
 
         second = await generate(stub, "second")
         assert second.cached_tokens == 48  # 63 tokens may match -> 3 full pages
         await asyncio.sleep(0.1)
         new_hashes = {
-            e.stored.blocks[0].block_hash
+            block.block_hash
             for b in recorder.event_batches()[known:]
             for e in b.events
             if e.HasField("stored")
+            for block in e.stored.blocks
         }
         assert not new_hashes & set(prompt_hashes)
         await recorder.close()
+
+    async def test_eviction_removes_a_whole_run_in_one_event_before_the_store_it_made_room_for(
+        self,
+    ) -> None:
+        """In a 64-page pool, five 200-token prompts leave five 12-page runs; the sixth evicts
+        the least recently used run whole: one removed event with its 12 hashes in order
+        (tier DEVICE, medium "GPU", locality LOCAL), in the same batch as, and before, the
+        sixth prompt's stored run (as SGLang 0.5.23 with --max-total-tokens 1024)."""
+        prompts = [list(range(20_000 + 1000 * i, 20_200 + 1000 * i)) for i in range(6)]
+        config = SimConfig(speedup=50.0, kv_capacity_tokens=1024, max_context_length=4096)
+        async with SimWorker(config, sidecar=False) as sim:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{sim.port}") as channel:
+                stub = pb_grpc.SglangSchedulerStub(channel)
+                recorder = subscribe(stub)
+                await recorder.until(bool)  # the subscription is live
+                for i, prompt in enumerate(prompts):
+                    request = pb.GenerateRequest(
+                        request_id=f"p{i}",
+                        tokenized=pb.TokenizedInput(input_ids=prompt),
+                        sampling_params=pb.SamplingParams(
+                            temperature=0, max_new_tokens=8, ignore_eos=True
+                        ),
+                    )
+                    assert [r async for r in stub.Generate(request)][-1].HasField("complete")
+
+                def has_removal(batches: list[common_pb2.KvEventBatch]) -> bool:
+                    return any(e.HasField("removed") for b in batches for e in b.events)
+
+                await recorder.until(has_removal)
+                await recorder.close()
+        (batch,) = [b for b in recorder.event_batches() if has_removal([b])]
+        kinds = [e.WhichOneof("data") for e in batch.events]
+        assert kinds == ["removed", "stored"]
+        removed, stored = batch.events[0].removed, batch.events[1].stored
+        assert list(removed.block_hashes) == sglang_hashes(prompts[0])
+        assert removed.tier == common_pb2.KV_CACHE_TIER_DEVICE and removed.medium == "GPU"
+        assert removed.locality == common_pb2.KV_CACHE_LOCALITY_LOCAL
+        assert [b.block_hash for b in stored.blocks] == sglang_hashes(prompts[5])
 
 
 class TestNumbering:

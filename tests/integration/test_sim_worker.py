@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 from collections.abc import AsyncIterator
@@ -142,26 +143,98 @@ class TestGenerate:
 
 
 class TestAbort:
-    async def test_abort_ends_the_stream_and_the_running_count_returns_to_zero(
+    async def test_abort_frees_the_request_and_leaves_its_stream_open_and_silent(
         self, worker: SimWorker, stub: pb_grpc.SglangSchedulerStub
     ) -> None:
-        """Abort(request_id) ends that stream with finish_reason "abort" and frees the
-        request at once."""
+        """As SGLang 0.5.23: Abort(request_id) succeeds and the request stops running at once,
+        but its stream gets no complete and does not end until the client cancels the call:
+        once chunks already in flight have arrived (during one other generation), nothing more
+        comes during a second one. GetServerInfo counts the request as active until then."""
         call = stub.Generate(
             generate_request("long", PROMPT, stream=True, max_new_tokens=3000, ignore_eos=True)
         )
-        first = await call.read()
-        assert first.HasField("chunk")
+        assert (await call.read()).HasField("chunk")
         assert worker.num_running == 1
         answer = await stub.Abort(pb.AbortRequest(request_id="long", reason="test"))
-        assert answer.success
+        assert (answer.success, answer.message) == (True, "Request long aborted")
         assert worker.num_running == 0
+        after: list[pb.GenerateResponse] = []
+
+        async def read_all() -> None:
+            while (message := await call.read()) is not grpc.aio.EOF:
+                after.append(message)
+
+        reader = asyncio.ensure_future(read_all())
+        other = generate_request("other", PROMPT, stream=True, max_new_tokens=20)
+        assert (await collect(stub, other))[-1].HasField("complete")
+        in_flight = len(after)
+        assert (await collect(stub, other))[-1].HasField("complete")
+        assert len(after) == in_flight and not reader.done()
+        assert all(r.HasField("chunk") for r in after)
+        server = await stub.GetServerInfo(pb.GetServerInfoRequest())
+        assert server.active_requests == 1
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await reader
+        await wait_until(lambda: worker.engine.num_silenced_streams == 0, 1.0)
+        server = await stub.GetServerInfo(pb.GetServerInfoRequest())
+        assert server.active_requests == 0
+
+    async def test_abort_takes_out_every_request_whose_id_starts_with_the_given_one(
+        self, worker: SimWorker, stub: pb_grpc.SglangSchedulerStub
+    ) -> None:
+        """As SGLang's scheduler (`req.rid.startswith(recv_req.rid)`): Abort("p-1") stops
+        "p-1" (its stream silenced) and "p-10" (its stream ends "abort"), not "p-2"."""
+        calls = {
+            rid: stub.Generate(
+                generate_request(rid, PROMPT, stream=True, max_new_tokens=3000, ignore_eos=True)
+            )
+            for rid in ("p-1", "p-10", "p-2")
+        }
+        for call in calls.values():
+            assert (await call.read()).HasField("chunk")
+        assert worker.num_running == 3
+        assert (await stub.Abort(pb.AbortRequest(request_id="p-1"))).success
+        assert worker.num_running == 1
+        assert sorted(worker.engine.open_request_ids()) == ["p-2"]
         rest = []
-        while (message := await call.read()) is not grpc.aio.EOF:
+        while (message := await calls["p-10"].read()) is not grpc.aio.EOF:
             rest.append(message)
-        assert rest[-1].complete.finish_reason == "abort"
-        assert [r.WhichOneof("response") for r in rest].count("complete") == 1
-        assert not (await stub.Abort(pb.AbortRequest(request_id="long"))).success
+        assert rest[-1].HasField("complete") and rest[-1].complete.finish_reason == "abort"
+        for call in calls.values():
+            call.cancel()
+        await wait_until(lambda: worker.num_running == 0, 2.0)
+
+    async def test_abort_succeeds_for_any_id_but_a_health_check_probe(
+        self, stub: pb_grpc.SglangSchedulerStub
+    ) -> None:
+        """SGLang's servicer only forwards an abort, so an unknown (or finished) id succeeds;
+        ids of its own probe requests ("HEALTH_CHECK...") are not aborted."""
+        unknown = await stub.Abort(pb.AbortRequest(request_id="never-sent"))
+        assert (unknown.success, unknown.message) == (True, "Request never-sent aborted")
+        probe = await stub.Abort(pb.AbortRequest(request_id="HEALTH_CHECK_1"))
+        assert (probe.success, probe.message) == (False, "Request HEALTH_CHECK_1 not found")
+
+    async def test_an_id_reused_after_abort_is_a_new_request_the_old_call_cannot_abort(
+        self, worker: SimWorker, stub: pb_grpc.SglangSchedulerStub
+    ) -> None:
+        """After Abort a request id is free: a new request with it runs, and cancelling the
+        silenced call of the old one leaves the new one running."""
+        old = stub.Generate(
+            generate_request("again", PROMPT, stream=True, max_new_tokens=3000, ignore_eos=True)
+        )
+        await old.read()
+        assert (await stub.Abort(pb.AbortRequest(request_id="again"))).success
+        new = stub.Generate(
+            generate_request("again", PROMPT, stream=True, max_new_tokens=3000, ignore_eos=True)
+        )
+        assert (await new.read()).HasField("chunk")
+        old.cancel()
+        await wait_until(lambda: worker.engine.num_silenced_streams == 0, 1.0)
+        assert worker.num_running == 1
+        assert (await new.read()).HasField("chunk")
+        new.cancel()
+        await wait_until(lambda: worker.num_running == 0 and worker.engine.num_streams == 0, 1.0)
 
     async def test_a_client_that_goes_away_aborts_its_request(
         self, worker: SimWorker, stub: pb_grpc.SglangSchedulerStub
@@ -181,8 +254,7 @@ class TestValidation:
         [
             ([], 10, "empty"),
             ([1, 200_000], 10, "vocab_size"),
-            (list(range(100, 4196)), 10, "context length"),
-            (list(range(100, 4000)), 500, "maximum context length"),
+            (list(range(100, 4196)), 10, "exceeds the maximum allowed length (4090 tokens)"),
         ],
     )
     async def test_bad_input_is_invalid_argument(
@@ -192,7 +264,7 @@ class TestValidation:
         max_new_tokens: int,
         needle: str,
     ) -> None:
-        """Empty prompts, out-of-vocabulary ids and prompts beyond the context window are
+        """Empty prompts, out-of-vocabulary ids and prompts beyond the longest input are
         refused with INVALID_ARGUMENT and a message."""
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await collect(
@@ -201,6 +273,77 @@ class TestValidation:
             )
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert needle in (info.value.details() or "")
+
+    async def test_a_prompt_of_max_req_input_len_tokens_is_refused_and_one_less_is_served(
+        self, stub: pb_grpc.SglangSchedulerStub
+    ) -> None:
+        """With a 4,096-token context, max_req_input_len is min(4095, pool - 1) - 5 = 4,090: a
+        4,090-token prompt is INVALID_ARGUMENT with SGLang's message; 4,089 tokens are served,
+        their completion trimmed to max_req_len - prompt - 1 = 5 tokens."""
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await collect(
+                stub,
+                generate_request("edge", list(range(100, 4190)), stream=False, max_new_tokens=1),
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == (
+            "Input length (4090 tokens) exceeds the maximum allowed length (4090 tokens). "
+            "Use a shorter input or enable --allow-auto-truncate."
+        )
+        served = await collect(
+            stub,
+            generate_request(
+                "below", list(range(100, 4189)), stream=False, max_new_tokens=50, ignore_eos=True
+            ),
+        )
+        done = served[-1].complete
+        assert (done.finish_reason, done.completion_tokens, len(done.output_ids)) == (
+            "length",
+            5,
+            5,
+        )
+
+    @pytest.mark.parametrize(("max_new_tokens", "expected"), [(500, 194), (None, 194), (100, 100)])
+    async def test_max_new_tokens_past_the_window_is_trimmed_silently(
+        self, stub: pb_grpc.SglangSchedulerStub, max_new_tokens: int | None, expected: int
+    ) -> None:
+        """As SGLang's scheduler, max_new_tokens (unset: unbounded) is cut to max_req_len -
+        prompt - 1 = 4095 - 3900 - 1 = 194 for a 3,900-token prompt instead of being refused;
+        one that fits is kept."""
+        responses = await collect(
+            stub,
+            generate_request(
+                "trim",
+                list(range(100, 4000)),
+                stream=False,
+                max_new_tokens=max_new_tokens,
+                ignore_eos=True,
+            ),
+        )
+        done = responses[-1].complete
+        assert (done.finish_reason, done.completion_tokens) == ("length", expected)
+
+    async def test_max_new_tokens_is_trimmed_to_what_an_empty_pool_leaves(self) -> None:
+        """In a 1,024-token pool (max_req_len 1,023) a 200-token prompt may grow by at most
+        pool - 208 (the prompt in whole pages) - 16 (a page) - 1 = 799 tokens."""
+        config = SimConfig(speedup=200.0, kv_capacity_tokens=1024, max_context_length=4096)
+        async with SimWorker(config, sidecar=False) as sim:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{sim.port}") as channel:
+                stub = pb_grpc.SglangSchedulerStub(channel)
+                info = await stub.GetModelInfo(pb.GetModelInfoRequest())
+                assert (info.max_context_length, info.max_req_input_len) == (1024, 1018)
+                responses = await collect(
+                    stub,
+                    generate_request(
+                        "pool",
+                        list(range(100, 300)),
+                        stream=False,
+                        max_new_tokens=5000,
+                        ignore_eos=True,
+                    ),
+                )
+        done = responses[-1].complete
+        assert (done.finish_reason, done.completion_tokens) == ("length", 799)
 
     async def test_another_engines_service_is_unimplemented(
         self, channel: grpc.aio.Channel
@@ -216,17 +359,21 @@ class TestInfo:
     async def test_health_model_and_server_info(
         self, worker: SimWorker, channel: grpc.aio.Channel, stub: pb_grpc.SglangSchedulerStub
     ) -> None:
-        """HealthCheck and grpc.health.v1 say serving; model/server info describe the preset
-        and the served tokenizer."""
+        """HealthCheck and grpc.health.v1 say serving; model info is what smg-grpc-servicer
+        0.14.1 reports for SGLang (the KV pool as max_context_length, its own defaults for the
+        token facts), server info describes the preset."""
         assert (await stub.HealthCheck(pb.HealthCheckRequest())).healthy
         health = health_pb2_grpc.HealthStub(channel)
         status = await health.Check(health_pb2.HealthCheckRequest(service=""))
         assert status.status == health_pb2.HealthCheckResponse.SERVING
         info = await stub.GetModelInfo(pb.GetModelInfoRequest())
         assert info.served_model_name == "llama-3.1-8b"
-        assert info.max_context_length == 4096
-        assert info.vocab_size == TOKENIZER.vocab_size
-        assert list(info.eos_token_ids) == list(TOKENIZER.eos_token_ids)
+        pool = worker.limits.kv_capacity_tokens
+        assert info.max_context_length == pool
+        assert info.max_req_input_len == min(4096 - 1, pool - 1) - 5
+        assert (info.vocab_size, info.bos_token_id, info.pad_token_id) == (128256, 1, 0)
+        assert list(info.eos_token_ids) == []
+        assert (info.id2label_json, info.num_labels) == ('{"0": "LABEL_0", "1": "LABEL_1"}', 2)
         assert info.is_generation
         server = await stub.GetServerInfo(pb.GetServerInfoRequest())
         assert server.sglang_version == "homing-sim" and server.server_type == "grpc"

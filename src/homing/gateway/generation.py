@@ -343,7 +343,7 @@ class Generation:
         detok = IncrementalDetokenizer(p.model.tokenizer, skip_special_tokens=p.skip_special_tokens)
         stops = p.stop_set.matcher()
         params = GenerateParams(
-            request_id=f"{self._engine_id}-{index}",
+            request_id=engine_request_id(self._engine_id, index, p.n),
             input_ids=p.prompt_ids,
             max_new_tokens=p.max_new_tokens,
             temperature=p.temperature,
@@ -562,3 +562,10 @@ def _before_stop_id(token_ids: Sequence[int], stop_ids: frozenset[int]) -> Seque
         if token in stop_ids:
             return token_ids[:position]
     return token_ids
+
+
+def engine_request_id(base: str, index: int, n: int) -> str:
+    """The engine's request id of choice `index` of `n`: `base-` and the index zero-padded to
+    the width of `n - 1`, so no sibling's id is a prefix of another's (SGLang's Abort
+    aborts every request whose id starts with the given one)."""
+    return f"{base}-{index:0{len(str(n - 1))}d}"

@@ -9,8 +9,12 @@ Rule of this file: all waiting and all delivery happen here; no scheduling decis
 - A step's effects become visible when its time is up: tokens and finishes go to the
   per-request queues, the step's KV events (and any an abort caused meanwhile, in the order
   the cache recorded them) to `on_kv_events`, then `on_load_changed` is called.
-- `abort` takes a request out at once (its stream gets a "abort" finish); `stop` ends every
-  open stream the same way.
+- `abort` takes a request out at once (its stream gets a "abort" finish): the worker's own
+  aborts and a consumer that went away. `stop` ends every open stream the same way.
+- `client_abort` (an Abort RPC) takes a request out at once too, but silences its stream
+  instead of ending it: nothing more reaches it (not even tokens already decided) until the
+  consumer gives it up with `close_stream`, as SGLang 0.5.23's servicer marks the request
+  finished and never writes to its stream again. `stop` ends silenced streams as well.
 - Faults (`homing.sim.faults.FaultState`, read before every step): a slowdown K makes each
   step last K times its modelled duration; a stall holds the next step until it is over.
 - Keeping up: each step's wall deadline is the previous deadline plus duration / speedup, so
@@ -54,6 +58,7 @@ class RequestStream:
     request_id: str
     queue: asyncio.Queue[StreamItem]
     finished: bool = False
+    silenced: bool = False
 
     async def items(self) -> AsyncIterator[StreamItem]:
         """Yield the request's outputs as they come; ends after its `RequestFinished`."""
@@ -123,6 +128,7 @@ class EngineLoop:
         self._on_load_changed: Callable[[], object] = lambda: None
         self.set_listeners(on_kv_events=on_kv_events, on_load_changed=on_load_changed)
         self._streams: dict[str, RequestStream] = {}
+        self._silenced: set[RequestStream] = set()
         self._pending_events: list[KvEvent] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -175,6 +181,10 @@ class EngineLoop:
         for request_id, stream in list(self._streams.items()):  # finished, not yet delivered
             self._end_stream(stream, _aborted(request_id))
         self._streams.clear()
+        for stream in list(self._silenced):
+            stream.silenced = False
+            self._end_stream(stream, _aborted(stream.request_id))
+        self._silenced.clear()
 
     # ---- requests ----
 
@@ -208,6 +218,33 @@ class EngineLoop:
         self._on_load_changed()
         return finished is not None
 
+    def open_request_ids(self) -> list[str]:
+        """Ids of the requests whose streams are open and not silenced."""
+        return list(self._streams)
+
+    def client_abort(self, request_id: str) -> bool:
+        """An Abort RPC: take the request out now (as `abort`) and silence its stream: it gets
+        nothing more, its queued outputs are dropped, and it stays open until `close_stream`
+        or `stop`. Returns False when no open stream has that id (a request whose last step is
+        still running is silenced too, and that step's outputs are dropped)."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.silenced = True
+            while not stream.queue.empty():
+                stream.queue.get_nowait()
+            self._silenced.add(stream)
+        self.abort(request_id)
+        return stream is not None
+
+    def close_stream(self, stream: RequestStream) -> None:
+        """The consumer of `stream` went away: abort its request if the stream is still that
+        request's open stream, and forget it if it was silenced (an id reused after an Abort
+        RPC belongs to the new request)."""
+        if stream.silenced:
+            self._silenced.discard(stream)
+        elif not stream.finished and self._streams.get(stream.request_id) is stream:
+            self.abort(stream.request_id)
+
     async def flush_cache(self, timeout_s: float = 0.0) -> tuple[bool, str]:
         """Drop the prefix cache once the engine is idle, waiting up to `timeout_s` wall
         seconds for that. Returns (success, message)."""
@@ -229,6 +266,11 @@ class EngineLoop:
     def num_streams(self) -> int:
         """Requests submitted and not yet finished."""
         return len(self._streams)
+
+    @property
+    def num_silenced_streams(self) -> int:
+        """Streams silenced by an Abort RPC whose consumer has not let go of them yet."""
+        return len(self._silenced)
 
     # ---- the loop ----
 

@@ -5,8 +5,10 @@ radix cache produces plain events; this hub numbers them into batches and fans t
 
 - Every published batch gets the next `sequence_number` of the worker (1, 2, 3, ... for the
   worker's life, consecutive), `dp_rank` 0, and one `KvCacheEvent` per cache event (event ids
-  count up per worker): `stored` (one page: its block hash, its `page_size` token ids,
-  `parent_block_hash` unless under the root, tier DEVICE / medium "GPU"), `removed`, `cleared`.
+  count up per worker), as smg-grpc-servicer 0.14.1 relays SGLang's: `stored` (a radix run of
+  pages: one block per page with its hash and its `page_size` token ids, `parent_block_hash`
+  unless under the root, tier DEVICE / medium "GPU" / locality LOCAL), `removed` (the
+  evicted pages' hashes, tier DEVICE / medium "GPU" / locality LOCAL), `cleared`.
 - A subscriber gets the batches published after it subscribed, in order, each carrying the
   engine's `EngineLoad` as it is when the batch is sent.
 - `load_only` batches carry no events and repeat the last sequence number sent on that stream
@@ -59,19 +61,25 @@ def fill_proto_event(dest: common_pb2.KvCacheEvent, event: KvEvent, event_id: in
     dest.event_id = event_id
     if isinstance(event, BlockStored):
         stored = dest.stored
-        block = stored.blocks.add()
-        block.block_hash = event.block_hash
-        block.token_ids.extend(event.token_ids)
-        block.block_size = event.block_size
+        size = event.block_size
+        tokens = event.token_ids
+        add = stored.blocks.add
+        for index, block_hash in enumerate(event.block_hashes):
+            block = add()
+            block.block_hash = block_hash
+            block.token_ids.extend(tokens[index * size : (index + 1) * size])
+            block.block_size = size
         stored.tier = common_pb2.KV_CACHE_TIER_DEVICE
         stored.medium = MEDIUM_GPU
+        stored.locality = common_pb2.KV_CACHE_LOCALITY_LOCAL
         if event.parent_block_hash is not None:
             stored.parent_block_hash = event.parent_block_hash
     elif isinstance(event, BlockRemoved):
         removed = dest.removed
-        removed.block_hashes.append(event.block_hash)
+        removed.block_hashes.extend(event.block_hashes)
         removed.tier = common_pb2.KV_CACHE_TIER_DEVICE
         removed.medium = MEDIUM_GPU
+        removed.locality = common_pb2.KV_CACHE_LOCALITY_LOCAL
     elif isinstance(event, AllBlocksCleared):
         dest.cleared.SetInParent()
     else:

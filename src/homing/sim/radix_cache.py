@@ -4,16 +4,26 @@ Rule of this file: the cache owns every KV page of the pool and is the only plac
 creates KV events. Pure data structure: time comes in as `now` arguments, nothing here reads
 a clock or does I/O.
 
-Model (as SGLang's RadixCache with `page_size` > 1, one tree node per page):
+Model (as SGLang 0.5.23's RadixCache with `page_size` > 1, mem_cache/radix_cache.py):
 - The pool has `total_pages` pages of `page_size` tokens. A page is either free, held
   privately by a running request (computed KV not yet in the tree), or in the tree.
-- Only full pages enter the tree. A request's `KvHandle` locks the tree path it uses
-  (reference count per page); a page with a reference count > 0 is never evicted.
-- Unreferenced pages are evicted leaf first, least recently used first (by `now` of the last
-  match/insert that touched them, ties by access order), when an allocation needs room.
-- Events, exactly as SGLang's radix cache records them: one `BlockStored` per newly inserted
-  page (its page_size token ids, `parent_block_hash` = the previous page's hash, None for a
-  page under the root), one `BlockRemoved` per evicted page, `AllBlocksCleared` on reset.
+- Only full pages enter the tree, one tree entry per page, grouped into SGLang's radix nodes:
+  a run of pages that one insert added (a page marked `run_start` begins a node; the pages
+  below it down to the next mark belong to it). As SGLang splits a node where a match or an
+  insert stops or branches inside it, a locking match, an insert and a branch mark the page
+  after that point: every page of a node then has the same reference count, and each page
+  of a node but its last has exactly one child, the node's next page.
+- A request's `KvHandle` locks the tree path it uses (reference count per page); a page with a
+  reference count > 0 is never evicted.
+- Eviction takes whole unreferenced leaf nodes, least recently used first (by `now` of the
+  last match/insert that touched the node's last page, ties by access order), until an
+  allocation has room: it can free a few pages more than asked, as SGLang's does.
+- Events, as SGLang's radix cache records them (mem_cache/events.py): one `BlockStored` per
+  inserted node (all its pages: their hashes, their token ids, `parent_block_hash` = the hash
+  of the page before the node, None under the root), one `BlockRemoved` per evicted node,
+  `AllBlocksCleared` on reset; and, as SGLang's recorder queue, a `BlockStored` whose parent
+  is the last block of the `BlockStored` recorded just before it joins that event, and
+  consecutive `BlockRemoved` events join into one (until `take_events`).
 - Block hash (SGLang `get_hash_str` / `hash_str_to_int64`): digest = SHA-256(parent digest ||
   token ids as uint32 little-endian), the root contributing nothing; block_hash = the first
   8 bytes of the digest read big-endian as a signed int64.
@@ -39,19 +49,20 @@ from typing import NamedTuple
 
 
 class BlockStored(NamedTuple):
-    """One page entered the cache: `token_ids` has exactly `block_size` ids. (Events are
-    NamedTuples: immutable and cheap to create, one per page on the hot path.)"""
+    """A run of pages entered the cache: `block_hashes` one per page, in chain order;
+    `token_ids` their ids, `block_size` per page; `parent_block_hash` the page before the
+    first (None under the root)."""
 
-    block_hash: int
+    block_hashes: tuple[int, ...]
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
 
 
 class BlockRemoved(NamedTuple):
-    """One page left the cache (evicted)."""
+    """Pages left the cache (evicted): their block hashes, each node's from its first page."""
 
-    block_hash: int
+    block_hashes: tuple[int, ...]
 
 
 class AllBlocksCleared(NamedTuple):
@@ -59,6 +70,27 @@ class AllBlocksCleared(NamedTuple):
 
 
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class _PendingStored:
+    """A `BlockStored` still open for the next chained store to join (lists, not tuples, so
+    joining does not copy)."""
+
+    __slots__ = ("block_hashes", "parent_block_hash", "token_ids")
+
+    def __init__(self, parent_block_hash: int | None) -> None:
+        self.parent_block_hash = parent_block_hash
+        self.block_hashes: list[int] = []
+        self.token_ids: list[int] = []
+
+
+class _PendingRemoved:
+    """A `BlockRemoved` still open for the next removal to join."""
+
+    __slots__ = ("block_hashes",)
+
+    def __init__(self) -> None:
+        self.block_hashes: list[int] = []
 
 
 def page_digest(token_ids: Sequence[int], parent_digest: bytes | None) -> bytes:
@@ -92,7 +124,8 @@ def block_hash_chain(token_ids: Sequence[int], page_size: int) -> list[int]:
 
 
 class _Page:
-    """One tree node = one full page of tokens."""
+    """One tree entry = one full page of tokens; `run_start` marks the first page of a radix
+    node."""
 
     __slots__ = (
         "access_seq",
@@ -105,6 +138,7 @@ class _Page:
         "lock_ref",
         "node_id",
         "parent",
+        "run_start",
     )
 
     def __init__(
@@ -113,6 +147,7 @@ class _Page:
         key: tuple[int, ...],
         parent: _Page | None,
         digest: bytes | None,
+        run_start: bool = True,
     ) -> None:
         self.node_id = node_id
         self.key = key
@@ -124,6 +159,7 @@ class _Page:
         self.last_access = 0.0
         self.access_seq = 0
         self.alive = True
+        self.run_start = run_start
 
 
 @dataclass(eq=False)
@@ -170,7 +206,7 @@ class RadixCache:
         self._pack = struct.Struct(f"<{page_size}I").pack  # page_digest's encoding, compiled
         self._ids = itertools.count(1)
         self._seq = itertools.count(1)
-        self._events: list[KvEvent] = []
+        self._events: list[_PendingStored | _PendingRemoved | AllBlocksCleared] = []
         self._init_tree()
 
     def _init_tree(self) -> None:
@@ -249,8 +285,10 @@ class RadixCache:
 
     def acquire(self, token_ids: Sequence[int], now: float, *, max_tokens: int) -> KvHandle:
         """Match the longest cached prefix (at most `max_tokens` tokens) and lock it for a
-        request. The handle's `shared_pages` x page_size is the request's cached tokens."""
+        request (a match ending inside a radix node splits it there, as SGLang's does). The
+        handle's `shared_pages` x page_size is the request's cached tokens."""
         match = self._match(token_ids, now, max_tokens, True)
+        self._split_below(match.node)
         handle = KvHandle(node=self.root)
         self._lock_path(match.node, stop=self.root)
         handle.node = match.node
@@ -258,8 +296,8 @@ class RadixCache:
         return handle
 
     def grow(self, handle: KvHandle, kv_tokens: int, now: float) -> bool:
-        """Make `handle` hold at least `kv_tokens` tokens of KV, evicting unreferenced pages
-        (LRU) when the pool has no free page. Returns False, changing nothing, when even
+        """Make `handle` hold at least `kv_tokens` tokens of KV, evicting unreferenced nodes
+        (LRU) when the pool has too few free pages. Returns False, changing nothing, when even
         eviction cannot make room."""
         needed = self.pages_for(kv_tokens) - handle.shared_pages - handle.private_pages
         if needed <= 0:
@@ -269,7 +307,7 @@ class RadixCache:
         if needed > self.free_pages:
             shortfall = needed - self.free_pages
             evicted = self.evict(shortfall, now)
-            assert evicted == shortfall, "every unreferenced page is evictable"
+            assert evicted >= shortfall, "every unreferenced page is evictable"
         handle.private_pages += needed
         self.private_pages += needed
         return True
@@ -277,8 +315,9 @@ class RadixCache:
     def checkpoint(self, handle: KvHandle, token_ids: Sequence[int], now: float) -> None:
         """Insert the full pages of `token_ids` (tokens whose KV the request has computed) into
         the tree and lock them for `handle`: pages new to the tree move from the handle's
-        private pages into the tree (one `BlockStored` each); pages another request already
-        inserted free the handle's private copy.
+        private pages into the tree as one new radix node (one `BlockStored` for all of them);
+        pages another request already inserted free the handle's private copy. An insert
+        that ends or branches inside an existing node splits it there.
 
         Raises ValueError if `token_ids` holds more full pages than the handle has.
         """
@@ -295,26 +334,27 @@ class RadixCache:
         old_last = node
         page = self.page_size
         pack = self._pack
+        run: _PendingStored | None = None
         for start in range(handle.shared_pages * page, num_pages * page, page):
             key = tuple(token_ids[start : start + page])
             child = node.children.get(key)
             if child is None:
+                first = run is None
+                if run is None:  # the first new page: a new node under `node`
+                    self._split_below(node)
+                    run = self._stored_run(node.block_hash if node is not self.root else None)
                 parent = node.digest
                 digest = hashlib.sha256(parent + pack(*key) if parent else pack(*key)).digest()
-                child = _Page(next(self._ids), key, node, digest)
+                child = _Page(next(self._ids), key, node, digest, run_start=first)
                 node.children[key] = child
                 self.tree_pages += 1
-                self._events.append(
-                    BlockStored(
-                        block_hash=child.block_hash,
-                        parent_block_hash=node.block_hash if node is not self.root else None,
-                        token_ids=key,
-                        block_size=self.page_size,
-                    )
-                )
+                run.block_hashes.append(child.block_hash)
+                run.token_ids.extend(key)
             child.last_access = now  # locked just below; unlocking queues it for eviction
             child.access_seq = seq
             node = child
+        if run is None:
+            self._split_below(node)  # the insert ended inside an existing node
         moved = num_pages - handle.shared_pages
         self.private_pages -= moved
         handle.private_pages -= moved
@@ -340,9 +380,11 @@ class RadixCache:
         handle.released = True
 
     def evict(self, num_pages: int, now: float) -> int:
-        """Evict up to `num_pages` unreferenced pages, least recently used leaves first; returns
-        how many were evicted (one `BlockRemoved` each). `now` is accepted for strategies that
-        age entries; LRU only compares recorded access times."""
+        """Evict unreferenced leaf nodes, least recently used first, until at least `num_pages`
+        pages are evicted or none is left; returns how many pages were evicted (a whole node
+        goes at once, so it can be more than asked; one `BlockRemoved` per node, joined as
+        the module docstring says). `now` is accepted for strategies that age entries; LRU
+        only compares recorded access times."""
         del now
         evicted = 0
         while evicted < num_pages and self._heap:
@@ -352,13 +394,20 @@ class RadixCache:
                 seq,
             ):
                 continue
-            parent = page.parent
-            assert parent is not None
-            del parent.children[page.key]
-            page.alive = False
-            self.tree_pages -= 1
-            evicted += 1
-            self._events.append(BlockRemoved(page.block_hash))
+            hashes: list[int] = []
+            while True:  # the node's pages, from its last up to its first
+                parent = page.parent
+                assert parent is not None
+                del parent.children[page.key]
+                page.alive = False
+                self.tree_pages -= 1
+                evicted += 1
+                hashes.append(page.block_hash)
+                if page.run_start or not self._is_evictable_leaf(parent):
+                    break
+                page = parent
+            hashes.reverse()
+            self._removed_run().block_hashes.extend(hashes)
             if parent is not self.root and self._is_evictable_leaf(parent):
                 self._push(parent)
         return evicted
@@ -375,10 +424,56 @@ class RadixCache:
 
     def take_events(self) -> list[KvEvent]:
         """Events recorded since the last call, oldest first."""
-        events, self._events = self._events, []
+        pending, self._events = self._events, []
+        events: list[KvEvent] = []
+        for item in pending:
+            if isinstance(item, _PendingStored):
+                events.append(
+                    BlockStored(
+                        block_hashes=tuple(item.block_hashes),
+                        parent_block_hash=item.parent_block_hash,
+                        token_ids=tuple(item.token_ids),
+                        block_size=self.page_size,
+                    )
+                )
+            elif isinstance(item, _PendingRemoved):
+                events.append(BlockRemoved(tuple(item.block_hashes)))
+            else:
+                events.append(item)
         return events
 
     # ---- internals ----
+
+    def _stored_run(self, parent_block_hash: int | None) -> _PendingStored:
+        """The store a new node's pages go into: the last recorded event when it is a store
+        ending at `parent_block_hash` (SGLang's recorder joins chained stores), else a new one."""
+        tail = self._events[-1] if self._events else None
+        if (
+            isinstance(tail, _PendingStored)
+            and parent_block_hash is not None
+            and tail.block_hashes[-1] == parent_block_hash
+        ):
+            return tail
+        run = _PendingStored(parent_block_hash)
+        self._events.append(run)
+        return run
+
+    def _removed_run(self) -> _PendingRemoved:
+        """The removal an evicted node's hashes go into: the last recorded event when it is a
+        removal (SGLang's recorder joins consecutive ones), else a new one."""
+        tail = self._events[-1] if self._events else None
+        if isinstance(tail, _PendingRemoved):
+            return tail
+        run = _PendingRemoved()
+        self._events.append(run)
+        return run
+
+    def _split_below(self, page: _Page) -> None:
+        """Make `page` the last page of its radix node: its next page in the same node, if
+        any (then its only child), starts a node of its own (SGLang's `_split_node`)."""
+        if len(page.children) == 1:
+            for child in page.children.values():
+                child.run_start = True
 
     def _is_evictable_leaf(self, page: _Page) -> bool:
         return page.alive and page.lock_ref == 0 and not page.children and page is not self.root

@@ -19,18 +19,33 @@ Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
 - HealthCheck: unhealthy while an injected `health: false` fault is in force; during an
   injected stall it waits, as SGLang's one-token probe request would, and answers unhealthy
   after HEALTH_CHECK_TIMEOUT_S.
+- Limits, as SGLang 0.5.23 (tp_worker.py, scheduler.py): max_req_len = min(context - 1,
+  KV pool - 1) and max_req_input_len = max_req_len - 5. A prompt of max_req_input_len tokens
+  or more -> INVALID_ARGUMENT with SGLang's message (its scheduler aborts the request with a
+  400, which the servicer maps to INVALID_ARGUMENT). `max_new_tokens` is never refused: it is
+  trimmed silently to max_req_len - prompt - 1 and to what an empty KV pool leaves
+  (pool - prompt rounded up to a page - page - 1); unset means no limit but those.
 - Invalid input -> INVALID_ARGUMENT: no tokenized input, empty input_ids, an id >= vocab_size,
-  a prompt at or beyond the context window (or the KV pool), prompt + max_new_tokens beyond
-  the context window, temperature < 0, n > 1, a request id already in flight, a logit_bias
-  key that is not a token id of the vocabulary, and any constraint (json_schema, regex,
-  ebnf_grammar, structural_tag): the worker runs as SGLang with `--grammar-backend none`
-  (GetServerInfo says so) and answers with its message. max_new_tokens unset means SGLang's
-  default 128, cut to what the context window leaves. logit_bias bans (-100) and forces
-  (+100) tokens (see `homing.sim.generation`); the other sampling parameters shape a
+  a prompt too long (above), temperature < 0, n > 1, a request id already in flight, a
+  logit_bias key that is not a token id of the vocabulary, and any constraint (json_schema,
+  regex, ebnf_grammar, structural_tag): the worker runs as SGLang with `--grammar-backend
+  none` (GetServerInfo says so) and answers with its message. logit_bias bans (-100) and
+  forces (+100) tokens (see `homing.sim.generation`); the other sampling parameters shape a
   distribution the simulated worker does not have, and `custom_params` (SGLang hands them to
   custom logit processors only) are ignored, as by SGLang without such a processor.
-- Abort: the request leaves the scheduler at once and its stream ends with finish_reason
-  "abort"; `success` tells whether it was found.
+- GetModelInfo reports what smg-grpc-servicer 0.14.1 reports for SGLang: `max_context_length`
+  is the KV pool size (its `max_total_num_tokens`), and `vocab_size`, `bos_token_id`,
+  `eos_token_ids`, `pad_token_id` are the servicer's defaults (SGLang's scheduler info carries
+  none of them), `id2label_json` / `num_labels` the HF config defaults (two labels). The
+  worker's own checks use its tokenizer's vocabulary and EOS ids.
+- Abort, as smg-grpc-servicer 0.14.1: the request leaves the scheduler at once, and its
+  Generate stream gets no further message and stays open until the client cancels the call
+  (GetServerInfo's `active_requests` counts it until then, as SGLang's `rid_to_state`).
+  `success` is true for any id, found or not ("Request <id> aborted": SGLang only forwards
+  the abort), but false for an id starting with "HEALTH_CHECK" (SGLang's probe requests).
+  The worker's own aborts (shutdown, restart) still end a stream with finish_reason "abort";
+  a client that cancels its call aborts its request. An Abort takes the one request of that
+  id (SGLang's scheduler takes every request whose id starts with it: not simulated).
 - SubscribeKvEvents: `start_sequence_number` other than 0 -> OUT_OF_RANGE (the simulated
   worker keeps no replay history); else the hub's stream (see `homing.sim.kv_events`).
 - GetTokenizer: the served tokenizer zip in `TOKENIZER_CHUNK_BYTES` chunks, the hex SHA-256
@@ -76,14 +91,33 @@ log = logging.getLogger(__name__)
 SIM_VERSION = "homing-sim"
 """What GetServerInfo / GetLoads report as the SGLang version."""
 
-DEFAULT_MAX_NEW_TOKENS = 128
-"""SGLang's SamplingParams default when a request leaves max_new_tokens unset."""
+REQ_INPUT_MARGIN = 5
+"""SGLang 0.5.23's max_req_input_len = max_req_len - 5 (tp_worker.py)."""
+
+UNSET_MAX_NEW_TOKENS = 1 << 30
+"""What SGLang's scheduler takes for an unset max_new_tokens before trimming it (scheduler.py
+init_req_max_new_tokens)."""
+
+SERVICER_DEFAULT_VOCAB_SIZE = 128256
+SERVICER_DEFAULT_BOS_TOKEN_ID = 1
+SERVICER_DEFAULT_PAD_TOKEN_ID = 0
+"""GetModelInfo's vocab_size / bos_token_id / pad_token_id on SGLang: smg-grpc-servicer
+0.14.1's defaults (sglang/server.py), since SGLang's scheduler info carries none of them;
+eos_token_ids defaults to [] the same way."""
+
+HF_DEFAULT_ID2LABEL_JSON = '{"0": "LABEL_0", "1": "LABEL_1"}'
+"""GetModelInfo's id2label_json on SGLang for any model: a HuggingFace config's default labels
+(num_labels 2)."""
 
 TOKENIZER_CHUNK_BYTES = 512 * 1024
 """GetTokenizer chunk size (bytes); keeps every message far below gRPC's 4 MiB default."""
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
 """How long HealthCheck waits for a stalled engine (SGLang's SGLANG_HEALTH_CHECK_TIMEOUT)."""
+
+HEALTH_CHECK_ID_PREFIX = "HEALTH_CHECK"
+"""Request ids SGLang's servicer keeps for its own probe requests: Abort answers success false
+for them (request_manager.abort_request)."""
 
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 """GetLoads `include` values SGLang accepts."""
@@ -141,9 +175,27 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
     # ---- limits ----
 
     @property
-    def max_req_input_len(self) -> int:
-        """SGLang: min(context_len - 1, max_total_num_tokens - 1)."""
+    def max_req_len(self) -> int:
+        """Tokens one request may span (SGLang's max_req_len): min(context - 1, pool - 1)."""
         return min(self.limits.max_context_length - 1, self.limits.kv_capacity_tokens - 1)
+
+    @property
+    def max_req_input_len(self) -> int:
+        """Prompts must be shorter than this (SGLang's max_req_input_len): max_req_len - 5."""
+        return self.max_req_len - REQ_INPUT_MARGIN
+
+    def trimmed_max_new_tokens(self, input_len: int, requested: int | None) -> int:
+        """`requested` (None = unset) as SGLang's scheduler trims it for a prompt of `input_len`
+        tokens: to max_req_len - input_len - 1, then to the empty-pool budget
+        pool - input_len rounded up to a page - page - 1; never below 0."""
+        page = self.config.page_size
+        paged_input = -(-input_len // page) * page
+        budget = min(
+            self.max_req_len - input_len - 1,
+            self.limits.kv_capacity_tokens - paged_input - page - 1,
+        )
+        wanted = UNSET_MAX_NEW_TOKENS if requested is None else requested
+        return max(0, min(wanted, budget))
 
     # ---- Generate ----
 
@@ -177,35 +229,21 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         if largest >= vocab:
             bad = next(t for t in input_ids if t >= vocab)
             raise InvalidRequest(f"token id {bad} is out of range for vocab_size {vocab}")
-        context = self.limits.max_context_length
-        if len(input_ids) >= context:
+        if len(input_ids) >= self.max_req_input_len:
             raise InvalidRequest(
-                f"The input ({len(input_ids)} tokens) is longer than the model's context "
-                f"length ({context} tokens)."
-            )
-        if len(input_ids) > self.max_req_input_len:
-            raise InvalidRequest(
-                f"The input ({len(input_ids)} tokens) is longer than the maximum allowed "
-                f"request input length ({self.max_req_input_len} tokens)."
+                f"Input length ({len(input_ids)} tokens) exceeds the maximum allowed length "
+                f"({self.max_req_input_len} tokens). Use a shorter input or enable "
+                "--allow-auto-truncate."
             )
         params = request.sampling_params
         if params.n > 1:
             raise InvalidRequest("n > 1 is not supported by the simulated worker")
         if params.temperature < 0:
             raise InvalidRequest(f"temperature must be non-negative, got {params.temperature}")
-        if params.HasField("max_new_tokens"):
-            max_new_tokens = params.max_new_tokens
-            if len(input_ids) + max_new_tokens > context:
-                raise InvalidRequest(
-                    f"Requested token count exceeds the model's maximum context length of "
-                    f"{context} tokens. You requested a total of "
-                    f"{len(input_ids) + max_new_tokens} tokens: {len(input_ids)} tokens from "
-                    f"the input messages and {max_new_tokens} tokens for the completion. "
-                    "Please reduce the number of tokens in the input messages or the "
-                    "completion to fit within the limit."
-                )
-        else:
-            max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, context - len(input_ids))
+        max_new_tokens = self.trimmed_max_new_tokens(
+            len(input_ids),
+            params.max_new_tokens if params.HasField("max_new_tokens") else None,
+        )
         constraint = params.WhichOneof("constraint")
         if constraint is not None and getattr(params, constraint):  # "" means unset, as SGLang
             raise InvalidRequest(GRAMMAR_UNSUPPORTED)
@@ -278,17 +316,23 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
                 if last is not None:
                     yield _chunk_response(rid, tokens, last)
         finally:
-            if not stream.finished:  # the client went away (or the handler was cancelled)
-                self.engine.abort(rid)
+            # the client went away (or the handler was cancelled), or an Abort silenced it
+            self.engine.close_stream(stream)
 
     async def Abort(
         self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
     ) -> pb.AbortResponse:
-        found = self.engine.abort(request.request_id)
-        return pb.AbortResponse(
-            success=found,
-            message=f"Request {request.request_id} {'aborted' if found else 'not found'}",
-        )
+        rid = request.request_id
+        if rid.startswith(HEALTH_CHECK_ID_PREFIX):
+            return pb.AbortResponse(success=False, message=f"Request {rid} not found")
+        # As SGLang's scheduler: every request whose id starts with `rid` stops (all for "");
+        # only the one with exactly that id has its stream silenced, the others end "abort".
+        for request_id in self.engine.open_request_ids():
+            if request_id == rid:
+                self.engine.client_abort(request_id)
+            elif request_id.startswith(rid):
+                self.engine.abort(request_id)
+        return pb.AbortResponse(success=True, message=f"Request {rid} aborted")
 
     # ---- health and info ----
 
@@ -314,7 +358,6 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
-        served = self.served
         model = self.timing.model
         return pb.GetModelInfoResponse(
             model_path=model.hf_path,
@@ -323,15 +366,17 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             preferred_sampling_params="",
             weight_version="default",
             served_model_name=self.config.model_name,
-            max_context_length=self.limits.max_context_length,
-            vocab_size=served.vocab_size,
+            max_context_length=self.limits.kv_capacity_tokens,
+            vocab_size=SERVICER_DEFAULT_VOCAB_SIZE,
             supports_vision=False,
             model_type="llama",
-            eos_token_ids=list(served.eos_token_ids),
-            pad_token_id=_or_zero(served.pad_token_id),
-            bos_token_id=_or_zero(served.bos_token_id),
+            eos_token_ids=[],
+            pad_token_id=SERVICER_DEFAULT_PAD_TOKEN_ID,
+            bos_token_id=SERVICER_DEFAULT_BOS_TOKEN_ID,
             max_req_input_len=self.max_req_input_len,
             architectures=["LlamaForCausalLM"],
+            id2label_json=HF_DEFAULT_ID2LABEL_JSON,
+            num_labels=2,
         )
 
     def server_args(self) -> dict[str, Any]:
@@ -386,7 +431,7 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         return pb.GetServerInfoResponse(
             server_args=server_args,
             scheduler_info=scheduler_info,
-            active_requests=load.num_running + load.num_waiting,
+            active_requests=load.num_running + load.num_waiting + self.engine.num_silenced_streams,
             is_paused=False,
             last_receive_timestamp=self.last_receive_time,
             uptime_seconds=time.time() - self.start_time,
@@ -536,7 +581,3 @@ def _complete(finished: RequestFinished, output_ids: list[int]) -> pb.GenerateCo
 def _utilization(stats: LoadStats) -> float:
     """Running requests over the admission window."""
     return stats.num_running / stats.max_running_requests if stats.max_running_requests else 0.0
-
-
-def _or_zero(value: int | None) -> int:
-    return 0 if value is None else value

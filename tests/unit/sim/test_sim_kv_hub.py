@@ -47,7 +47,9 @@ def make_hub(engine: Engine, **kw: object) -> KvEventHub:
     )
 
 
-STORED = BlockStored(block_hash=-5, parent_block_hash=7, token_ids=tuple(range(16)), block_size=16)
+STORED = BlockStored(
+    block_hashes=(-5, 9), parent_block_hash=7, token_ids=tuple(range(32)), block_size=16
+)
 
 
 async def take(iterator, n: int) -> list[common_pb2.KvEventBatch]:  # type: ignore[no-untyped-def]
@@ -56,19 +58,26 @@ async def take(iterator, n: int) -> list[common_pb2.KvEventBatch]:  # type: igno
 
 async def test_batches_are_numbered_consecutively_and_shaped_as_the_proto_says() -> None:
     """Each publish is the next sequence number; events become stored/removed/cleared with
-    increasing event ids, tier DEVICE and the parent link."""
+    increasing event ids; a stored run becomes one event with a block per page (its own 16
+    token ids) and the parent link; stored and removed say tier DEVICE, medium "GPU" and
+    locality LOCAL, as smg-grpc-servicer 0.14.1 relays SGLang's events."""
     hub = make_hub(Engine())
     stream = hub.subscribe(load_records_before_first_batch=False).batches()
-    hub.publish([STORED, BlockRemoved(block_hash=-5)])
+    hub.publish([STORED, BlockRemoved(block_hashes=(-5, 9))])
     hub.publish([AllBlocksCleared()])
     first, second = await take(stream, 2)
     assert (first.sequence_number, second.sequence_number) == (1, 2)
     assert first.timestamp == 1234.5 and first.dp_rank == 0
     stored, removed = first.events
     assert stored.stored.parent_block_hash == 7
-    assert list(stored.stored.blocks[0].token_ids) == list(range(16))
-    assert stored.stored.tier == common_pb2.KV_CACHE_TIER_DEVICE
-    assert list(removed.removed.block_hashes) == [-5]
+    blocks = stored.stored.blocks
+    assert [b.block_hash for b in blocks] == [-5, 9]
+    assert [list(b.token_ids) for b in blocks] == [list(range(16)), list(range(16, 32))]
+    assert {b.block_size for b in blocks} == {16}
+    assert list(removed.removed.block_hashes) == [-5, 9]
+    for data in (stored.stored, removed.removed):
+        assert data.tier == common_pb2.KV_CACHE_TIER_DEVICE and data.medium == "GPU"
+        assert data.locality == common_pb2.KV_CACHE_LOCALITY_LOCAL
     assert second.events[0].HasField("cleared")
     assert [e.event_id for e in (*first.events, *second.events)] == [1, 2, 3]
     assert hub.publish([]) is None

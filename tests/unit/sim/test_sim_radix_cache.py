@@ -1,4 +1,5 @@
-"""The paged radix cache: SGLang's block-hash chain and events, LRU eviction, reference counts."""
+"""The paged radix cache: SGLang's block-hash chain, radix nodes and their events, LRU eviction of
+whole nodes, reference counts."""
 
 from __future__ import annotations
 
@@ -45,27 +46,32 @@ def stored(events: list) -> list[BlockStored]:
     return [e for e in events if isinstance(e, BlockStored)]
 
 
+def removed(events: list) -> list[BlockRemoved]:
+    return [e for e in events if isinstance(e, BlockRemoved)]
+
+
 class TestBlockHashChain:
     def test_stored_block_hashes_match_an_independent_sha256_chain(self) -> None:
-        """Stored events carry SGLang's SHA-256 chain hashes, parent-linked, root page unlinked."""
+        """An insert's new pages are one stored event carrying SGLang's SHA-256 chain hashes in
+        order, unlinked under the root."""
         tokens = [7, 129279, 0, 2**20, *range(100, 160)]  # 64 tokens = 4 pages
         cache = RadixCache(total_pages=64, page_size=PAGE)
         insert(cache, tokens, now=1.0)
-        events = stored(cache.take_events())
+        (event,) = stored(cache.take_events())
         expected = sglang_hashes(tokens, PAGE)
-        assert [e.block_hash for e in events] == expected
-        assert [e.parent_block_hash for e in events] == [None, *expected[:-1]]
+        assert list(event.block_hashes) == expected
+        assert event.parent_block_hash is None
         assert block_hash_chain(tokens, PAGE) == expected
 
     def test_blocks_hold_exactly_page_size_tokens_and_partial_pages_are_not_cached(self) -> None:
-        """A 40-token sequence stores 2 blocks of 16 token ids each; the 8-token tail is not
-        cached."""
+        """A 40-token sequence stores 2 blocks of 16 token ids each (one event); the 8-token
+        tail is not cached."""
         tokens = list(range(500, 540))
         cache = RadixCache(total_pages=8, page_size=PAGE)
         insert(cache, tokens, now=1.0)
-        events = stored(cache.take_events())
-        assert [e.token_ids for e in events] == [tuple(tokens[:16]), tuple(tokens[16:32])]
-        assert all(e.block_size == PAGE for e in events)
+        (event,) = stored(cache.take_events())
+        assert (event.token_ids, event.block_size) == (tuple(tokens[:32]), PAGE)
+        assert len(event.block_hashes) == 2
         assert cache.tree_pages == 2
         assert cache.private_pages == 0
 
@@ -81,12 +87,29 @@ class TestBlockHashChain:
         events = stored(cache.take_events())
         assert len(events) == 1
         assert events[0].parent_block_hash == sglang_hashes(a, PAGE)[0]
-        assert events[0].block_hash == sglang_hashes(b, PAGE)[1]
+        assert events[0].block_hashes == (sglang_hashes(b, PAGE)[1],)
+
+    def test_chained_inserts_between_two_takes_are_one_event_unrelated_ones_two(self) -> None:
+        """As SGLang's event recorder: a store whose parent is the last block of the store just
+        before it joins that event (a chunked prefill's two inserts); an unrelated one does not."""
+        tokens = list(range(64))
+        cache = RadixCache(total_pages=16, page_size=PAGE)
+        handle = cache.acquire(tokens, now=1.0, max_tokens=64)
+        assert cache.grow(handle, 64, now=1.0)
+        cache.checkpoint(handle, tokens[:32], now=1.0)
+        cache.checkpoint(handle, tokens, now=2.0)
+        cache.release(handle, tokens, now=2.0)
+        insert(cache, list(range(900, 932)), now=3.0)
+        first, second = stored(cache.take_events())
+        assert first.block_hashes == tuple(sglang_hashes(tokens, PAGE))
+        assert (first.parent_block_hash, second.parent_block_hash) == (None, None)
+        assert second.block_hashes == tuple(sglang_hashes(list(range(900, 932)), PAGE))
 
 
 class TestEviction:
-    def test_least_recently_used_leaves_go_first(self) -> None:
-        """With A used after B, evicting takes B's pages (leaf first), then A's."""
+    def test_least_recently_used_nodes_go_first_in_one_joined_event(self) -> None:
+        """With A used after B, evicting takes B's node, then A's; consecutive removals are one
+        removed event (SGLang's recorder joins them), each node's hashes from its first page."""
         a = list(range(0, 32))
         b = list(range(1000, 1032))
         cache = RadixCache(total_pages=4, page_size=PAGE)
@@ -95,21 +118,51 @@ class TestEviction:
         cache.match_prefix(a, now=3.0)  # A is now the most recently used
         cache.take_events()
         assert cache.evict(4, now=4.0) == 4
-        removed = [e.block_hash for e in cache.take_events() if isinstance(e, BlockRemoved)]
         hb, ha = sglang_hashes(b, PAGE), sglang_hashes(a, PAGE)
-        assert removed == [hb[1], hb[0], ha[1], ha[0]]
+        assert removed(cache.take_events()) == [BlockRemoved((hb[0], hb[1], ha[0], ha[1]))]
 
-    def test_allocation_evicts_only_what_it_needs(self) -> None:
-        """A full pool of unreferenced pages gives up exactly the pages a new request needs."""
+    def test_allocation_evicts_whole_nodes_until_it_has_room(self) -> None:
+        """A full pool of two chained nodes (a 2-page prompt, then a 2-page extension) gives
+        up the leaf node, both pages, for a one-page allocation, and both nodes for three."""
+        prompt, extension = list(range(32)), list(range(64))
         cache = RadixCache(total_pages=4, page_size=PAGE)
-        insert(cache, list(range(64)), now=1.0)
+        insert(cache, prompt, now=1.0)
+        insert(cache, extension, now=2.0)
         cache.take_events()
-        handle = cache.acquire(list(range(2000, 2032)), now=2.0, max_tokens=32)
-        assert cache.grow(handle, 32, now=2.0)
-        removed = [e for e in cache.take_events() if isinstance(e, BlockRemoved)]
-        assert len(removed) == 2
-        assert cache.tree_pages == 2
-        assert cache.free_pages == 0
+        handle = cache.acquire(list(range(2000, 2016)), now=3.0, max_tokens=16)
+        assert cache.grow(handle, 16, now=3.0)
+        hashes = sglang_hashes(extension, PAGE)
+        assert removed(cache.take_events()) == [BlockRemoved((hashes[2], hashes[3]))]
+        assert (cache.tree_pages, cache.free_pages) == (2, 1)
+        cache.release(handle, (), now=3.0, insert=False)
+        other = cache.acquire(list(range(3000, 3048)), now=4.0, max_tokens=48)
+        assert cache.grow(other, 48, now=4.0)
+        assert removed(cache.take_events()) == [BlockRemoved((hashes[0], hashes[1]))]
+        assert (cache.tree_pages, cache.free_pages) == (0, 1)
+
+    def test_an_insert_branching_inside_a_node_splits_it_for_good(self) -> None:
+        """A request branching after the first 2 pages of a 4-page node splits it there (its
+        store's parent is page 2): once the branch is gone, eviction still takes the old tail
+        (2 pages) and the shared head (2 pages) as two nodes, not the 4 pages at once."""
+        tokens = list(range(64))
+        branch = [*range(32), *range(5000, 5032)]
+        hashes, branch_hashes = sglang_hashes(tokens, PAGE), sglang_hashes(branch, PAGE)
+        cache = RadixCache(total_pages=8, page_size=PAGE)
+        insert(cache, tokens, now=1.0)
+        cache.take_events()
+        insert(cache, branch, now=2.0)
+        (event,) = stored(cache.take_events())
+        assert (event.parent_block_hash, event.block_hashes) == (
+            hashes[1],
+            tuple(branch_hashes[2:]),
+        )
+        cache.match_prefix(tokens, now=3.0)  # the branch is now the least recently used
+        evicted = [cache.evict(1, now=4.0) for _ in range(3)]
+        assert evicted == [2, 2, 2]
+        assert removed(cache.take_events()) == [
+            BlockRemoved((*branch_hashes[2:], *hashes[2:], *hashes[:2]))
+        ]
+        assert cache.tree_pages == 0
 
     def test_referenced_pages_are_never_evicted(self) -> None:
         """Pages locked by a running request survive any eviction; allocation beyond the rest

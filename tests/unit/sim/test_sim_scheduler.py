@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from homing.sim.radix_cache import BlockStored
+from homing.sim.radix_cache import BlockRemoved, BlockStored, KvEvent
 from homing.sim.scheduler import (
     QueueFull,
     RequestFinished,
@@ -192,14 +192,17 @@ class TestKvAdmission:
         assert sched.load(now).cache_hit_rate == pytest.approx(1984 / 4000)
 
     def test_kv_pages_enter_the_cache_after_prefill_and_at_finish(self) -> None:
-        """Prompt pages are stored when prefill completes; output pages when the request ends."""
+        """Prompt pages are stored when prefill completes, output pages when the request ends:
+        each insert one event with all its new pages (a radix node, as SGLang's)."""
         sched = make()
         sched.add_request(request("a", prompt_len=40, max_new=30), 0.0)
         steps, _ = run(sched)
-        stored_per_step = [sum(isinstance(e, BlockStored) for e in s.kv_events) for s in steps]
-        assert stored_per_step[0] == 2  # 40 prompt tokens -> 2 full pages
-        assert stored_per_step[-1] == 2  # 40 + 30 - 1 = 69 tokens with KV -> 4 pages in all
-        assert sum(stored_per_step) == 4
+        stored = [[e for e in s.kv_events if isinstance(e, BlockStored)] for s in steps]
+        blocks_per_step = [[len(e.block_hashes) for e in events] for events in stored]
+        assert blocks_per_step[0] == [2]  # 40 prompt tokens -> 2 full pages
+        assert blocks_per_step[-1] == [2]  # 40 + 30 - 1 = 69 tokens with KV -> 4 pages in all
+        assert sum(n for step in blocks_per_step for n in step) == 4
+        assert stored[-1][0].parent_block_hash == stored[0][0].block_hashes[-1]
 
 
 class TestFinishRules:
@@ -302,12 +305,32 @@ class TestAbort:
 
 class TestEventStream:
     def test_events_replayed_in_order_mirror_the_cache_exactly(self) -> None:
-        """Under eviction pressure every stored block's parent is live when it is stored, every
-        removed block was stored and is a leaf, and the replayed set equals the cache's pages."""
+        """Under eviction pressure every stored block's parent is live when it is stored (a
+        run's blocks chain on each other), every removed block was stored and no live block is
+        left under it, and the replayed set equals the cache's pages."""
         sched = make(kv_tokens=16 * 64, max_running=4, chunk=128)
         live: dict[int, int | None] = {}
         removed = 0
         now = 0.0
+
+        def replay(event: KvEvent, check: bool) -> int:
+            if isinstance(event, BlockStored):
+                parent = event.parent_block_hash
+                assert len(event.token_ids) == len(event.block_hashes) * event.block_size
+                for block_hash in event.block_hashes:
+                    assert not check or (
+                        block_hash not in live and (parent is None or parent in live)
+                    )
+                    live[block_hash] = parent
+                    parent = block_hash
+                return 0
+            assert isinstance(event, BlockRemoved)
+            for block_hash in event.block_hashes:
+                del live[block_hash]
+            gone = set(event.block_hashes)
+            assert not check or not gone & set(live.values())  # leaves of what stays
+            return len(gone)
+
         for i in range(40):
             shared = list(range(7000, 7000 + 16 * (i % 5)))
             prompt = shared + list(range(100_000 + 97 * i, 100_000 + 97 * i + 30 + i % 7))
@@ -325,24 +348,11 @@ class TestEventStream:
                     step = sched.step(now)
                     now += step.duration_s
                     for event in step.kv_events:
-                        if isinstance(event, BlockStored):
-                            assert event.block_hash not in live
-                            assert (
-                                event.parent_block_hash is None or event.parent_block_hash in live
-                            )
-                            live[event.block_hash] = event.parent_block_hash
-                        else:
-                            assert event.block_hash in live
-                            assert event.block_hash not in live.values()  # a leaf
-                            del live[event.block_hash]
-                            removed += 1
+                        removed += replay(event, check=True)
         steps, _ = run(sched, now)
         for step in steps:
             for event in step.kv_events:
-                if isinstance(event, BlockStored):
-                    live[event.block_hash] = event.parent_block_hash
-                else:
-                    del live[event.block_hash]
+                replay(event, check=False)
         assert removed > 0
         assert len(live) == sched.cache.tree_pages
         assert sched.cache.tree_pages <= 64
