@@ -78,7 +78,8 @@ $(SGLANG_VENV)/.installed: $(addprefix $(SGLANG_DIR)/,install.sh requirements.tx
 	PYTHON=$(PYTHON) $(SGLANG_DIR)/install.sh $(SGLANG_VENV)
 	touch $@
 
-$(TINY_MODEL)/.built: $(SGLANG_VENV)/.installed $(VENV)/.installed $(SGLANG_DIR)/build_tiny_model.py
+$(TINY_MODEL)/.built: $(SGLANG_VENV)/.installed $(VENV)/.installed $(SGLANG_DIR)/build_tiny_model.py \
+    src/homing/text/served.py src/homing/text/templates/chat_template.jinja
 	$(PY) -m homing.text.served $(SGLANG_DATA)/tokenizer
 	$(SGLANG_PY) $(SGLANG_DIR)/build_tiny_model.py --tokenizer-dir $(SGLANG_DATA)/tokenizer \
 	    --out $(TINY_MODEL)
@@ -134,12 +135,12 @@ bench-routers: proto
 	    --target-load 0.70 --json bench-out/routers.json
 
 lint: proto
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests deploy
+	$(VENV)/bin/ruff format --check src tests deploy
 
 format: proto
-	$(VENV)/bin/ruff check --fix src tests
-	$(VENV)/bin/ruff format src tests
+	$(VENV)/bin/ruff check --fix src tests deploy
+	$(VENV)/bin/ruff format src tests deploy
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) $(SGLANG_DATA) src/homing/v1 bench-out build src/homing/router/*.so

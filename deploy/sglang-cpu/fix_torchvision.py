@@ -29,7 +29,7 @@ def main() -> None:
         if text.count(decorator) != 1:
             raise SystemExit(f"{path}: expected one {decorator!r}; torchvision changed?")
         conditional = (
-            f"@(torch.library.register_fake(\"torchvision::{name}\") "
+            f'@(torch.library.register_fake("torchvision::{name}") '
             f"if torchvision.extension._has_ops() else (lambda fn: fn))  {MARK}"
         )
         text = text.replace(decorator, conditional)

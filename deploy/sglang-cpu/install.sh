@@ -10,6 +10,10 @@ python=${PYTHON:-python3}
 pip_() { "$venv/bin/python" -m pip --quiet --disable-pip-version-check "$@" 2>&1 |
   { grep -v "^WARNING: Location '.*' is ignored" || true; }; return "${PIPESTATUS[0]}"; }
 pip_ install torch==2.13.0
+# The CPU build (2.13.0+cpu) is a wheel on this kind of machine's disk (pip's find-links);
+# PyPI alone would give the CUDA build, which constraints.txt then refuses.
+"$venv/bin/python" -c 'import sys, torch; sys.exit(0 if torch.__version__.endswith("+cpu") else
+  f"install.sh: torch {torch.__version__} is not the CPU build 2.13.0+cpu")'
 pip_ install -r "$here/requirements.txt" -c "$here/constraints.txt"
 pip_ install --no-deps sglang==0.5.23
 # Built from a copy, so no build/ folder is left in the source tree.

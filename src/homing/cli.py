@@ -101,7 +101,8 @@ def _serve(args: argparse.Namespace) -> int:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         print(
-            f"homing: invalid option: {where + ': ' if where else ''}{first['msg']}",
+            f"homing: invalid option: {where + ': ' if where else ''}"
+            f"{first['msg'].removeprefix('Value error, ')}",
             file=sys.stderr,
         )
         return 2
@@ -116,6 +117,9 @@ def _serve(args: argparse.Namespace) -> int:
         _run(main())
     except OSError as err:
         print(f"homing: {err.strerror or err}", file=sys.stderr)
+        return 1
+    except (RuntimeError, TimeoutError) as err:  # a worker that did not start
+        print(f"homing: {err or type(err).__name__}", file=sys.stderr)
         return 1
     return 0
 
@@ -154,7 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "worker":
         from homing.engines.worker_main import run_worker
 
-        return run_worker(args)
+        try:
+            return run_worker(args)
+        except KeyboardInterrupt:  # Ctrl-C before its signal handlers are set
+            return 130
     if args.command == "bench":
         from homing.bench.main import run_bench
 

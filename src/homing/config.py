@@ -298,8 +298,12 @@ class HomingConfig(_Section):
 
     @model_validator(mode="after")
     def _sglang_model(self) -> HomingConfig:
-        if self.embedded and self.engines.launch == "sglang" and not self.sglang.model_path:
-            raise ValueError('engines.launch = "sglang" needs sglang.model_path')
+        if self.embedded and self.engines.launch == "sglang":
+            if not self.sglang.model_path:
+                raise ValueError('engines.launch = "sglang" needs sglang.model_path (--model)')
+            from homing.engines.sglang_launch import check_model_dir
+
+            check_model_dir(self.sglang.model_path)
         return self
 
     @model_validator(mode="after")

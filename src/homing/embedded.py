@@ -57,10 +57,16 @@ class _Launcher:
         Raises `RuntimeError` when a child exits before it is ready, `TimeoutError` when
         they are not all ready within `timeout_s`; every child is stopped then.
         """
+        starts = [asyncio.ensure_future(self._start_one()) for _ in range(self.workers)]
         try:
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(self._start_one() for _ in range(self.workers)))
+                await asyncio.gather(*starts)
         except BaseException:
+            # gather does not cancel the other starts when one fails: cancel them and wait,
+            # so none comes up after the stop below (each kills its own child on the way).
+            for start in starts:
+                start.cancel()
+            await asyncio.gather(*starts, return_exceptions=True)
             await self.stop()
             raise
         return [child.url for child in self.children]
@@ -71,7 +77,13 @@ class _Launcher:
         )
         worker = ready["workers"][0]
         url = worker["url"]
-        self.children.append(SimProcess(process, url, worker.get("pid")))
+        child = SimProcess(process, url, worker.get("pid"))
+        if self._stopping:  # ready after the stop began: stop it too
+            await terminate([process], self.kill_grace_s)
+            if child.group is not None:
+                kill_group(child.group)
+            return
+        self.children.append(child)
         log.info(f"{self.event}_ready", url=url, pid=process.pid)
         watcher = asyncio.get_running_loop().create_task(self._watch(process, url))
         self._watchers.add(watcher)

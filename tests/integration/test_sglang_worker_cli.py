@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from sglang_env import SGLANG_PYTHON, TINY_MODEL, require_sglang
+from sglang_env import SGLANG_PYTHON, TINY_MODEL, fast_start_env, require_sglang
 
 from homing.engines.client import EngineClient
 from homing.engines.sglang_launch import group_members
@@ -27,6 +27,7 @@ async def test_worker_announces_serves_and_stops_its_group_on_sigterm() -> None:
         "--model", str(TINY_MODEL), "--python", str(SGLANG_PYTHON),
         "--port", "0", "--device", "cpu",
         stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        env={**os.environ, **fast_start_env()},
     )  # fmt: skip
     assert process.stdout is not None
     pgid = 0

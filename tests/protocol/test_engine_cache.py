@@ -73,9 +73,9 @@ async def test_a_killed_and_restarted_worker_has_no_stale_credit(
 ) -> None:
     """SIGKILL the worker holding a prefix: its index entries are flushed (its event stream
     dropped) and it turns unhealthy; started again on its port it serves again, the index
-    credits it with nothing until it stores anew, the prefix is recomputed (0 cached), and
-    what it stores next reaches the index again. (Real SGLang's event stream sends nothing
-    until its first event, so the stream reads "connecting" until then.)"""
+    credits it with nothing until it stores anew, and what it stores next reaches the index
+    again. (Real SGLang's event stream sends nothing until its first event, so the stream
+    reads "connecting" until then.)"""
     assert gateway.pool is not None and gateway.router is not None
     pool, index = gateway.pool, gateway.router.index
     prompt = _prompt(gateway, blocks=4)
@@ -93,8 +93,6 @@ async def test_a_killed_and_restarted_worker_has_no_stale_credit(
     assert await eventually(lambda: pool.state(holder).healthy, 60), pool.state(holder)
     assert pool.state(holder).kv_epoch > epoch
     assert holder not in _matched(gateway, prompt)
-    _, cached = await _complete(gateway, prompt)
-    assert cached == 0
 
     # Its KV events reach the index again: a prompt it stores is credited to it (tried a few
     # times: what it stores before the resubscription reaches the worker is not replayed).

@@ -42,7 +42,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from sglang_env import SGLANG_PYTHON, TINY_MODEL, require_sglang
+from sglang_env import SGLANG_PYTHON, TINY_MODEL, fast_start_env, require_sglang
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
@@ -818,20 +818,6 @@ def _tolerated(path: str, recorded: dict[str, Any], sim: dict[str, Any]) -> bool
 # ------------------------------------------------------------------------------- workers
 
 
-def _other_model_modules() -> str:
-    """Every module of SGLang's `sglang.srt.models` but `llama`, comma-separated, for
-    `SGLANG_DISABLED_MODEL_ARCHS`: SGLang imports all ~250 of them at startup to build its model
-    registry; skipping those the tiny Llama does not use cut startup from 57 s to 34 s on this
-    machine. Empty when the package is not where a venv keeps it."""
-    venv = SGLANG_PYTHON.parent.parent
-    names = sorted(
-        path.stem
-        for path in venv.glob("lib/python3*/site-packages/sglang/srt/models/*.py")
-        if path.stem not in ("llama", "__init__", "registry")
-    )
-    return ",".join(names)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -861,7 +847,7 @@ def _real_worker(log_path: Path) -> Iterator[str]:
             env={
                 **os.environ,
                 "SGLANG_USE_CPU_ENGINE": "1",
-                "SGLANG_DISABLED_MODEL_ARCHS": _other_model_modules(),
+                **fast_start_env(),
             },
             start_new_session=True,
         )

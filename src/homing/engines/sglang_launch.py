@@ -7,7 +7,7 @@ a `SglangLaunch` (every port fixed) -> argv and the environment variables to add
 `start_sglang` runs the command in a process group of its own, tied to our life, and
 returns once the worker serves; `SglangProcess.stop` ends the whole group.
 
-Flags, checked against sglang 0.5.23's parser (see ../shared/sglang-cpu/RECIPE.md):
+Flags, checked against sglang 0.5.23's parser:
 - `--smg-grpc-mode`: the gRPC server speaking `sglang.grpc.scheduler.SglangScheduler` and
   `grpc.health.v1` listens on `--port`. SGLang still derives `--grpc-port` (default
   `--port` + 10000) and rejects it above 65535 although this mode binds nothing on it, so
@@ -260,6 +260,18 @@ _PROBE = (
 )
 
 
+def check_model_dir(path: str) -> None:
+    """Raise ValueError unless `path` is a directory holding a `config.json` (a model SGLang
+    can load)."""
+    model = Path(path)
+    if not model.exists():
+        raise ValueError(f"model directory {path} does not exist")
+    if not model.is_dir():
+        raise ValueError(f"model path {path} is not a directory")
+    if not (model / "config.json").is_file():
+        raise ValueError(f"model directory {path} has no config.json")
+
+
 def check_sglang(python: str, timeout_s: float = 60.0) -> str:
     """sglang's version as installed for `python`; raises ValueError saying why when
     there is none (a missing interpreter, no sglang, no answer within `timeout_s`).
@@ -288,7 +300,10 @@ def check_sglang(python: str, timeout_s: float = 60.0) -> str:
             f"sglang cannot be imported with {python} ({why}); install it there "
             f"or name another interpreter (--python or ${PYTHON_ENV})"
         )
-    return done.stdout.strip()
+    version = done.stdout.strip()
+    if not version:
+        raise ValueError(f"{python} did not report an sglang version (is it a Python?)")
+    return version
 
 
 def group_members(pgid: int) -> list[int]:

@@ -23,11 +23,11 @@ import logging
 import signal
 import sys
 import time
-from pathlib import Path
 
 from homing.engines.sglang_launch import (
     SglangLaunch,
     SglangProcess,
+    check_model_dir,
     check_sglang,
     default_python,
     resolve_device,
@@ -96,11 +96,7 @@ def launch_from_args(args: argparse.Namespace) -> SglangLaunch:
     """The `SglangLaunch` the options describe, ports not yet resolved; raises ValueError
     for a missing model directory or config.json or a value out of range. The interpreter
     is not checked here (`check_sglang`)."""
-    model = Path(args.model)
-    if not model.is_dir():
-        raise ValueError(f"model directory {args.model} does not exist")
-    if not (model / "config.json").is_file():
-        raise ValueError(f"model directory {args.model} has no config.json")
+    check_model_dir(args.model)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     for name in ("page_size", "max_total_tokens", "tp"):
@@ -136,6 +132,10 @@ def run_worker(args: argparse.Namespace) -> int:
         print(f"homing worker: {exc}", file=sys.stderr)
         return 2
     if args.parent_pid is not None and not exit_with_parent(args.parent_pid):
+        print(
+            f"homing worker: --parent-pid {args.parent_pid} is not our parent (it exited?)",
+            file=sys.stderr,
+        )
         return 1
     try:
         check_sglang(launch.python)

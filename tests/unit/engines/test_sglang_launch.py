@@ -302,9 +302,13 @@ def test_config_needs_a_model_path_to_launch_sglang(tmp_path: Path) -> None:
         load_config(path)
     path.write_text('[engines]\nlaunch = "sglang"\nworkers = ["grpc://127.0.0.1:30000"]\n')
     assert not load_config(path).embedded
-    path.write_text(
-        '[engines]\nlaunch = "sglang"\n[sglang]\nmodel_path = "/m"\nworkers = 3\ndevice = "cpu"\n'
-    )
+    model = tmp_path / "model"
+    model.mkdir()
+    body = f'[engines]\nlaunch = "sglang"\n[sglang]\nmodel_path = "{model}"\nworkers = 3\n'
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=f"model directory {model} has no config.json"):
+        load_config(path)
+    (model / "config.json").write_text("{}")
     config = load_config(path)
     assert (config.sglang.workers, config.sglang.health_timeout_s) == (3, 20.0)
     assert HomingConfig().engines.launch == "sim"
@@ -361,7 +365,28 @@ def test_serve_with_engine_sglang_and_no_model_exits_2() -> None:
     """`homing serve --engine sglang` without --model is refused before anything starts."""
     done = run_homing("serve", "--engine", "sglang", "--port", "0", "--grpc-port", "0")
     assert done.returncode == 2
-    assert "needs sglang.model_path" in done.stderr
+    assert done.stderr == (
+        'homing: invalid option: engines.launch = "sglang" needs sglang.model_path (--model)\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        ("/no/such/model", "model directory /no/such/model does not exist"),
+        (__file__, f"model path {__file__} is not a directory"),
+    ],
+)
+def test_serve_with_engine_sglang_and_a_bad_model_exits_2_with_one_line(
+    model: str, why: str
+) -> None:
+    """A model path that cannot be a model is refused in one line before any worker starts."""
+    done = run_homing("serve", "--engine", "sglang", "--model", model, "--port", "0")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2,
+        "",
+        f"homing: invalid option: {why}\n",
+    )
 
 
 def test_worker_arguments_parse_repeatable_sglang_args() -> None:

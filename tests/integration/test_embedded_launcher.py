@@ -1,0 +1,57 @@
+"""A launcher whose start fails leaves no child running: the starts still under way are
+cancelled (and kill their children) before the failure is raised."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from homing.embedded import _Launcher
+
+
+def _running_with(marker: str) -> list[int]:
+    """Pids of live (not zombie) processes whose command line holds `marker`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+class _OneBadChild(_Launcher):
+    """Two simulated workers; the first asked for has an invalid option and exits at once,
+    the second is valid and takes a moment to come up."""
+
+    command = "sim"
+    what = "simulated worker"
+    event = "test_worker"
+
+    def __init__(self, marker: str) -> None:
+        super().__init__(2)
+        self.marker = marker
+        self.calls = 0
+
+    def _args(self) -> list[str]:
+        self.calls += 1
+        base = ["--workers", "1", "--port", "0", "--served-model-name", self.marker]
+        base += ["--parent-pid", str(os.getpid())]
+        return [*base, "--speedup", "-1"] if self.calls == 1 else base
+
+
+async def test_a_failed_start_leaves_no_child_running() -> None:
+    marker = f"launcher-test-{uuid.uuid4().hex}"
+    launcher = _OneBadChild(marker)
+    with pytest.raises(RuntimeError, match="exited with code 2 before it was ready"):
+        await launcher.start(timeout_s=60.0)
+    assert launcher.children == []
+    assert _running_with(marker) == []
