@@ -16,11 +16,9 @@ a worker and reduces what comes back to a nested dict of such facts.
   a 4,096-token context) is compared with the same file, except for `SIM_DIFFERENCES` (each with
   its reason; an entry that no longer differs fails, so the list stays true) and
   `SIM_TOLERATED` (facts the simulator may or may not match from run to run).
-- The real worker is `python -m sglang.launch_server --smg-grpc-mode` from the repo's
-  `.venv-sglang` with the tiny random-weight Llama, on the CPU, with the launch flags of
-  /work/shared/sglang-cpu/RECIPE.md (and SGLang's own `SGLANG_DISABLED_MODEL_ARCHS` naming
-  every other model module, which only shortens its startup); its tests skip (with the
-  reason) where either is missing.
+- The real worker is the protocol suite's (`sglang_fleet`: `homing worker` with the tiny
+  random-weight Llama on the CPU, page 16, a 65,536-token pool), its cache flushed first; its
+  tests skip (with the reason) where `.venv-sglang` or the model is missing.
 """
 
 from __future__ import annotations
@@ -30,9 +28,6 @@ import contextlib
 import io
 import json
 import os
-import signal
-import socket
-import subprocess
 import time
 import zipfile
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -42,7 +37,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from sglang_env import SGLANG_PYTHON, TINY_MODEL, fast_start_env, require_sglang
+from engine_fleet import Fleet
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
@@ -77,8 +72,6 @@ EXTENSION = (*PROMPT, *range(1040, 1064))
 MAX_NEW = 8
 """Completion budget of the plain Generate cases (tokens)."""
 
-REAL_STARTUP_S = 240.0
-"""Deadline for the real worker to answer HealthCheck (24-42 s measured; more under load)."""
 WAIT_S = 15.0
 """Deadline for an expected event (a KV batch, a load change) on either worker."""
 ABORT_QUIET_S = 1.5
@@ -818,74 +811,6 @@ def _tolerated(path: str, recorded: dict[str, Any], sim: dict[str, Any]) -> bool
 # ------------------------------------------------------------------------------- workers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _real_worker(log_path: Path) -> Iterator[str]:
-    """A real SGLang worker (RECIPE.md's flags) in its own session; yields its grpc:// url and
-    stops its whole process group on the way out."""
-    port, sidecar, nccl, kv, derived = (_free_port() for _ in range(5))
-    events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "bind": True}
-    argv = [
-        str(SGLANG_PYTHON), "-m", "sglang.launch_server",
-        "--model-path", str(TINY_MODEL), "--host", "127.0.0.1", "--port", str(port),
-        "--smg-grpc-mode", "--grpc-port", str(derived), "--smg-http-sidecar-port", str(sidecar),
-        "--nccl-port", str(nccl), "--device", "cpu", "--attention-backend", "torch_native",
-        "--page-size", str(PAGE_SIZE), "--max-total-tokens", str(KV_POOL_TOKENS),
-        "--skip-server-warmup", "--sleep-on-idle", "--kv-events-config", json.dumps(events),
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={
-                **os.environ,
-                "SGLANG_USE_CPU_ENGINE": "1",
-                **fast_start_env(),
-            },
-            start_new_session=True,
-        )
-    url = f"grpc://127.0.0.1:{port}"
-    try:
-        if not asyncio.run(_wait_healthy(url, process)):
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"SGLang exited with {process.returncode} before serving:\n{tail}")
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20.0)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # the scheduler and its helpers, if left
-        process.wait()
-
-
-async def _wait_healthy(url: str, process: subprocess.Popen[bytes]) -> bool:
-    """True once the worker answers HealthCheck healthy, False if it exits first;
-    RuntimeError past REAL_STARTUP_S."""
-    client = EngineClient(url, worker_id="real")
-    deadline = time.monotonic() + REAL_STARTUP_S
-    try:
-        while not await client.health_check(timeout_s=5.0):
-            if process.poll() is not None:
-                return False
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"SGLang not healthy within {REAL_STARTUP_S} s")
-            await asyncio.sleep(0.5)
-    finally:
-        await client.close()
-    return True
-
-
 def _sim_config() -> SimConfig:
     """The simulator configured like the real worker: page, pool and context."""
     return SimConfig(
@@ -899,11 +824,20 @@ async def _record_sim() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def real_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One real SGLang 0.5.23 worker on the CPU for this module (fresh cache)."""
-    require_sglang()
-    with _real_worker(tmp_path_factory.mktemp("sglang") / "worker.log") as url:
-        yield url
+def real_worker(sglang_fleet: Fleet) -> str:
+    """A real SGLang 0.5.23 worker on the CPU (the session's, started by `homing worker` with
+    the recipe's flags), its cache flushed so the recording starts fresh."""
+
+    async def flush(url: str) -> bool:
+        client = EngineClient(url, worker_id="real")
+        try:
+            return await client.flush_cache(timeout_s=30.0)
+        finally:
+            await client.close()
+
+    url = sglang_fleet.urls[0]
+    assert asyncio.run(flush(url)), "the real worker did not flush its cache"
+    return url
 
 
 @pytest.fixture(scope="module")
