@@ -25,7 +25,7 @@ log = structlog.get_logger("homing.embedded")
 
 
 @dataclass
-class SimProcess:
+class WorkerProcess:
     """One child process hosting one worker (simulated, or real SGLang in process group
     `group`)."""
 
@@ -44,7 +44,7 @@ class _Launcher:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self.children: list[SimProcess] = []
+        self.children: list[WorkerProcess] = []
         self._watchers: set[asyncio.Task[None]] = set()
         self._stopping = False
 
@@ -77,7 +77,7 @@ class _Launcher:
         )
         worker = ready["workers"][0]
         url = worker["url"]
-        child = SimProcess(process, url, worker.get("pid"))
+        child = WorkerProcess(process, url, worker.get("pid"))
         if self._stopping:  # ready after the stop began: stop it too
             await terminate([process], self.kill_grace_s)
             if child.group is not None:

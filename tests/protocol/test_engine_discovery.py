@@ -88,7 +88,7 @@ async def test_the_context_window_is_what_the_engine_serves_untrimmed(gateway: A
     assert gateway.service is not None and gateway.pool is not None
     model = gateway.service.model
     window, longest = model.max_context_length, model.max_prompt_tokens
-    assert longest is not None and longest < window
+    assert longest < window
     completion = 8
     body = {"model": model.model_id, "temperature": 0, "ignore_eos": True}
     url = f"http://127.0.0.1:{gateway.http_port}/v1/completions"

@@ -36,15 +36,15 @@ ENCODE_MESSAGE_CHARS = 32
 @dataclass(frozen=True)
 class ModelEntry:
     """One served model: its id, tokenizer, context window (prompt + completion tokens),
-    longest prompt (tokens; None: the window less one) and replica pool."""
+    longest prompt (tokens) and replica pool."""
 
     model_id: str
     tokenizer: TextTokenizer
     max_context_length: int
+    max_prompt_tokens: int
     pool: WorkerPool
     router: Router
     created: int = field(default_factory=lambda: int(time.time()))
-    max_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class Preparer:
     ) -> PreparedRequest:
         limit = model.max_context_length
         longest = model.max_prompt_tokens
-        if longest is not None and len(prompt_ids) > longest:
+        if len(prompt_ids) > longest:
             raise APIError(
                 400,
                 f"This model's maximum prompt length is {longest} tokens. However, your prompt "
