@@ -114,16 +114,17 @@ async def test_restarted_worker_is_not_credited_with_its_old_prefixes(app4: App)
 @dataclass
 class BoundRecorder:
     """Router observer that records, per decision, the chosen worker's load and the
-    capacity that applied, computed from the pool's in-flight counts at that moment: the
-    ring's c = 1.25 (floor 4) for placements by hashing, the affinity c_hit = 1.5 (floor 8)
-    for prefix hits."""
+    capacity that applied, computed from the pool at that moment with the router's own
+    load measure (`WorkerSnapshot.load`: the larger of the gateway's in-flight count and
+    the worker's last reported running + waiting): the ring's c = 1.25 (floor 4) for
+    placements by hashing, the affinity c_hit = 1.5 (floor 8) for prefix hits."""
 
     pool: WorkerPool
     router: Router
     seen: list[tuple[RouteDecision, int, int]]
 
     def on_decision(self, decision: RouteDecision) -> None:
-        loads = {w.worker_id: w.in_flight for w in self.pool.healthy_workers()}
+        loads = {w.worker_id: snapshot_from_state(w).load for w in self.pool.healthy_workers()}
         total, n = sum(loads.values()), len(loads)
         if decision.branch in ("ring", "overflow"):
             bound = load_bound(total, n, 1.25, 4)
