@@ -37,10 +37,12 @@ async def assert_ready_and_healthy(app: App) -> None:
     assert head.startswith(b"HTTP/1.1 200 "), head
     assert app.pool is not None
     workers = app.pool.workers()
+    assert app.model is not None
     assert json.loads(body) == {
         "ready": True,
         "healthy_workers": len(workers),
         "workers": len(workers),
+        "models": {app.model.model_id: {"ready_workers": len(workers), "workers": len(workers)}},
     }
     assert [(w.healthy, w.consecutive_failures) for w in workers] == [(True, 0)] * len(workers)
 

@@ -19,9 +19,12 @@ import socket
 import structlog
 from aiohttp import web
 
-from homing.config import HomingConfig
+from homing.config import HomingConfig, ModelSettings, RouterModelSettings, RouterSettings
 from homing.embedded import SglangLauncher, SimLauncher
-from homing.engines.pool import PoolConfig, WorkerPool, WorkerState
+from homing.engines.lifecycle import Action, Phase
+from homing.engines.pool import PoolConfig, WorkerPool, WorkerSpec, WorkerState
+from homing.fleet import Fleet, ModelDispatch
+from homing.fleet.fleet import WorkerIds
 from homing.gateway.admission import AdmissionController
 from homing.gateway.auth import KeyRing
 from homing.gateway.errors import drained
@@ -29,12 +32,11 @@ from homing.gateway.grpc_api import GrpcApi
 from homing.gateway.http import HttpApi
 from homing.gateway.http_server import GatewayRunner
 from homing.gateway.metrics import GatewayMetrics
-from homing.gateway.prepare import ModelEntry
 from homing.gateway.quotas import QuotaGuard, QuotaStoreError, build_store
 from homing.gateway.service import InferenceService
 from homing.gateway.tls import read_pem_pair, server_ssl_context
-from homing.obs.metrics import RouterMetrics
-from homing.router import Router, snapshot_from_state
+from homing.obs.metrics import FleetMetrics, RouterMetrics
+from homing.router import Router
 from homing.router.settings import apply_model_settings, policy_configs, router_from_settings
 from homing.text.tokenizer import TextTokenizer
 
@@ -45,25 +47,58 @@ CUT_GRACE_S = 2.0
 
 
 class App:
-    """One `homing serve` process. Use `async with App(config) as app:` or start()/stop()."""
+    """One `homing serve` process. Use `async with App(config) as app:` or start()/stop().
+
+    After `start`: `fleet` (every served model's `ModelDispatch`), `model` / `pool` /
+    `router` (the first model's, for single-model deployments), the bound `http_port` and
+    `grpc_port`.
+    """
 
     def __init__(self, config: HomingConfig) -> None:
         self.config = config
-        self.sims: SimLauncher | SglangLauncher | None = None
-        self.pool: WorkerPool | None = None
-        self.router: Router | None = None
+        self.launchers: list[SimLauncher | SglangLauncher] = []
+        self.fleet: Fleet | None = None
         self.service: InferenceService | None = None
         self.http: HttpApi | None = None
         self.grpc: GrpcApi | None = None
         self.gateway_metrics = GatewayMetrics()
-        self.router_metrics: RouterMetrics | None = None
+        self.fleet_metrics = FleetMetrics(self.gateway_metrics.registry)
+        self.router_metrics: dict[str, RouterMetrics] = {}
         self.quotas: QuotaGuard | None = None
-        self.admission: AdmissionController | None = None
+        self.admissions: list[AdmissionController] = []
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
+        self._ids = WorkerIds()
+
+    @property
+    def model(self) -> ModelDispatch | None:
+        """The first served model (None before start)."""
+        if self.fleet is None or not self.fleet.models:
+            return None
+        return next(iter(self.fleet.models.values()))
+
+    @property
+    def pool(self) -> WorkerPool | None:
+        """The first served model's pool."""
+        return self.model.pool if self.model is not None else None
+
+    @property
+    def router(self) -> Router | None:
+        """The first served model's router."""
+        return self.model.router if self.model is not None else None
+
+    @property
+    def admission(self) -> AdmissionController | None:
+        """The first served model's admission queue."""
+        return self.admissions[0] if self.admissions else None
+
+    @property
+    def sims(self) -> SimLauncher | SglangLauncher | None:
+        """The first model's launcher of homing's own workers (None with listed workers)."""
+        return self.launchers[0] if self.launchers else None
 
     async def __aenter__(self) -> App:
         await self.start()
@@ -79,55 +114,17 @@ class App:
         for host, port in ((gw.host, gw.port), (gw.grpc_host, gw.grpc_port)):
             _ensure_bindable(host, port)  # fail fast, before any worker is started
         try:
-            urls = list(cfg.engines.workers)
-            health_timeout_s = cfg.engines.health_timeout_s
-            if cfg.embedded and cfg.engines.launch == "sglang":
-                # Real engines: HealthCheck is a generation inside the engine (SglangSettings).
-                health_timeout_s = cfg.sglang.health_timeout_s
-                self.sims = SglangLauncher(cfg.sglang, page_size=cfg.router.block_size)
-                # In parallel; each child gives SGLang its own startup timeout after it has
-                # checked its input (a second or two), hence the margin.
-                urls = await self.sims.start(timeout_s=cfg.sglang.startup_timeout_s + 30.0)
-            elif cfg.embedded:
-                self.sims = SimLauncher(cfg.sim)
-                urls = await self.sims.start(timeout_s=cfg.engines.startup_timeout_s)
-            self.router = router_from_settings(cfg.router)
-            self.pool = WorkerPool(
-                urls,
-                router=self.router,
-                on_health_change=self._on_health_change,
-                config=PoolConfig(
-                    health_interval_s=cfg.engines.health_interval_s,
-                    health_timeout_s=health_timeout_s,
-                    unhealthy_threshold=cfg.engines.unhealthy_threshold,
-                    healthy_threshold=cfg.engines.healthy_threshold,
-                ),
-            )
-            await self.pool.start()
-            await self.pool.wait_ready(cfg.engines.startup_timeout_s)
-            if cfg.engines.tokenizer_path:
-                tokenizer = TextTokenizer.from_dir(cfg.engines.tokenizer_path)
-            else:
-                tokenizer = TextTokenizer.from_bundle(await self.pool.tokenizer_bundle())
-            self._attach_router_metrics(self.pool, self.router)
-            model = ModelEntry(
-                model_id=self.pool.served_model_name,
-                tokenizer=tokenizer,
-                max_context_length=self.pool.max_context_length,
-                max_prompt_tokens=self.pool.max_prompt_tokens,
-                pool=self.pool,
-                router=self.router,
-            )
-            await self._start_gateway(model)
+            models = await asyncio.gather(*(self._start_model(m) for m in cfg.served_models()))
+            self.fleet = Fleet(list(models), drain_timeout_s=gw.drain_timeout_s)
+            await self._start_gateway(self.fleet)
         except BaseException:
             await self.stop()
             raise
         log.info(
             "serving",
-            model=model.model_id,
+            models={m.model_id: [w.url for w in m.workers()] for m in self.fleet.models.values()},
             http=f"http://{cfg.gateway.host}:{self.http_port}",
             grpc=f"{cfg.gateway.grpc_host}:{self.grpc_port}",
-            workers=urls,
             policy=cfg.router.policy,
             auth="on" if cfg.tenants else "off",
             tenants=len(cfg.tenants),
@@ -135,8 +132,95 @@ class App:
             tls=cfg.gateway.tls_cert_file is not None,
         )
 
-    async def _start_gateway(self, model: ModelEntry) -> None:
-        """Keys, quotas, admission, the inference service and both listeners."""
+    async def _start_model(self, spec: ModelSettings) -> ModelDispatch:
+        """Start one model: its own workers (embedded), pool, router, tokenizer, admission."""
+        cfg = self.config
+        workers: list[str | WorkerSpec] = [WorkerSpec(u, v) for u, v in spec.worker_specs()]
+        health_timeout_s = cfg.engines.health_timeout_s
+        if not workers and cfg.engines.launch == "sglang":
+            # Real engines: HealthCheck is a generation inside the engine (SglangSettings).
+            health_timeout_s = cfg.sglang.health_timeout_s
+            launcher: SimLauncher | SglangLauncher = SglangLauncher(
+                cfg.sglang, page_size=cfg.router.block_size
+            )
+            self.launchers.append(launcher)
+            # In parallel; each child gives SGLang its own startup timeout after it has
+            # checked its input (a second or two), hence the margin.
+            urls = await launcher.start(timeout_s=cfg.sglang.startup_timeout_s + 30.0)
+            workers = [WorkerSpec(u, spec.version) for u in urls]
+        elif not workers:
+            assert spec.sim is not None
+            launcher = SimLauncher(spec.sim)
+            self.launchers.append(launcher)
+            urls = await launcher.start(timeout_s=cfg.engines.startup_timeout_s)
+            workers = [WorkerSpec(u, spec.version) for u in urls]
+        router_settings = cfg.router
+        if spec.name is not None and (spec.policy is not None or spec.weights is not None):
+            override = RouterModelSettings(policy=spec.policy, weights=spec.weights)
+            models = {**cfg.router.models, spec.name: override}
+            router_settings = cfg.router.model_copy(update={"models": models})
+        router = router_from_settings(router_settings)
+        holder: list[str] = []  # the model's name, once known, for the metrics
+
+        def on_transition(w: WorkerState, before: Phase, action: Action) -> None:
+            model = holder[0] if holder else (spec.name or "")
+            self.fleet_metrics.on_transition(model, action.value, before.value, w.phase.value)
+
+        pool = WorkerPool(
+            workers,
+            router=router,
+            model=spec.name,
+            new_id=self._ids,
+            on_health_change=self._on_health_change,
+            on_transition=on_transition,
+            config=PoolConfig(
+                health_interval_s=cfg.engines.health_interval_s,
+                health_timeout_s=health_timeout_s,
+                unhealthy_threshold=cfg.engines.unhealthy_threshold,
+                healthy_threshold=cfg.engines.healthy_threshold,
+            ),
+        )
+        try:
+            await pool.start()
+            await pool.wait_ready(cfg.engines.startup_timeout_s)
+            if spec.tokenizer_path:
+                tokenizer = TextTokenizer.from_dir(spec.tokenizer_path)
+            else:
+                tokenizer = TextTokenizer.from_bundle(await pool.tokenizer_bundle())
+        except BaseException:
+            await pool.stop()
+            raise
+        model_id = pool.served_model_name
+        holder.append(model_id)
+        apply_model_settings(router, router_settings, model_id)
+        dispatch = ModelDispatch(model_id=model_id, tokenizer=tokenizer, pool=pool, router=router)
+        dispatch.admission = self._admission(dispatch, router_settings)
+        self.router_metrics[model_id] = RouterMetrics(
+            router,
+            model=model_id,
+            registry=self.gateway_metrics.registry,
+            workers=lambda: [w.worker_id for w in pool.workers()],
+            streams=lambda: {w.worker_id: w.kv_stream for w in pool.workers()},
+        ).attach()
+        self.fleet_metrics.watch(model_id, lambda: [w.phase.value for w in pool.workers()])
+        return dispatch
+
+    def _admission(self, model: ModelDispatch, router: RouterSettings) -> AdmissionController:
+        admission = AdmissionController(
+            self.config.admission,
+            model_id=model.model_id,
+            # lazy: the fast path stops at the first replica that is not overloaded
+            snapshots=model.snapshots,
+            metrics=self.gateway_metrics,
+            # The router's own overload thresholds: admission queues exactly when the router
+            # would find no replica it is willing to load further.
+            thresholds=policy_configs(router, model.model_id)[1].overload,
+        )
+        self.admissions.append(admission)
+        return admission
+
+    async def _start_gateway(self, fleet: Fleet) -> None:
+        """Keys, quotas, the inference service and both listeners."""
         cfg = self.config
         gw = cfg.gateway
         metrics = self.gateway_metrics
@@ -145,23 +229,12 @@ class App:
             self.quotas = QuotaGuard(build_store(cfg.quotas), settings=cfg.quotas, metrics=metrics)
             self.quotas.start()
             await self._check_quota_store()
-        pool = model.pool
-        self.admission = AdmissionController(
-            cfg.admission,
-            model_id=model.model_id,
-            # lazy: the fast path stops at the first replica that is not overloaded
-            snapshots=lambda: (snapshot_from_state(w) for w in pool.healthy_workers()),
-            metrics=metrics,
-            # The router's own overload thresholds: admission queues exactly when the router
-            # would find no replica it is willing to load further.
-            thresholds=policy_configs(cfg.router, model.model_id)[1].overload,
-        )
         self.service = InferenceService(
-            model,
+            fleet,
             request_timeout_s=gw.request_timeout_s,
             max_messages=gw.max_messages,
             quotas=self.quotas,
-            admission=self.admission,
+            admissions=self.admissions,
         )
         self.http = HttpApi(
             self.service,
@@ -215,24 +288,11 @@ class App:
         else:
             log.info("quota_store", backend=q.backend, on_store_error=q.on_store_error)
 
-    def _attach_router_metrics(self, pool: WorkerPool, router: Router) -> None:
-        """Per-model router settings and router metrics, once the model name is known
-        (the metrics share the gateway's registry, served on `GET /metrics`)."""
-        model_id = pool.served_model_name
-        apply_model_settings(router, self.config.router, model_id)
-        self.router_metrics = RouterMetrics(
-            router,
-            model=model_id,
-            registry=self.gateway_metrics.registry,
-            workers=lambda: [w.worker_id for w in pool.workers()],
-            streams=lambda: {w.worker_id: w.kv_stream for w in pool.workers()},
-        ).attach()
-
     def _on_health_change(self, state: WorkerState) -> None:
         """Keep the gRPC health service in step with the pool (SERVING iff a worker is)."""
-        if self.grpc is None or self.pool is None or self._stopping:
+        if self.grpc is None or self.fleet is None or self._stopping:
             return
-        serving = bool(self.pool.healthy_workers())
+        serving = any(m.ready_workers for m in self.fleet.models.values())
         task = asyncio.get_running_loop().create_task(self.grpc.set_serving(serving))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -268,17 +328,17 @@ class App:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self.admission is not None:
-            await self.admission.stop()
+        for admission in self.admissions:
+            await admission.stop()
+        self.admissions = []
         if self.quotas is not None:
             await self.quotas.stop()
             self.quotas = None
-        if self.pool is not None:
-            await self.pool.stop()
-            self.pool = None
-        if self.sims is not None:
-            await self.sims.stop()
-            self.sims = None
+        if self.fleet is not None:
+            await self.fleet.stop()
+            await asyncio.gather(*(m.pool.stop() for m in self.fleet.models.values()))
+        launchers, self.launchers = self.launchers, []
+        await asyncio.gather(*(launcher.stop() for launcher in launchers))
 
     async def run_until_signal(self) -> None:
         """Serve until SIGINT or SIGTERM, then stop gracefully."""

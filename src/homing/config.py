@@ -139,6 +139,7 @@ class SimSettings(_Section):
     tp: int | None = Field(default=None, ge=1)  # None: the preset's TP (8 for 70b)
     speedup: float = Field(default=1.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
+    served_model_name: str | None = None  # None: the preset's name (`model`)
 
 
 class SglangSettings(_Section):
@@ -163,6 +164,124 @@ class SglangSettings(_Section):
     extra_args: list[str] = Field(default_factory=list)
     startup_timeout_s: float = Field(default=300.0, gt=0)
     health_timeout_s: float = Field(default=20.0, gt=0)
+
+
+class WorkerEntry(_Section):
+    """A configured worker: its `grpc://host:port` URL and `version` label (engine or
+    weights revision; default the model's `version`)."""
+
+    url: str
+    version: str | None = Field(default=None, max_length=128)
+
+    @field_validator("url")
+    @classmethod
+    def _grpc_url(cls, url: str) -> str:
+        from homing.engines.pool import check_worker_url
+
+        return check_worker_url(url)
+
+
+class ModelSettings(_Section):
+    """One served model (`[[models]]`): its pool of workers and how requests are routed.
+
+    `name`: the served model name clients send and every worker must report (None: the
+    first worker's). `workers`: its SGLang workers (`grpc://host:port` or tables with `url`
+    and `version`); with none, homing starts its simulated fleet `sim` (default: the
+    top-level `sim` section with `sim.model` = `name` when set). `version`: the default
+    version label of its workers. `policy` and `weights`: routing overrides for this model
+    (default `router.policy` and `router.weights`). `tokenizer_path`: a local tokenizer
+    directory (default: the workers' GetTokenizer bundle).
+    """
+
+    name: str | None = Field(default=None, min_length=1, max_length=256)
+    workers: list[str | WorkerEntry] = Field(default_factory=list)
+    sim: SimSettings | None = None
+    version: str = Field(default="", max_length=128)
+    policy: RoutingPolicy | None = None
+    weights: CostWeightSettings | None = None
+    tokenizer_path: str | None = None
+
+    @field_validator("workers")
+    @classmethod
+    def _urls(cls, workers: list[str | WorkerEntry]) -> list[str | WorkerEntry]:
+        from homing.engines.pool import check_worker_url
+
+        for entry in workers:
+            if isinstance(entry, str):
+                check_worker_url(entry)
+        return workers
+
+    def worker_specs(self) -> list[tuple[str, str]]:
+        """(url, version) of each configured worker."""
+        out = []
+        for entry in self.workers:
+            if isinstance(entry, str):
+                out.append((entry, self.version))
+            else:
+                out.append((entry.url, self.version if entry.version is None else entry.version))
+        return out
+
+
+class AdminSettings(_Section):
+    """The admin API (`homing.v1.Admin`) and its listener.
+
+    `socket`: a Unix socket path (default `state_dir/admin.sock`; mode 0600); "" turns the
+    socket off. `host` and `port`: a TCP listener as well (port None: none), which needs
+    `keys`. `keys`: admin keys as SHA-256 hex digests (`printf %s "$KEY" | sha256sum`),
+    separate from tenant keys; with none, only the socket's file mode guards the API.
+    `state_dir`: where the socket lives (default `$HOMING_STATE_DIR`, else
+    `$XDG_RUNTIME_DIR/homing`, else `/tmp/homing-<uid>`). `enabled`: False serves no admin
+    API at all.
+    """
+
+    enabled: bool = True
+    state_dir: str | None = None
+    socket: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535)
+    keys: list[AdminKeySettings] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _tcp_needs_keys(self) -> AdminSettings:
+        if self.enabled and self.port is not None and not self.keys:
+            raise ValueError("an admin TCP listener (admin.port) needs admin.keys")
+        return self
+
+    def socket_path(self) -> str | None:
+        """The Unix socket to serve (None: no socket)."""
+        import os
+
+        if not self.enabled or self.socket == "":
+            return None
+        if self.socket is not None:
+            return self.socket
+        return os.path.join(default_state_dir(self.state_dir), "admin.sock")
+
+
+class AdminKeySettings(_Section):
+    """One admin key: a name for logs and its SHA-256 hex digest (never the key)."""
+
+    id: str = Field(min_length=1, max_length=128)
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+
+    @field_validator("sha256")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.lower()
+
+
+def default_state_dir(configured: str | None = None) -> str:
+    """homing's state directory: `configured`, else `$HOMING_STATE_DIR`, else
+    `$XDG_RUNTIME_DIR/homing`, else `/tmp/homing-<uid>`."""
+    import os
+
+    if configured:
+        return configured
+    if os.environ.get("HOMING_STATE_DIR"):
+        return os.environ["HOMING_STATE_DIR"]
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "homing")
+    return f"/tmp/homing-{os.getuid()}"
 
 
 class QuotaLimits(_Section):
@@ -295,6 +414,46 @@ class HomingConfig(_Section):
     tenants: list[TenantSettings] = Field(default_factory=list)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    # Several served models; empty: one model from `engines` / `sim` / `sglang`.
+    models: list[ModelSettings] = Field(default_factory=list)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+
+    @model_validator(mode="after")
+    def _models(self) -> HomingConfig:
+        if self.models and self.engines.workers:
+            raise ValueError("list workers under [[models]] or engines.workers, not both")
+        if self.models and self.engines.launch == "sglang":
+            raise ValueError('[[models]] serves simulated or listed workers, not launch "sglang"')
+        names = [m.name for m in self.models if m.name is not None]
+        if len(set(names)) != len(names):
+            raise ValueError("two [[models]] have the same name")
+        if len(self.models) > 1 and len(names) != len(self.models):
+            raise ValueError("with several [[models]], each needs a name")
+        urls = [url for m in self.models for url, _ in m.worker_specs()]
+        if len(set(urls)) != len(urls):
+            raise ValueError("a worker URL is listed twice")
+        return self
+
+    def served_models(self) -> list[ModelSettings]:
+        """The models to serve: `models`, or the one model `engines` / `sim` describe."""
+        if self.models:
+            out = []
+            for m in self.models:
+                if not m.workers:
+                    # Default fleet: the top-level `sim` with the model's name as its preset.
+                    sim = m.sim or self.sim.model_copy(update={"model": m.name or self.sim.model})
+                    if m.name is not None and m.name != sim.model:
+                        sim = sim.model_copy(update={"served_model_name": m.name})
+                    m = m.model_copy(update={"sim": sim})
+                out.append(m)
+            return out
+        return [
+            ModelSettings(
+                workers=list(self.engines.workers),
+                sim=None if self.engines.workers else self.sim,
+                tokenizer_path=self.engines.tokenizer_path,
+            )
+        ]
 
     @model_validator(mode="after")
     def _sglang_model(self) -> HomingConfig:

@@ -130,6 +130,7 @@ class SimLauncher(_Launcher):
             "--speedup",
             str(s.speedup),
             *(["--tp", str(s.tp)] if s.tp is not None else []),
+            *(["--served-model-name", s.served_model_name] if s.served_model_name else []),
             "--parent-pid",
             str(os.getpid()),
             *s.extra_args,

@@ -65,7 +65,7 @@ async def app() -> AsyncIterator[App]:
         tenants=TENANTS,
     )
     async with App(config) as running:
-        assert running.service is not None and running.service.model.model_id == MODEL
+        assert running.service is not None and running.model.model_id == MODEL
         yield running
 
 

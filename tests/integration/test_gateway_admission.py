@@ -74,7 +74,7 @@ async def _complete(app: App, tenant: str) -> tuple[int, Any, Any]:
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"http://127.0.0.1:{app.http_port}/v1/completions",
-            json={"model": app.service.model.model_id, "prompt": [5, 6, 7], "max_tokens": 2},  # type: ignore[union-attr]
+            json={"model": app.model.model_id, "prompt": [5, 6, 7], "max_tokens": 2},  # type: ignore[union-attr]
             headers={"Authorization": f"Bearer sk-{tenant}"},
         ) as resp:
             return resp.status, json.loads(await resp.read()), resp.headers.copy()
@@ -94,7 +94,7 @@ class Hog:
             async with session.post(
                 f"http://127.0.0.1:{self.app.http_port}/v1/completions",
                 json={
-                    "model": self.app.service.model.model_id,  # type: ignore[union-attr]
+                    "model": self.app.model.model_id,  # type: ignore[union-attr]
                     "prompt": [1, 2, 3],
                     "max_tokens": 50_000,
                     "ignore_eos": True,
@@ -151,13 +151,13 @@ async def test_queued_requests_are_admitted_by_priority_then_tenant_turns(app: A
         status, body, headers = await _complete(app, "b")
         assert (status, headers["Retry-After"]) == (503, "2")
         assert body == _no_capacity(
-            f"Every replica of model '{app.service.model.model_id}' is overloaded and your "  # type: ignore[union-attr]
+            f"Every replica of model '{app.model.model_id}' is overloaded and your "  # type: ignore[union-attr]
             "requests already fill your share of the admission queue (2); retry later."
         )
         status, body, headers = await _complete(app, "c")
         assert (status, headers["Retry-After"]) == (503, "2")
         assert body == _no_capacity(
-            f"Every replica of model '{app.service.model.model_id}' is overloaded and the "  # type: ignore[union-attr]
+            f"Every replica of model '{app.model.model_id}' is overloaded and the "  # type: ignore[union-attr]
             "admission queue is full; retry later."
         )
         assert order == []  # nobody was pushed onto the busy replica
@@ -172,7 +172,7 @@ async def test_wait_past_the_queue_timeout_is_503(app: App) -> None:
         status, body, headers = await _complete(app, "c")
     assert (status, headers["Retry-After"]) == (503, "2")
     assert body == _no_capacity(
-        f"Every replica of model '{app.service.model.model_id}' is overloaded; the request "  # type: ignore[union-attr]
+        f"Every replica of model '{app.model.model_id}' is overloaded; the request "  # type: ignore[union-attr]
         "waited 1 s in the admission queue without a replica freeing up. Retry later."
     )
     assert app.gateway_metrics.value("homing_admission_rejected_total", reason="timeout") == 1

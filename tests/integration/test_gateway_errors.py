@@ -30,7 +30,7 @@ def _err(message: str, param: str | None, code: str, type_: str = "invalid_reque
 
 
 def _chat(app: App, **fields: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": app.service.model.model_id, "messages": OK_MESSAGES}
+    body: dict[str, Any] = {"model": app.model.model_id, "messages": OK_MESSAGES}
     body.update(fields)
     return body
 
@@ -189,7 +189,7 @@ async def test_invalid_chat_fields_get_exact_400(
 async def test_missing_messages_is_400(gateway: App) -> None:
     """A chat body without `messages` names the missing parameter."""
     status, body, _ = await _post(
-        gateway, "/v1/chat/completions", json.dumps({"model": gateway.service.model.model_id})
+        gateway, "/v1/chat/completions", json.dumps({"model": gateway.model.model_id})
     )
     assert status == 400
     assert body == _err(
@@ -212,12 +212,12 @@ async def test_unknown_model_is_404_model_not_found(gateway: App) -> None:
 
 async def test_prompt_beyond_context_is_400_context_length_exceeded(gateway: App) -> None:
     """prompt + max_tokens beyond the model's context is 400 `context_length_exceeded`."""
-    limit = gateway.service.model.max_context_length
+    limit = gateway.model.max_context_length
     prompt = [1000] * (limit - 10)
     status, body, _ = await _post(
         gateway,
         "/v1/completions",
-        json.dumps({"model": gateway.service.model.model_id, "prompt": prompt, "max_tokens": 100}),
+        json.dumps({"model": gateway.model.model_id, "prompt": prompt, "max_tokens": 100}),
     )
     assert status == 400
     assert body == _err(
@@ -231,11 +231,11 @@ async def test_prompt_beyond_context_is_400_context_length_exceeded(gateway: App
 
 async def test_token_id_outside_vocabulary_is_400(gateway: App) -> None:
     """A prompt token id beyond the vocabulary is a client error, not a worker failure."""
-    vocab = gateway.service.model.tokenizer.vocab_size
+    vocab = gateway.model.tokenizer.vocab_size
     status, body, _ = await _post(
         gateway,
         "/v1/completions",
-        json.dumps({"model": gateway.service.model.model_id, "prompt": [5, vocab + 3]}),
+        json.dumps({"model": gateway.model.model_id, "prompt": [5, vocab + 3]}),
     )
     assert status == 400
     assert body == _err(

@@ -24,7 +24,7 @@ def _channel(app: App) -> grpc.aio.Channel:
 
 async def test_grpc_chat_stream_matches_http_text(gateway: App) -> None:
     """A streamed gRPC chat gives the same text and usage as the HTTP API at temperature 0."""
-    model = gateway.service.model.model_id
+    model = gateway.model.model_id
     messages = [{"role": "user", "content": "Say hello in Chinese"}]
     async with aiohttp.ClientSession() as session:
         async with session.post(
@@ -61,7 +61,7 @@ async def test_grpc_completion_non_streamed_returns_one_message(gateway: App) ->
             c
             async for c in stub.Completion(
                 pb.CompletionRequest(
-                    model=gateway.service.model.model_id,
+                    model=gateway.model.model_id,
                     token_ids=pb.TokenIds(ids=list(range(1000, 1040))),
                     sampling=pb.SamplingOptions(max_tokens=12, ignore_eos=True),
                 )
@@ -104,7 +104,7 @@ async def test_grpc_errors_map_http_status_and_carry_openai_body(
 ) -> None:
     """Client mistakes end the call with the mapped status and the OpenAI error JSON."""
     if request_.model == "MODEL":
-        request_.model = gateway.service.model.model_id
+        request_.model = gateway.model.model_id
     async with _channel(gateway) as channel:
         stub = pb_grpc.InferenceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -42,7 +42,7 @@ async def app() -> AsyncIterator[App]:
 async def test_stop_drains_streams_and_refuses_new_calls(app: App) -> None:
     """While stopping, an open HTTP stream runs to its end, and new HTTP and gRPC calls are
     refused."""
-    model = app.service.model.model_id
+    model = app.model.model_id
     body = {"model": model, "prompt": "Go", "max_tokens": 400, "ignore_eos": True, "stream": True}
     grpc_port = app.grpc_port
     async with aiohttp.ClientSession() as session:
@@ -110,7 +110,7 @@ async def test_stream_cut_by_a_dying_worker_ends_with_an_error_event(app: App) -
     from structlog.testing import capture_logs
 
     assert app.sims is not None
-    model = app.service.model.model_id
+    model = app.model.model_id
     body = {"model": model, "prompt": "Go", "max_tokens": 5000, "ignore_eos": True, "stream": True}
     with capture_logs() as logs:
         async with aiohttp.ClientSession() as session:

@@ -69,7 +69,7 @@ def _request(body: bytes, *extra: str) -> bytes:
 def _chat(app: App, messages: int) -> bytes:
     return json.dumps(
         {
-            "model": app.service.model.model_id,  # type: ignore[union-attr]
+            "model": app.model.model_id,  # type: ignore[union-attr]
             "messages": [{"role": "user", "content": "hi"}] * messages,
             "max_tokens": 2,
         }

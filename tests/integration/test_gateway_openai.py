@@ -247,9 +247,14 @@ async def test_models_health_and_ready(gateway: App) -> None:
             ready = await resp.json()
             assert resp.status == 200
     assert models["object"] == "list"
-    assert models["data"][0]["id"] == gateway.service.model.model_id
-    assert models["data"][0]["max_model_len"] == gateway.service.model.max_context_length
-    assert ready == {"ready": True, "healthy_workers": 2, "workers": 2}
+    assert models["data"][0]["id"] == gateway.model.model_id
+    assert models["data"][0]["max_model_len"] == gateway.model.max_context_length
+    assert ready == {
+        "ready": True,
+        "healthy_workers": 2,
+        "workers": 2,
+        "models": {gateway.model.model_id: {"ready_workers": 2, "workers": 2}},
+    }
 
 
 async def test_repeated_client_request_id_never_aborts_another_request(gateway: App) -> None:

@@ -88,7 +88,7 @@ async def test_https_serves_the_openai_api(tls_app: tuple[App, Path]) -> None:
         async with session.post(
             f"https://127.0.0.1:{app.http_port}/v1/chat/completions",
             json={
-                "model": app.service.model.model_id,  # type: ignore[union-attr]
+                "model": app.model.model_id,  # type: ignore[union-attr]
                 "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 4,
             },
@@ -108,7 +108,7 @@ async def test_official_client_works_over_https(tls_app: tuple[App, Path]) -> No
             base_url=f"https://localhost:{app.http_port}/v1", api_key="unused", http_client=http
         )
         models = await client.models.list()
-    assert [m.id for m in models.data] == [app.service.model.model_id]  # type: ignore[union-attr]
+    assert [m.id for m in models.data] == [app.model.model_id]  # type: ignore[union-attr]
 
 
 async def test_plaintext_http_is_not_served_on_the_tls_port(tls_app: tuple[App, Path]) -> None:
@@ -137,7 +137,7 @@ async def test_grpc_over_tls_lists_models(tls_app: tuple[App, Path]) -> None:
     credentials = grpc.ssl_channel_credentials(root_certificates=cert_file.read_bytes())
     async with grpc.aio.secure_channel(f"localhost:{app.grpc_port}", credentials) as channel:
         listed = await pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest())
-    assert [m.id for m in listed.models] == [app.service.model.model_id]  # type: ignore[union-attr]
+    assert [m.id for m in listed.models] == [app.model.model_id]  # type: ignore[union-attr]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=2)

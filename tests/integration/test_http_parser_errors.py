@@ -107,7 +107,7 @@ def _head(*lines: str, start: str = "POST /v1/chat/completions HTTP/1.1") -> byt
 
 
 def _chat(app: App) -> bytes:
-    model = app.service.model.model_id  # type: ignore[union-attr]
+    model = app.model.model_id  # type: ignore[union-attr]
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     return json.dumps(body).encode()
 

@@ -83,7 +83,7 @@ async def _send(
 
 
 def _chat(app: App, **fields: Any) -> dict[str, Any]:
-    model = app.service.model.model_id  # type: ignore[union-attr]
+    model = app.model.model_id  # type: ignore[union-attr]
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     return {**body, **fields}
 
@@ -168,7 +168,7 @@ async def test_numbers_that_are_not_json_are_400(
 
 async def test_prompt_bytes_that_are_not_utf8_are_400(app: App) -> None:
     """The completions prompt is checked the same way."""
-    model = app.service.model.model_id  # type: ignore[union-attr]
+    model = app.model.model_id  # type: ignore[union-attr]
     body = json.dumps({"model": model, "prompt": MARK, "max_tokens": 2}).encode()
     body = body.replace(MARK.encode(), b"\xed\xb0\x80")
     at = body.index(b"\xed")
@@ -325,7 +325,7 @@ UNDECODABLE = (
 
 
 def _grpc_chat(app: App, **fields: Any) -> pb.ChatCompletionRequest:
-    model = app.service.model.model_id  # type: ignore[union-attr]
+    model = app.model.model_id  # type: ignore[union-attr]
     request = pb.ChatCompletionRequest(
         model=model,
         messages=[pb.ChatMessage(role="user", content="hi")],
@@ -382,7 +382,7 @@ async def test_grpc_string_field_that_is_not_utf8_is_invalid_argument(
 async def test_grpc_completion_text_and_garbage_are_invalid_argument(app: App) -> None:
     """A Completion whose prompt text is not UTF-8, and a message that is not protobuf at all,
     get INVALID_ARGUMENT; a well-formed call on the same server is then served."""
-    model = app.service.model.model_id  # type: ignore[union-attr]
+    model = app.model.model_id  # type: ignore[union-attr]
     request = pb.CompletionRequest(
         model=model, text=MARK, sampling=pb.SamplingOptions(max_tokens=2)
     )

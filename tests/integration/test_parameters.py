@@ -48,11 +48,11 @@ async def _post(app: App, path: str, body: dict[str, Any]) -> tuple[int, Any, An
 
 
 def _chat(app: App, **fields: Any) -> dict[str, Any]:
-    return {"model": app.service.model.model_id, "messages": MESSAGES, **fields}
+    return {"model": app.model.model_id, "messages": MESSAGES, **fields}
 
 
 def _completion(app: App, **fields: Any) -> dict[str, Any]:
-    return {"model": app.service.model.model_id, "prompt": "Once upon a time", **fields}
+    return {"model": app.model.model_id, "prompt": "Once upon a time", **fields}
 
 
 def _err(message: str, param: str | None, code: str) -> dict[str, Any]:
@@ -367,7 +367,7 @@ async def test_errors_show_at_most_64_characters_of_a_client_string(
 
 async def test_logit_bias_key_beyond_the_vocabulary_is_400(gateway: App) -> None:
     """A logit_bias token id the model does not have is the client's error, named."""
-    vocab = gateway.service.model.tokenizer.vocab_size
+    vocab = gateway.model.tokenizer.vocab_size
     fields = {"logit_bias": {str(vocab): -100}}
     status, body, _ = await _post(gateway, "/v1/completions", _completion(gateway, **fields))
     assert (status, body) == (
@@ -403,7 +403,7 @@ async def test_openai_client_logit_bias_forces_the_answer(gateway: App) -> None:
     accepted alongside."""
     client = AsyncOpenAI(base_url=_url(gateway, "/v1"), api_key="unused", max_retries=0)
     full = await client.chat.completions.create(
-        model=gateway.service.model.model_id,
+        model=gateway.model.model_id,
         messages=[{"role": "user", "content": "Say anything"}],
         max_tokens=5,
         temperature=0,
@@ -418,7 +418,7 @@ async def test_openai_client_logit_bias_forces_the_answer(gateway: App) -> None:
     assert full.choices[0].finish_reason == "length"
 
     stream = await client.completions.create(
-        model=gateway.service.model.model_id,
+        model=gateway.model.model_id,
         prompt="Once upon a time",
         max_tokens=3,
         temperature=0.9,
@@ -432,7 +432,7 @@ async def test_openai_client_logit_bias_forces_the_answer(gateway: App) -> None:
 async def test_logit_bias_ban_of_the_eos_runs_to_the_length_limit(gateway: App) -> None:
     """Banning the EOS id (-100) keeps the answer going to max_tokens, where the same request
     without the ban stops on its own."""
-    eos = gateway.service.model.tokenizer.eos_token_ids[0]
+    eos = gateway.model.tokenizer.eos_token_ids[0]
     fields = {"max_tokens": 400, "temperature": 0}
     status, plain, _ = await _post(gateway, "/v1/completions", _completion(gateway, **fields))
     assert status == 200 and plain["choices"][0]["finish_reason"] == "stop"
@@ -474,7 +474,7 @@ async def test_grpc_sampling_options_reach_the_engine(gateway: App) -> None:
     refused by the worker, and response_format text that is not RFC 8259 JSON (`NaN`,
     `-Infinity`, a number beyond a double) is refused, each with the HTTP API's status and
     body."""
-    model = gateway.service.model.model_id
+    model = gateway.model.model_id
     async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
         stub = pb_grpc.InferenceStub(channel)
 

@@ -30,7 +30,7 @@ MESSAGES = GatewaySettings().max_messages // 2
 
 
 async def _chat(app: App, messages: list[dict[str, str]]) -> tuple[int, Any]:
-    body = {"model": app.service.model.model_id, "messages": messages, "max_tokens": 2}
+    body = {"model": app.model.model_id, "messages": messages, "max_tokens": 2}
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"http://127.0.0.1:{app.http_port}/v1/chat/completions", json=body
@@ -41,7 +41,7 @@ async def _chat(app: App, messages: list[dict[str, str]]) -> tuple[int, Any]:
 @pytest.fixture
 def encode_threads(gateway: App, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Ids of the threads the served tokenizer's `encode_chat` ran on, one per call."""
-    tokenizer = gateway.service.model.tokenizer
+    tokenizer = gateway.model.tokenizer
     encode_chat = tokenizer.encode_chat
     threads: list[int] = []
 
@@ -98,7 +98,7 @@ async def test_a_prompt_of_megabytes_leaves_the_loop_free(gateway: App) -> None:
     import asyncio
     import time
 
-    body = {"model": gateway.service.model.model_id, "prompt": "hello world " * 250_000}
+    body = {"model": gateway.model.model_id, "prompt": "hello world " * 250_000}
     worst = 0.0
     done = asyncio.Event()
 

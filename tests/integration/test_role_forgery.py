@@ -113,7 +113,7 @@ async def stored(gateway: App) -> AsyncIterator[dict[str, StoredPages]]:
 
 
 def _tokenizer(app: App) -> TextTokenizer:
-    return app.service.model.tokenizer
+    return app.model.tokenizer
 
 
 def _every_added_text(tokenizer: TextTokenizer) -> str:
@@ -143,7 +143,7 @@ async def _served_prompt(
     """POST `body` (answer length fixed), expect 200; the response and the prompt ids the
     worker that served it stored."""
     body = {
-        "model": app.service.model.model_id,
+        "model": app.model.model_id,
         "temperature": 0,
         "max_tokens": ANSWER_TOKENS,
         "ignore_eos": True,
@@ -223,7 +223,7 @@ async def test_grpc_completion_allow_special_tokens_counts_the_special_ids(gatew
         async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
             call = pb_grpc.InferenceStub(channel).Completion(
                 pb.CompletionRequest(
-                    model=gateway.service.model.model_id,
+                    model=gateway.model.model_id,
                     text=text,
                     sampling=pb.SamplingOptions(max_tokens=1),
                     **extra,
@@ -240,7 +240,7 @@ async def test_grpc_completion_allow_special_tokens_counts_the_special_ids(gatew
 @pytest.mark.parametrize("value", ["true", 1])
 async def test_allow_special_tokens_of_another_type_is_400(gateway: App, value: object) -> None:
     """allow_special_tokens takes only a JSON boolean."""
-    body = {"model": gateway.service.model.model_id, "prompt": "hi", "allow_special_tokens": value}
+    body = {"model": gateway.model.model_id, "prompt": "hi", "allow_special_tokens": value}
     status, response, _ = await _post(gateway, "/v1/completions", body)
     assert status == 400
     assert response == _err(
@@ -253,7 +253,7 @@ async def test_allow_special_tokens_of_another_type_is_400(gateway: App, value: 
 async def test_chat_has_no_allow_special_tokens_parameter(gateway: App) -> None:
     """On chat the template alone places special tokens: the switch is an unknown parameter."""
     body = {
-        "model": gateway.service.model.model_id,
+        "model": gateway.model.model_id,
         "messages": [{"role": "user", "content": "hi"}],
         "allow_special_tokens": True,
     }
@@ -269,7 +269,7 @@ async def test_chat_has_no_allow_special_tokens_parameter(gateway: App) -> None:
 async def test_eos_stop_string_still_goes_to_the_engine_as_its_token_id(gateway: App) -> None:
     """A stop string spelling eos is matched as the eos token, whatever the prompt flag."""
     body = {
-        "model": gateway.service.model.model_id,
+        "model": gateway.model.model_id,
         "prompt": "hi",
         "stop": ["<｜end▁of▁sentence｜>"],
     }
@@ -346,7 +346,7 @@ async def test_text_the_model_can_only_read_as_a_special_token_is_400(
 ) -> None:
     """ "<｜User｜>", which this model encodes only as its special token, is refused in chat
     content and in a text prompt with the exact 400."""
-    body = {"model": unigram.service.model.model_id, "max_tokens": 1, **field}
+    body = {"model": unigram.model.model_id, "max_tokens": 1, **field}
     status, response, _ = await _post(unigram, path, body)
     assert status == 400
     assert response == _err(

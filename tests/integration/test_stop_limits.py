@@ -41,7 +41,7 @@ DELAY_BUDGET_MS = 10.0
 def _body(app: App, **fields: Any) -> dict[str, Any]:
     """A greedy chat body (same prompt, same answer on every worker) that ignores EOS."""
     body: dict[str, Any] = {
-        "model": app.service.model.model_id,
+        "model": app.model.model_id,
         "messages": MESSAGES,
         "temperature": 0,
         "max_tokens": ANSWER_TOKENS,
@@ -125,7 +125,7 @@ async def test_more_than_256_stop_token_ids_is_400_and_256_are_served(gateway: A
 async def test_grpc_refuses_a_long_stop_with_the_http_error_body(gateway: App) -> None:
     """Over gRPC the same stop ends the call INVALID_ARGUMENT with the same JSON body."""
     request = pb.ChatCompletionRequest(
-        model=gateway.service.model.model_id,
+        model=gateway.model.model_id,
         messages=[pb.ChatMessage(role="user", content="hi")],
         sampling=pb.SamplingOptions(stop=["z" * 1025]),
     )

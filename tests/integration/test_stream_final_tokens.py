@@ -45,7 +45,7 @@ def _client(app: App) -> AsyncOpenAI:
 async def _engine_output(app: App) -> list[int]:
     """The worker's own non-streamed output ids for the request the tests send."""
     assert app.service is not None and app.pool is not None
-    body = {"model": app.service.model.model_id, "messages": MESSAGES}
+    body = {"model": app.model.model_id, "messages": MESSAGES}
     prepared = await app.service.prepare.chat(parse_chat(body), request_id="truth")
     worker = app.pool.healthy_workers()[0].worker_id
     params = GenerateParams(
@@ -71,10 +71,10 @@ async def test_streamed_and_plain_text_hold_each_token_once(
     assert app.service is not None
     truth = await _engine_output(app)
     assert len(truth) == MAX_TOKENS
-    expected = app.service.model.tokenizer.decode(truth)
+    expected = app.model.tokenizer.decode(truth)
     client = _client(app)
     common = {
-        "model": app.service.model.model_id,
+        "model": app.model.model_id,
         "messages": MESSAGES,
         "max_tokens": MAX_TOKENS,
         "temperature": 0.0,
@@ -103,7 +103,7 @@ async def test_both_servicers_give_the_same_text_and_usage(apps: dict[str, App])
     for app in apps.values():
         assert app.service is not None
         answer = await _client(app).completions.create(
-            model=app.service.model.model_id,
+            model=app.model.model_id,
             prompt="Once upon a time",
             max_tokens=MAX_TOKENS,
             temperature=0.0,

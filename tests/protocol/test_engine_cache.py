@@ -24,7 +24,7 @@ BLOCK = 16  # the router's block size = the engines' page size
 def _prompt(app: App, blocks: int) -> list[int]:
     """A fresh prompt of at least `blocks` full blocks (a random tag keeps it unseen)."""
     assert app.service is not None
-    tokenizer = app.service.model.tokenizer
+    tokenizer = app.model.tokenizer
     text = f"{uuid.uuid4().hex} " + "the quick brown fox jumps over the lazy dog " * blocks * 2
     ids = tokenizer.encode_plain(text)
     assert len(ids) >= blocks * BLOCK

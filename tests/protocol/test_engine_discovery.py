@@ -38,7 +38,7 @@ async def test_each_engine_streams_the_models_tokenizer(gateway: App, fleet: Fle
         assert tokenizer.vocab_size == reference.vocab_size
         assert tokenizer.apply_chat_template(messages) == reference.apply_chat_template(messages)
     assert gateway.service is not None
-    assert gateway.service.model.tokenizer.encode_plain(TEXT) == expected
+    assert gateway.model.tokenizer.encode_plain(TEXT) == expected
 
 
 async def test_workers_answer_health_checks_and_the_model_is_listed(
@@ -67,7 +67,7 @@ async def test_token_ids_past_the_reported_vocab_size_are_accepted(gateway: App)
     """A prompt id the tokenizer has but GetModelInfo's vocab_size (128256 on real SGLang)
     would exclude is served; one past the tokenizer's vocabulary is a 400."""
     assert gateway.service is not None and gateway.pool is not None
-    vocab = gateway.service.model.tokenizer.vocab_size
+    vocab = gateway.model.tokenizer.vocab_size
     assert vocab > 128256
     body = {"model": gateway.pool.served_model_name, "max_tokens": 1, "temperature": 0}
     url = f"http://127.0.0.1:{gateway.http_port}/v1/completions"
@@ -86,7 +86,7 @@ async def test_the_context_window_is_what_the_engine_serves_untrimmed(gateway: A
     trim it), one token more is 400 `context_length_exceeded`, and so is a prompt past the
     engine's longest input (real SGLang reports its KV pool size as max_context_length)."""
     assert gateway.service is not None and gateway.pool is not None
-    model = gateway.service.model
+    model = gateway.model
     window, longest = model.max_context_length, model.max_prompt_tokens
     assert longest < window
     completion = 8

@@ -30,7 +30,7 @@ def _client(app: App) -> AsyncOpenAI:
 
 def _tokenizer(app: App) -> TextTokenizer:
     assert app.service is not None
-    return app.service.model.tokenizer
+    return app.model.tokenizer
 
 
 def _prompt(app: App, tag: str) -> list[int]:

@@ -159,7 +159,7 @@ async def run(requests: int, rounds: int, redis_url: str) -> dict[str, Any]:
             }
         )
         async with App(base) as off, App(with_tenants) as on, aiohttp.ClientSession() as session:
-            model = off.service.model.model_id  # type: ignore[union-attr]
+            model = off.model.model_id  # type: ignore[union-attr]
             targets = {
                 "off": f"http://127.0.0.1:{off.http_port}/v1/completions",
                 "on": f"http://127.0.0.1:{on.http_port}/v1/completions",

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ from homing.clock import Clock, SystemClock
 from homing.engines.client import EngineClient, EngineError
 from homing.engines.health import HealthStatus, HealthThresholds, observe
 from homing.engines.kv_stream import KvStreamCursor
+from homing.engines.lifecycle import Action, Phase, accepts_requests, transition
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +82,8 @@ class PoolConfig:
     `unhealthy_threshold * health_interval_s` = 3 s by default, less when requests fail on
     it first). `discovery_timeout_s`: per GetModelInfo/GetServerInfo call.
     KV stream: resubscribe after `kv_backoff_initial_s`, doubling to `kv_backoff_max_s`.
+    `check_tokenizer`: fetch each joining worker's GetTokenizer bundle and refuse a worker
+    whose bundle's sha256 differs from the pool's.
     """
 
     health_interval_s: float = 1.0
@@ -88,6 +93,7 @@ class PoolConfig:
     discovery_timeout_s: float = 10.0
     kv_backoff_initial_s: float = 0.1
     kv_backoff_max_s: float = 5.0
+    check_tokenizer: bool = True
 
 
 @dataclass
@@ -119,12 +125,15 @@ class WorkerState:
     `last_error`: the latest failure seen (probe, discovery, stream), for logs and admin.
     `kv_epoch`: how many times the worker's index entries were flushed by the pool.
     `kv_stream`: "connecting", "open", "down" or "unsupported" (no SubscribeKvEvents).
-    `draining`: the worker is leaving (set by whoever retires it, e.g. a scale-down): the
-    router sends it nothing new unless every candidate drains.
+    `phase`: its lifecycle phase (`homing.engines.lifecycle`); it gets new requests only
+    when `ready` and healthy. `version`: the operator's label of its engine or weights
+    revision. `tokenizer_sha256`: of its GetTokenizer bundle (None: not fetched).
     """
 
     worker_id: str
     url: str
+    version: str = ""
+    phase: Phase = Phase.JOINING
     healthy: bool = False
     in_flight: int = 0
     load: EngineLoadView | None = None
@@ -134,7 +143,17 @@ class WorkerState:
     last_error: str | None = None
     kv_epoch: int = 0
     kv_stream: str = "connecting"
-    draining: bool = False
+    tokenizer_sha256: str | None = None
+
+    @property
+    def draining(self) -> bool:
+        """True while the worker drains (it takes no new requests)."""
+        return self.phase is Phase.DRAINING
+
+    @property
+    def routable(self) -> bool:
+        """True when new requests may be sent to it: `ready` and healthy."""
+        return self.healthy and accepts_requests(self.phase)
 
 
 @dataclass
@@ -148,6 +167,7 @@ class _Worker:
     # Set when the worker turns healthy: its KV stream resubscribes at once, not after the
     # rest of its backoff (events it stores meanwhile would be missed).
     kv_retry: asyncio.Event = field(default_factory=asyncio.Event)
+    closing: bool = False  # removed with requests in flight: the last one closes the channel
 
 
 #: The window beyond `max_req_input_len` that SGLang serves untrimmed: max_req_len =
@@ -160,103 +180,233 @@ def served_name(info: pb.GetModelInfoResponse) -> str:
     return info.served_model_name or info.model_path
 
 
-class WorkerPool:
-    """All workers of one model: `urls` in order get ids "w0", "w1", ...
+class WorkerRefused(Exception):
+    """A worker that does not belong in the pool (another model or another tokenizer)."""
 
-    `router`: receives KV-event batches and flushes (`KvEventSink`; a `Router`).
-    `clock`: stamps load records. `wall_clock`: seconds since the epoch, to measure event
-    lag against batch timestamps (default `time.time`). `on_health_change`: called with a
-    worker's state each time it turns healthy or unhealthy. Raises ValueError for duplicate
-    or malformed urls.
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """A worker to add: its `grpc://host:port` URL and `version` label."""
+
+    url: str
+    version: str = ""
+
+
+def check_worker_url(url: str) -> str:
+    """`url` when it looks like grpc://host:port with a port in 1..65535; ValueError with
+    what is wrong otherwise."""
+    rest = url.removeprefix("grpc://")
+    host, _, port = rest.rpartition(":")
+    if not url.startswith("grpc://") or not host or not port.isdigit():
+        raise ValueError(f"worker URL {url!r} must look like grpc://host:port")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"worker URL {url!r} has port {port}, outside 1-65535")
+    return url
+
+
+#: Called after each lifecycle transition: (worker, phase before, action).
+TransitionHook = Callable[[WorkerState, Phase, Action], None]
+
+
+class WorkerPool:
+    """All workers of one model. Workers get ids from `new_id` (default "w0", "w1", ... in
+    order), unique for the pool's life: a URL removed and added again is a new worker.
+
+    `workers`: URLs (or `WorkerSpec`s) to start with. `model`: the served model name every
+    worker must report (None: the first discovered worker's). `router`: receives KV-event
+    batches and flushes (`KvEventSink`; a `Router`). `clock`: stamps load records.
+    `wall_clock`: seconds since the epoch, to measure event lag against batch timestamps
+    (default `time.time`). `on_health_change`: called with a worker's state each time it
+    turns healthy or unhealthy. `on_transition`: called after each lifecycle transition.
+    Raises ValueError for duplicate or malformed urls.
     """
 
     def __init__(
         self,
-        urls: Sequence[str],
+        workers: Sequence[str | WorkerSpec],
         *,
         router: KvEventSink,
+        model: str | None = None,
         clock: Clock | None = None,
         config: PoolConfig | None = None,
         on_health_change: Callable[[WorkerState], None] | None = None,
+        on_transition: TransitionHook | None = None,
+        new_id: Callable[[], str] | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        specs = [w if isinstance(w, WorkerSpec) else WorkerSpec(w) for w in workers]
+        urls = [check_worker_url(spec.url) for spec in specs]
         if len(set(urls)) != len(urls):
-            raise ValueError(f"duplicate worker urls in {list(urls)}")
+            raise ValueError(f"duplicate worker urls in {urls}")
         self.config = config or PoolConfig()
+        self.model = model
         self._router = router
         self._on_health_change = on_health_change
+        self._on_transition = on_transition
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._wall_clock = wall_clock
         self._thresholds = HealthThresholds(
             unhealthy_threshold=self.config.unhealthy_threshold,
             healthy_threshold=self.config.healthy_threshold,
         )
+        if new_id is None:
+            counter = itertools.count()
+            new_id = lambda: f"w{next(counter)}"  # noqa: E731
+        self._new_id = new_id
         self._workers: dict[str, _Worker] = {}
-        for i, url in enumerate(urls):
-            worker_id = f"w{i}"
-            self._workers[worker_id] = _Worker(
-                state=WorkerState(worker_id=worker_id, url=url),
-                client=EngineClient(url, worker_id=worker_id),
-            )
-        self._reference: _Worker | None = None
+        for spec in specs:
+            self._register(spec)
+        # The pool's model facts, from the first worker accepted; kept when it leaves.
+        self._model_info: pb.GetModelInfoResponse | None = None
+        self._server_info: pb.GetServerInfoResponse | None = None
+        self._tokenizer_sha256: str | None = None
+        self._tokenizer_bundle: bytes | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._gone: dict[str, asyncio.Event] = {}
         self._changed = asyncio.Event()
         self._started = False
+
+    def _register(self, spec: WorkerSpec) -> _Worker:
+        worker_id = self._new_id()
+        w = _Worker(
+            state=WorkerState(worker_id=worker_id, url=spec.url, version=spec.version),
+            client=EngineClient(spec.url, worker_id=worker_id),
+        )
+        self._workers[worker_id] = w
+        return w
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """Discover every worker (concurrently), then start health and KV-event tasks.
 
-        A worker that answers discovery is healthy at once; one that does not starts
-        unhealthy and is discovered when its probes succeed. Raises ValueError when
-        discovered workers serve different model names.
+        A worker that answers discovery joins (`ready`, healthy) at once; one that does not
+        stays `joining` and joins when its probes succeed. A worker of another model or
+        tokenizer than the first one accepted is refused (logged, `gone`).
         """
         if self._started:
             return
         self._started = True
         workers = list(self._workers.values())
         results = await asyncio.gather(*(self._fetch_discovery(w) for w in workers))
-        names = {served_name(r[0]) for r in results if r is not None}
-        if len(names) > 1:
-            raise ValueError(f"workers serve different models: {sorted(names)}")
         for w, result in zip(workers, results, strict=True):
-            if result is not None:
+            if result is None:
+                continue
+            try:
                 self._accept_discovery(w, *result)
-                self._set_status(w, HealthStatus(healthy=True))
+            except WorkerRefused:
+                await self._drop(w, Action.REFUSED)
         for w in workers:
-            w.tasks = [
-                asyncio.create_task(self._health_loop(w), name=f"health-{w.state.worker_id}"),
-                asyncio.create_task(self._kv_loop(w), name=f"kv-{w.state.worker_id}"),
-            ]
-            self._tasks.extend(w.tasks)
+            if w.state.phase is not Phase.GONE:
+                self._start_tasks(w)
+
+    def _start_tasks(self, w: _Worker) -> None:
+        w.tasks = [
+            asyncio.create_task(self._health_loop(w), name=f"health-{w.state.worker_id}"),
+            asyncio.create_task(self._kv_loop(w), name=f"kv-{w.state.worker_id}"),
+        ]
+        self._tasks.extend(w.tasks)
+
+    async def add(self, spec: WorkerSpec) -> WorkerState:
+        """Add a worker while the pool serves; returns its state once discovery answered.
+
+        It joins at once when discovery succeeds, or stays `joining` (probed until it
+        answers) when the worker cannot be reached yet. Raises ValueError for a malformed
+        or duplicate URL and `WorkerRefused` (nothing kept) for a worker of another model
+        or tokenizer.
+        """
+        check_worker_url(spec.url)
+        if any(w.state.url == spec.url for w in self._workers.values()):
+            raise ValueError(f"worker {spec.url} is already in the pool")
+        w = self._register(spec)
+        log.info("worker_added", worker=w.state.worker_id, url=spec.url, version=spec.version)
+        result = await self._fetch_discovery(w)
+        if result is not None:
+            try:
+                self._accept_discovery(w, *result)
+            except WorkerRefused:
+                await self._drop(w, Action.REFUSED)
+                raise
+        if self._started and w.state.phase is not Phase.GONE:
+            self._start_tasks(w)
+        return w.state
 
     async def wait_ready(self, timeout_s: float) -> None:
-        """Return once at least one worker is healthy; TimeoutError after `timeout_s`."""
+        """Return once at least one worker is routable; TimeoutError after `timeout_s`."""
         async with asyncio.timeout(timeout_s):
-            while not self.healthy_workers():
+            while not self.routable_workers():
                 self._changed.clear()
                 await self._changed.wait()
 
+    def cordon(self, worker_id: str) -> WorkerState:
+        """No new requests for `worker_id`; it stays. KeyError for an unknown id,
+        `IllegalTransition` when it is not ready."""
+        return self._apply(self._workers[worker_id], Action.CORDON).state
+
+    def uncordon(self, worker_id: str) -> WorkerState:
+        """`worker_id` takes new requests again. KeyError, `IllegalTransition`."""
+        return self._apply(self._workers[worker_id], Action.UNCORDON).state
+
+    def drain(self, worker_id: str) -> WorkerState:
+        """No new requests for `worker_id`; it leaves the pool when its last request ends
+        (at once when none is in flight). KeyError, `IllegalTransition` (already draining)."""
+        w = self._apply(self._workers[worker_id], Action.DRAIN)
+        if w.state.in_flight == 0:
+            self._retire_soon(w, Action.DRAINED)
+        return w.state
+
+    async def wait_gone(self, worker_id: str, timeout_s: float | None = None) -> bool:
+        """Wait until `worker_id` has left the pool, at most `timeout_s` (None: no limit);
+        True when it has. KeyError when the pool never had it."""
+        if worker_id not in self._workers and worker_id not in self._gone:
+            raise KeyError(worker_id)
+        event = self._gone.setdefault(worker_id, asyncio.Event())
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            return False
+        return True
+
     async def remove(self, worker_id: str) -> None:
-        """Take `worker_id` out of the pool: stop its tasks, close its channel and flush its
-        index entries (`router.remove_worker`). KeyError for an unknown id."""
-        w = self._workers.pop(worker_id)
+        """Take `worker_id` out of the pool now: stop its tasks, close its channel and flush
+        its index entries (`router.remove_worker`). KeyError for an unknown id. Requests
+        still in flight on it keep their channel until they end."""
+        await self._drop(self._workers[worker_id], Action.REMOVE)
+
+    async def _drop(self, w: _Worker, action: Action) -> None:
+        worker_id = w.state.worker_id
+        if self._workers.get(worker_id) is not w:
+            return  # already gone
+        self._apply(w, action)
+        del self._workers[worker_id]
         for task in w.tasks:
             task.cancel()
         await asyncio.gather(*w.tasks, return_exceptions=True)
         self._tasks = [t for t in self._tasks if t not in w.tasks]
         self._router.remove_worker(worker_id)
+        was_healthy = w.state.healthy
         w.state.healthy = False
         w.state.kv_stream = "down"
-        if self._reference is w:
-            self._reference = next((x for x in self._workers.values() if x.model_info), None)
+        self._gone.setdefault(worker_id, asyncio.Event()).set()
         self._changed.set()
-        await w.client.close()
+        if was_healthy and self._on_health_change is not None:
+            self._on_health_change(w.state)
+        if w.state.in_flight == 0:
+            await w.client.close()
+        else:
+            w.closing = True  # the last request on it closes the channel
+
+    def _retire_soon(self, w: _Worker, action: Action) -> None:
+        task = asyncio.get_running_loop().create_task(self._drop(w, action))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def stop(self) -> None:
         """Cancel the background tasks and close every channel."""
         tasks, self._tasks = self._tasks, []
+        tasks.extend(self._retiring)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -268,17 +418,25 @@ class WorkerPool:
 
     @property
     def model_info(self) -> pb.GetModelInfoResponse:
-        """GetModelInfo of the first discovered worker; RuntimeError before any discovery."""
-        return self._require_reference().model_info  # type: ignore[return-value]
+        """GetModelInfo of the first accepted worker (kept after it leaves); RuntimeError
+        before any discovery."""
+        if self._model_info is None:
+            raise RuntimeError("no worker has been discovered yet")
+        return self._model_info
 
     @property
     def server_info(self) -> pb.GetServerInfoResponse:
-        """GetServerInfo of the first discovered worker; RuntimeError before any discovery."""
-        return self._require_reference().server_info  # type: ignore[return-value]
+        """GetServerInfo of the first accepted worker; RuntimeError before any discovery."""
+        if self._server_info is None:
+            raise RuntimeError("no worker has been discovered yet")
+        return self._server_info
 
     @property
     def served_model_name(self) -> str:
-        """The model id every worker serves (`served_model_name`, else `model_path`)."""
+        """The model id every worker serves: `model` when given, else the first accepted
+        worker's (`served_model_name`, else `model_path`)."""
+        if self.model is not None:
+            return self.model
         return served_name(self.model_info)
 
     @property
@@ -315,12 +473,15 @@ class WorkerPool:
         return int(value) if value is not None else None
 
     async def tokenizer_bundle(self) -> bytes:
-        """The GetTokenizer zip from the first healthy worker that serves it.
+        """The GetTokenizer zip of the pool's model: the one fetched when the first worker
+        joined, else fetched from the first routable worker that serves it.
 
-        Raises EngineError from the last worker tried, or RuntimeError with none healthy.
+        Raises EngineError from the last worker tried, or RuntimeError with none routable.
         """
+        if self._tokenizer_bundle is not None:
+            return self._tokenizer_bundle
         last: EngineError | None = None
-        for state in self.healthy_workers():
+        for state in self.routable_workers():
             try:
                 return await self._workers[state.worker_id].client.tokenizer_bundle()
             except EngineError as err:
@@ -333,12 +494,20 @@ class WorkerPool:
     # ------------------------------------------------------------------ views
 
     def workers(self) -> list[WorkerState]:
-        """Every worker's live state, in url order."""
+        """Every worker's live state, in the order they were added."""
         return [w.state for w in self._workers.values()]
 
     def healthy_workers(self) -> list[WorkerState]:
-        """Live states of the healthy workers, in url order."""
+        """Live states of the healthy workers (any phase), in the order they were added."""
         return [w.state for w in self._workers.values() if w.state.healthy]
+
+    def routable_workers(self) -> list[WorkerState]:
+        """Live states of the workers new requests may go to (`ready` and healthy)."""
+        return [w.state for w in self._workers.values() if w.state.routable]
+
+    def has(self, worker_id: str) -> bool:
+        """Whether `worker_id` is in the pool (any phase but gone)."""
+        return worker_id in self._workers
 
     def client(self, worker_id: str) -> EngineClient:
         """The engine client of `worker_id` (KeyError for an unknown id)."""
@@ -360,14 +529,23 @@ class WorkerPool:
         """Count one request in flight on `worker_id` for the duration of the block.
 
         The count is released exactly once, in `finally`, whatever ends the block
-        (return, exception, CancelledError, GeneratorExit). KeyError for an unknown id.
+        (return, exception, CancelledError, GeneratorExit). The last request on a draining
+        worker retires it. KeyError for an unknown id.
         """
-        state = self._workers[worker_id].state
+        w = self._workers[worker_id]
+        state = w.state
         state.in_flight += 1
         try:
             yield
         finally:
             state.in_flight -= 1
+            if state.in_flight == 0:
+                if state.phase is Phase.DRAINING:
+                    self._retire_soon(w, Action.DRAINED)
+                elif w.closing:
+                    task = asyncio.get_running_loop().create_task(w.client.close())
+                    self._retiring.add(task)
+                    task.add_done_callback(self._retiring.discard)
 
     def report_failure(self, worker_id: str, err: EngineError) -> None:
         """A request on `worker_id` failed; only transport errors count toward health."""
@@ -442,23 +620,57 @@ class WorkerPool:
             ),
         )
 
+    def _apply(self, w: _Worker, action: Action) -> _Worker:
+        """Move `w` by `action` (IllegalTransition when not allowed); logged and reported."""
+        before = w.state.phase
+        w.state.phase = transition(before, action)
+        self._changed.set()
+        log.info(
+            "worker_phase",
+            worker=w.state.worker_id,
+            url=w.state.url,
+            model=self.model or (served_name(self._model_info) if self._model_info else None),
+            action=action.value,
+            before=before.value,
+            after=w.state.phase.value,
+        )
+        if self._on_transition is not None:
+            self._on_transition(w.state, before, action)
+        return w
+
     def _accept_discovery(
-        self, w: _Worker, info: pb.GetModelInfoResponse, server: pb.GetServerInfoResponse
-    ) -> bool:
-        if self._reference is not None and self._reference.model_info is not None:
-            expected = served_name(self._reference.model_info)
-            if served_name(info) != expected:
-                w.state.last_error = (
-                    f"serves model {served_name(info)!r}, the pool serves {expected!r}"
-                )
-                log.error(
-                    "worker_model_mismatch", worker=w.state.worker_id, error=w.state.last_error
-                )
-                return False
+        self,
+        w: _Worker,
+        info: pb.GetModelInfoResponse,
+        server: pb.GetServerInfoResponse,
+        bundle: bytes | None,
+    ) -> None:
+        """Check a discovered worker against the pool's model and tokenizer and join it
+        (healthy, `ready`); raises `WorkerRefused` (with `last_error` set and an error
+        logged) when it serves another model or tokenizer."""
+        expected = self.model
+        if expected is None and self._model_info is not None:
+            expected = served_name(self._model_info)
+        sha = hashlib.sha256(bundle).hexdigest() if bundle is not None else None
+        problem = None
+        if expected is not None and served_name(info) != expected:
+            problem = f"serves model {served_name(info)!r}, the pool serves {expected!r}"
+        elif sha is not None and self._tokenizer_sha256 not in (None, sha):
+            problem = (
+                f"has tokenizer bundle sha256 {sha[:12]}..., the pool's is "
+                f"{self._tokenizer_sha256[:12]}... (another tokenizer or revision)"
+            )
+        if problem is not None:
+            w.state.last_error = f"worker {w.state.url} {problem}"
+            log.error("worker_refused", worker=w.state.worker_id, url=w.state.url, error=problem)
+            raise WorkerRefused(w.state.last_error)
         w.model_info, w.server_info = info, server
         w.state.discovered = True
-        if self._reference is None:
-            self._reference = w
+        w.state.tokenizer_sha256 = sha
+        if self._model_info is None:
+            self._model_info, self._server_info = info, server
+            if sha is not None:
+                self._tokenizer_sha256, self._tokenizer_bundle = sha, bundle
             block_size = getattr(self._router, "block_size", None)
             page = _struct_number(server.server_args, "page_size")
             if block_size is not None and page is not None and int(page) != block_size:
@@ -468,29 +680,39 @@ class WorkerPool:
                     page_size=int(page),
                     router_block_size=block_size,
                 )
-        return True
-
-    def _require_reference(self) -> _Worker:
-        if self._reference is None:
-            raise RuntimeError("no worker has been discovered yet")
-        return self._reference
+        elif sha is not None and self._tokenizer_sha256 is None:
+            self._tokenizer_sha256, self._tokenizer_bundle = sha, bundle
+        self._set_status(w, HealthStatus(healthy=True))
+        if w.state.phase is Phase.JOINING:
+            self._apply(w, Action.JOINED)
 
     # ------------------------------------------------------------------ I/O tasks
 
     async def _fetch_discovery(
         self, w: _Worker
-    ) -> tuple[pb.GetModelInfoResponse, pb.GetServerInfoResponse] | None:
+    ) -> tuple[pb.GetModelInfoResponse, pb.GetServerInfoResponse, bytes | None] | None:
+        """GetModelInfo, GetServerInfo and (with `check_tokenizer`) the tokenizer bundle;
+        None (logged, `last_error` set) when the worker cannot answer. A worker without
+        GetTokenizer (UNIMPLEMENTED) is not checked for its tokenizer."""
         timeout = self.config.discovery_timeout_s
+        bundle: bytes | None = None
         try:
             info = await w.client.model_info(timeout_s=timeout)
             server = await w.client.server_info(timeout_s=timeout)
+            if self.config.check_tokenizer:
+                try:
+                    bundle = await w.client.tokenizer_bundle(timeout_s=timeout)
+                except EngineError as err:
+                    if err.code != grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    log.warning("tokenizer_unchecked", worker=w.state.worker_id, error=str(err))
         except EngineError as err:
             w.state.last_error = str(err)
             log.warning(
                 "worker_discovery_failed", worker=w.state.worker_id, url=w.state.url, error=str(err)
             )
             return None
-        return info, server
+        return info, server, bundle
 
     async def _health_loop(self, w: _Worker) -> None:
         cfg = self.config
@@ -501,7 +723,15 @@ class WorkerPool:
                 w.state.last_error = "health check failed"
             elif not w.state.discovered:
                 result = await self._fetch_discovery(w)
-                ok = result is not None and self._accept_discovery(w, *result)
+                if result is None:
+                    ok = False
+                else:
+                    try:
+                        self._accept_discovery(w, *result)
+                    except WorkerRefused:
+                        self._retire_soon(w, Action.REFUSED)
+                        return
+                    continue  # joined (healthy) by the discovery itself
             self._observe(w, ok, "probe")
 
     def _set_stream(self, w: _Worker, state: str) -> None:

@@ -128,6 +128,23 @@ def drained(timeout_s: float) -> APIError:
     )
 
 
+def replica_cut(reason: str) -> APIError:
+    """503 for a request whose replica was taken out while it ran: `reason` is
+    "worker_drained" (its drain timed out) or "worker_removed" (removed by force)."""
+    what = (
+        "was drained and the drain timeout passed"
+        if reason == "worker_drained"
+        else ("was removed")
+    )
+    return APIError(
+        503,
+        f"The replica serving this request {what} before it finished; retry it.",
+        code=reason,
+        type="service_unavailable_error",
+        retry_after_s=1,
+    )
+
+
 def shutting_down() -> APIError:
     """503 for a request that arrives while the gateway drains (the connection is closed,
     so the client's retry reaches another instance)."""

@@ -23,7 +23,6 @@ the gateway's own, a 500).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -35,7 +34,14 @@ import grpc
 import structlog
 
 from homing.engines.client import EngineError, GenerateDone, GenerateParams, TokenChunk
-from homing.gateway.errors import APIError, from_engine_error, internal_error, shutting_down
+from homing.fleet import Lease
+from homing.gateway.errors import (
+    APIError,
+    from_engine_error,
+    internal_error,
+    replica_cut,
+    shutting_down,
+)
 from homing.gateway.prepare import PreparedRequest
 from homing.gateway.quotas.guard import QuotaTicket
 from homing.text.detokenizer import IncrementalDetokenizer
@@ -151,7 +157,7 @@ class Generation:
         self._completion_by_choice: dict[int, int] = {}
         self._cached_by_choice: dict[int, int] = {}
         self._open_choices = prepared.n
-        self._slots = contextlib.ExitStack()
+        self._lease: Lease | None = None
         self._failure: str | None = None
         self._ticket: QuotaTicket | None = None
         # Engine-side ids are ours alone: a client's x-request-id may repeat across requests.
@@ -211,9 +217,8 @@ class Generation:
                 tokens=len(p.prompt_ids) + p.n * completion,
                 request_id=p.request_id,
             )
-        if service.admission is not None:
-            priority = p.principal.priority if p.principal is not None else 0
-            await service.admission.admit(p.tenant, priority, p.request_id)
+        priority = p.principal.priority if p.principal is not None else 0
+        await p.model.admit(p.tenant, priority, p.request_id)
         if not service.accepting:  # the drain began while it waited
             raise shutting_down()
         self._route_and_launch()
@@ -235,10 +240,19 @@ class Generation:
         if self._interrupt is not None:
             self._failure = self._interrupt.outcome
             raise self._interrupt.error
-        worker_id = self.service.route(self.prepared, exclude=self._tried)
-        self._tried.append(worker_id)
-        self.worker_id = worker_id
-        self._launch(worker_id)
+        # The lease counts the choices in flight on the worker before any await, so the next
+        # routing decision (even within the same burst) already sees them.
+        lease = self.service.lease(self.prepared, exclude=self._tried)
+        lease.on_cut = self._on_cut
+        self._lease = lease
+        self._tried.append(lease.worker_id)
+        self.worker_id = lease.worker_id
+        for index in range(self.prepared.n):
+            self._tasks.append(asyncio.create_task(self._run_choice(index, lease)))
+
+    def _on_cut(self, reason: str) -> None:
+        """The fleet took the replica away (a drain that timed out, a forced removal)."""
+        self.interrupt(replica_cut(reason), "drained")
 
     async def _relaunch(self, retry: _Retry) -> None:
         """Drop everything of the failed attempt and route the request again elsewhere."""
@@ -268,15 +282,6 @@ class Generation:
             self._failure = "engine_error"
             raise self._api_error(retry) from None
 
-    def _launch(self, worker_id: str) -> None:
-        # Count the request as in flight on the worker before any await, so the next routing
-        # decision (even within the same burst) already sees it.
-        pool = self.prepared.model.pool
-        for _ in range(self.prepared.n):
-            self._slots.enter_context(pool.track(worker_id))
-        for index in range(self.prepared.n):
-            self._tasks.append(asyncio.create_task(self._run_choice(index, worker_id)))
-
     async def _cancel_tasks(self) -> None:
         try:
             for task in self._tasks:
@@ -285,7 +290,9 @@ class Generation:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             self._tasks.clear()
         finally:
-            self._slots.close()
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
 
     async def _close(self) -> None:
         try:
@@ -336,10 +343,10 @@ class Generation:
 
     # -- one choice's engine stream --
 
-    async def _run_choice(self, index: int, worker_id: str) -> None:
+    async def _run_choice(self, index: int, lease: Lease) -> None:
         p = self.prepared
-        pool = p.model.pool
-        client = pool.client(worker_id)
+        worker_id = lease.worker_id
+        client = lease.client
         detok = IncrementalDetokenizer(p.model.tokenizer, skip_special_tokens=p.skip_special_tokens)
         stops = p.stop_set.matcher()
         params = GenerateParams(
@@ -391,7 +398,7 @@ class Generation:
         except EngineError as err:
             # Our own whole-request deadline says nothing about the worker's health.
             if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
-                pool.report_failure(worker_id, err)
+                p.model.report_failure(worker_id, err)
             if err.code in RETRYABLE_CODES:
                 self._queue.put_nowait(_Retry(worker_id, err))
             else:

@@ -115,9 +115,6 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             principal = self._principal(context)
         except APIError as err:
             await _abort(context, err, _request_id(context))  # raises
-        m = self.service.model
-        if principal is not None and not principal.may_see(m.model_id):
-            return pb.ListModelsResponse()
         return pb.ListModelsResponse(
             models=[
                 pb.Model(
@@ -126,6 +123,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     created=m.created,
                     max_context_length=m.max_context_length,
                 )
+                for m in self.service.fleet.models.values()
+                if principal is None or principal.may_see(m.model_id)
             ]
         )
 

@@ -250,11 +250,20 @@ class HttpApi:
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        """Readiness: 200 when at least one worker is healthy, else 503."""
-        pool = self.service.model.pool
-        healthy = len(pool.healthy_workers())
-        body = {"ready": healthy > 0, "healthy_workers": healthy, "workers": len(pool.workers())}
-        return web.json_response(body, status=200 if healthy else 503)
+        """Readiness: 200 when some served model has a ready, healthy worker (the instance
+        can serve), else 503. The body counts them over all models and per model."""
+        models = {
+            m.model_id: {"ready_workers": m.ready_workers, "workers": len(m.workers())}
+            for m in self.service.fleet.models.values()
+        }
+        ready = any(m["ready_workers"] > 0 for m in models.values())
+        body = {
+            "ready": ready,
+            "healthy_workers": sum(m["ready_workers"] for m in models.values()),
+            "workers": sum(m["workers"] for m in models.values()),
+            "models": models,
+        }
+        return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
         """`GET /metrics`: Prometheus text format of `metrics_registry` (router, gateway)."""
@@ -264,26 +273,21 @@ class HttpApi:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
-        """`GET /v1/models`: the served models the caller may use, with context windows."""
+        """`GET /v1/models`: the served models the caller may use, with context windows (a
+        model with no ready worker stays listed)."""
         principal = self._principal(request)
-        m = self.service.model
-        visible = principal is None or principal.may_see(m.model_id)
-        return web.json_response(
+        data = [
             {
-                "object": "list",
-                "data": [
-                    {
-                        "id": m.model_id,
-                        "object": "model",
-                        "created": m.created,
-                        "owned_by": "homing",
-                        "max_model_len": m.max_context_length,
-                    }
-                ]
-                if visible
-                else [],
+                "id": m.model_id,
+                "object": "model",
+                "created": m.created,
+                "owned_by": "homing",
+                "max_model_len": m.max_context_length,
             }
-        )
+            for m in self.service.fleet.models.values()
+            if principal is None or principal.may_see(m.model_id)
+        ]
+        return web.json_response({"object": "list", "data": data})
 
     # -- completions --
 

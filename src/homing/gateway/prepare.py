@@ -11,17 +11,14 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from homing.fleet import Fleet, ModelDispatch, UnknownModel
 from homing.gateway.auth import Principal, check_model
 from homing.gateway.errors import APIError, invalid, model_not_found
 from homing.gateway.requests import ChatMessage, ChatRequest, CompletionRequest, shown
-from homing.router import Router
 from homing.text.stops import StopSet
-from homing.text.tokenizer import ChatTemplateError, TextTokenizer
-
-if TYPE_CHECKING:
-    from homing.engines.pool import WorkerPool
+from homing.text.tokenizer import ChatTemplateError
 
 Kind = Literal["chat", "text"]
 
@@ -34,26 +31,12 @@ ENCODE_MESSAGE_CHARS = 32
 
 
 @dataclass(frozen=True)
-class ModelEntry:
-    """One served model: its id, tokenizer, context window (prompt + completion tokens),
-    longest prompt (tokens) and replica pool."""
-
-    model_id: str
-    tokenizer: TextTokenizer
-    max_context_length: int
-    max_prompt_tokens: int
-    pool: WorkerPool
-    router: Router
-    created: int = field(default_factory=lambda: int(time.time()))
-
-
-@dataclass(frozen=True)
 class PreparedRequest:
     """A validated request with its prompt tokenized; ready to route."""
 
     request_id: str
     kind: Kind
-    model: ModelEntry
+    model: ModelDispatch
     prompt_ids: list[int]
     max_new_tokens: int
     max_tokens_given: bool
@@ -81,20 +64,23 @@ class PreparedRequest:
 
 
 class Preparer:
-    """Validates and tokenizes requests for one served model.
+    """Validates and tokenizes requests for the fleet's served models (each request against
+    the model it names).
 
     `max_messages`: chat messages per request (400 past it; None = no limit).
     """
 
-    def __init__(self, model: ModelEntry, *, max_messages: int | None = None) -> None:
-        self.model = model
+    def __init__(self, fleet: Fleet, *, max_messages: int | None = None) -> None:
+        self.fleet = fleet
         self.max_messages = max_messages
 
-    def _model(self, name: str, principal: Principal | None) -> ModelEntry:
-        if name != self.model.model_id:
-            raise model_not_found(shown(name))
+    def _model(self, name: str, principal: Principal | None) -> ModelDispatch:
+        try:
+            model = self.fleet.model(name)
+        except UnknownModel:
+            raise model_not_found(shown(name)) from None
         check_model(principal, name)  # 404 for the tenant, 403 for the key
-        return self.model
+        return model
 
     async def _encode(self, encode: Callable[[], list[int]], cost: int, param: str) -> list[int]:
         """The ids `encode()` gives for a prompt whose tokenizing costs `cost` characters' worth
@@ -184,7 +170,7 @@ class Preparer:
         self,
         kind: Kind,
         req: ChatRequest | CompletionRequest,
-        model: ModelEntry,
+        model: ModelDispatch,
         prompt_ids: list[int],
         max_new_tokens: int | None,
         request_id: str,

@@ -6,7 +6,8 @@ call this module, so they share semantics and validation. A request's life:
 1. `InferenceService.prepare` (`homing.gateway.prepare`) turns a validated body into a
    `PreparedRequest` (prompt token ids, limits); client mistakes raise `APIError` 4xx.
 2. `InferenceService.open` returns a `Generation` (`homing.gateway.generation`); entering
-   it charges the quota, waits for admission and routes it with `InferenceService.route`.
+   it charges the quota, waits for the model's admission and takes a lease on a replica
+   from the model's dispatch facade (`homing.fleet.ModelDispatch`) with `lease`.
 3. `async with generation:` runs the engine streams and yields the request's events;
    leaving the block releases everything exactly once.
 """
@@ -16,36 +17,37 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+from homing.fleet import Fleet, Lease, NoReplica
 from homing.gateway.admission import AdmissionController
 from homing.gateway.errors import APIError, no_capacity, shutting_down
 from homing.gateway.generation import Generation
-from homing.gateway.prepare import ModelEntry, PreparedRequest, Preparer
+from homing.gateway.prepare import PreparedRequest, Preparer
 from homing.gateway.quotas.guard import QuotaGuard
-from homing.router import NoWorkerAvailable, RouteRequest, snapshot_from_state
 
 
 class InferenceService:
-    """Turns validated requests into routed generations over the worker pool.
+    """Turns validated requests into routed generations over the fleet's models.
 
     `in_flight` counts open `Generation`s (gateway requests between `open` and the end of
-    their `async with` block).
+    their `async with` block). `admissions`: every model's admission queue, refused
+    together when the gateway drains.
     """
 
     def __init__(
         self,
-        model: ModelEntry,
+        fleet: Fleet,
         *,
         request_timeout_s: float = 600.0,
         max_messages: int | None = None,
         quotas: QuotaGuard | None = None,
-        admission: AdmissionController | None = None,
+        admissions: Sequence[AdmissionController] = (),
     ) -> None:
-        self.model = model
+        self.fleet = fleet
         self.request_timeout_s = request_timeout_s
-        self.prepare = Preparer(model, max_messages=max_messages)
+        self.prepare = Preparer(fleet, max_messages=max_messages)
         # Quotas are charged and admission waited for when a Generation is entered.
         self.quotas = quotas
-        self.admission = admission
+        self.admissions = list(admissions)
         self.in_flight = 0
         # False once the gateway drains: new requests get 503 `shutting_down`.
         self.accepting = True
@@ -57,20 +59,18 @@ class InferenceService:
         """A `Generation` for the request; routing happens when its block is entered."""
         return Generation(self, prepared)
 
-    def route(self, prepared: PreparedRequest, exclude: Sequence[str] = ()) -> str:
-        """Pick a healthy worker for the request; raises `APIError` 503 when none can serve."""
-        pool = prepared.model.pool
-        snapshots = [
-            snapshot_from_state(w) for w in pool.healthy_workers() if w.worker_id not in exclude
-        ]
+    def lease(self, prepared: PreparedRequest, exclude: Sequence[str] = ()) -> Lease:
+        """A lease on a ready replica of the request's model for its `n` choices; raises
+        `APIError` 503 when none can serve."""
         try:
-            decision = prepared.model.router.select(
-                RouteRequest(prompt_ids=prepared.prompt_ids, session_key=prepared.session_key),
-                snapshots,
+            return prepared.model.lease(
+                prepared.prompt_ids,
+                session_key=prepared.session_key,
+                slots=prepared.n,
+                exclude=exclude,
             )
-        except NoWorkerAvailable:
+        except NoReplica:
             raise no_capacity("No healthy replica is available for this model.") from None
-        return decision.worker_id
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no request is in flight, at most `timeout_s`; True when drained."""
@@ -85,14 +85,14 @@ class InferenceService:
         """Refuse every request that has not yet reached a replica (503 `shutting_down`),
         those waiting for admission included."""
         self.accepting = False
-        if self.admission is not None:
-            self.admission.reject_waiting(shutting_down)
+        for admission in self.admissions:
+            admission.reject_waiting(shutting_down)
 
     def interrupt_all(self, error: Callable[[], APIError], outcome: str) -> int:
         """End every open request now with a fresh `error()` each (logged as `outcome`),
         those waiting for admission included; returns how many were open."""
-        if self.admission is not None:
-            self.admission.reject_waiting(error)
+        for admission in self.admissions:
+            admission.reject_waiting(error)
         for generation in list(self._open):
             generation.interrupt(error(), outcome)
         return len(self._open)
@@ -107,5 +107,4 @@ class InferenceService:
         self._open.discard(generation)
         if self.in_flight == 0:
             self._idle.set()
-        if self.admission is not None:
-            self.admission.dispatch()  # a replica may have room now
+        generation.prepared.model.wake()  # a replica may have room now

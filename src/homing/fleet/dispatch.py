@@ -1,0 +1,184 @@
+"""One served model's dispatch facade: routing a request to a replica hands out a `Lease`.
+
+Rule of the file: the gateway asks a `ModelDispatch` for a lease (`lease`), talks to the
+worker through `lease.client`, reports the worker's failures and successes through it, and
+releases it exactly once (`release`, or leaving its `with` block). The facade owns the
+model's pool, router, admission queue and tokenizer; nothing above it touches them. A lease
+can be cut by the fleet (a drain that timed out): its `on_cut` callback, set by whoever holds
+it, is called once with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from homing.engines.client import EngineClient, EngineError
+from homing.engines.pool import WorkerPool, WorkerState
+from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
+from homing.router.types import WorkerSnapshot
+from homing.text.tokenizer import TextTokenizer
+
+
+class Admitter(Protocol):
+    """The model's admission queue (`homing.gateway.admission.AdmissionController`)."""
+
+    async def admit(self, tenant: str | None, priority: int, request_id: str) -> None:
+        """Return when the request may be routed; raise the refusal otherwise."""
+        ...
+
+    def dispatch(self) -> None:
+        """A replica may have room: wake the next waiter."""
+        ...
+
+
+class NoReplica(Exception):
+    """No replica of the model can take the request (none ready and healthy)."""
+
+
+@dataclass(eq=False)
+class Lease:
+    """`slots` requests of one routing decision, counted in flight on `worker_id` until
+    `release` (idempotent). `on_cut(reason)`: called once if the fleet cuts the lease."""
+
+    worker_id: str
+    client: EngineClient
+    slots: int
+    _release: Callable[[Lease], None]
+    on_cut: Callable[[str], None] | None = None
+    released: bool = False
+    cut_reason: str | None = None
+
+    def release(self) -> None:
+        """Give the slots back (only the first call counts)."""
+        if not self.released:
+            self.released = True
+            self._release(self)
+
+    def cut(self, reason: str) -> None:
+        """Ask the holder to end its request now (only the first call counts)."""
+        if self.cut_reason is None and not self.released:
+            self.cut_reason = reason
+            if self.on_cut is not None:
+                self.on_cut(reason)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(eq=False)
+class ModelDispatch:
+    """One served model: `model_id`, its tokenizer, pool, router and (optional) admission.
+
+    `max_context_length` / `max_prompt_tokens` (tokens) come from the pool's discovery and
+    stay known after the last worker leaves; `created`: Unix seconds, for `/v1/models`.
+    """
+
+    model_id: str
+    tokenizer: TextTokenizer
+    pool: WorkerPool
+    router: Router
+    admission: Admitter | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    _leases: dict[str, set[Lease]] = field(default_factory=dict)
+
+    @property
+    def max_context_length(self) -> int:
+        """Prompt + completion tokens one request may span."""
+        return self.pool.max_context_length
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt a worker accepts, in tokens."""
+        return self.pool.max_prompt_tokens
+
+    # -- routing --
+
+    def snapshots(self, exclude: Sequence[str] = ()) -> Iterator[WorkerSnapshot]:
+        """Routing snapshots of the ready, healthy workers (lazily built)."""
+        return (
+            snapshot_from_state(w)
+            for w in self.pool.routable_workers()
+            if w.worker_id not in exclude
+        )
+
+    def lease(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        session_key: str | None = None,
+        slots: int = 1,
+        exclude: Sequence[str] = (),
+    ) -> Lease:
+        """Route the request and count `slots` requests in flight on the chosen worker
+        before returning (so the next decision sees them). Raises `NoReplica`."""
+        try:
+            decision = self.router.select(
+                RouteRequest(prompt_ids=list(prompt_ids), session_key=session_key),
+                list(self.snapshots(exclude)),
+            )
+        except NoWorkerAvailable:
+            raise NoReplica(self.model_id) from None
+        worker_id = decision.worker_id
+        slots_cm = contextlib.ExitStack()
+        for _ in range(slots):
+            slots_cm.enter_context(self.pool.track(worker_id))
+
+        def release(lease: Lease) -> None:
+            self._leases.get(lease.worker_id, set()).discard(lease)
+            slots_cm.close()
+            if self.admission is not None:
+                self.admission.dispatch()  # a replica may have room now
+
+        lease = Lease(worker_id, self.pool.client(worker_id), slots, release)
+        self._leases.setdefault(worker_id, set()).add(lease)
+        return lease
+
+    async def admit(self, tenant: str | None, priority: int, request_id: str) -> None:
+        """Wait for the admission queue when every replica is overloaded (no-op without
+        one); raises the queue's refusal."""
+        if self.admission is not None:
+            await self.admission.admit(tenant, priority, request_id)
+
+    def wake(self) -> None:
+        """A request of this model ended: an admission waiter may go now."""
+        if self.admission is not None:
+            self.admission.dispatch()
+
+    def report_failure(self, worker_id: str, err: EngineError) -> None:
+        """A request on `worker_id` failed (transport errors count toward its health)."""
+        if self.pool.has(worker_id):
+            self.pool.report_failure(worker_id, err)
+
+    def report_success(self, worker_id: str) -> None:
+        """A request on `worker_id` completed."""
+        if self.pool.has(worker_id):
+            self.pool.report_success(worker_id)
+
+    # -- fleet operations --
+
+    def cut(self, worker_id: str, reason: str) -> int:
+        """Cut every open lease on `worker_id` (`Lease.cut`); returns how many."""
+        leases = list(self._leases.get(worker_id, ()))
+        for lease in leases:
+            lease.cut(reason)
+        return len(leases)
+
+    def open_leases(self, worker_id: str) -> int:
+        """Leases on `worker_id` not yet released."""
+        return len(self._leases.get(worker_id, ()))
+
+    def workers(self) -> list[WorkerState]:
+        """Every worker of the model (live states)."""
+        return self.pool.workers()
+
+    @property
+    def ready_workers(self) -> int:
+        """Workers new requests may go to now."""
+        return len(self.pool.routable_workers())
