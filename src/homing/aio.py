@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(task: asyncio.Task[object]) -> None:
@@ -18,3 +22,17 @@ async def cancel_and_wait(task: asyncio.Task[object]) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
+
+
+async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
+    """Run `aws` concurrently and return their results in order; when one fails (or the
+    caller is cancelled), cancel the others, wait until all have ended, and raise that
+    first error (unlike `asyncio.gather`, which leaves the others running)."""
+    tasks = [asyncio.ensure_future(aw) for aw in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

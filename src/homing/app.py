@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+from collections.abc import Awaitable
 
 import structlog
 from aiohttp import web
 
+from homing.aio import gather_or_cancel
 from homing.config import HomingConfig, ModelSettings, RouterModelSettings, RouterSettings
 from homing.embedded import SglangLauncher, SimLauncher
 from homing.engines.lifecycle import Action, Phase
@@ -72,6 +74,7 @@ class App:
         self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
         self._ids = WorkerIds()
+        self._pools: list[WorkerPool] = []  # every pool built, stopped in `stop`
 
     @property
     def model(self) -> ModelDispatch | None:
@@ -114,7 +117,12 @@ class App:
         for host, port in ((gw.host, gw.port), (gw.grpc_host, gw.grpc_port)):
             _ensure_bindable(host, port)  # fail fast, before any worker is started
         try:
-            models = await asyncio.gather(*(self._start_model(m) for m in cfg.served_models()))
+            specs = cfg.served_models()
+            # Workers start in parallel; pools are built in config order (ids in that order).
+            launched = await gather_or_cancel(*(self._launch(m) for m in specs))
+            models = await gather_or_cancel(
+                *(self._start_model(m, *w) for m, w in zip(specs, launched, strict=True))
+            )
             self.fleet = Fleet(list(models), drain_timeout_s=gw.drain_timeout_s)
             await self._start_gateway(self.fleet)
         except BaseException:
@@ -132,8 +140,9 @@ class App:
             tls=cfg.gateway.tls_cert_file is not None,
         )
 
-    async def _start_model(self, spec: ModelSettings) -> ModelDispatch:
-        """Start one model: its own workers (embedded), pool, router, tokenizer, admission."""
+    async def _launch(self, spec: ModelSettings) -> tuple[list[str | WorkerSpec], float]:
+        """The model's workers, started first when homing runs its own (embedded), and the
+        health-probe timeout for them (seconds)."""
         cfg = self.config
         workers: list[str | WorkerSpec] = [WorkerSpec(u, v) for u, v in spec.worker_specs()]
         health_timeout_s = cfg.engines.health_timeout_s
@@ -154,6 +163,14 @@ class App:
             self.launchers.append(launcher)
             urls = await launcher.start(timeout_s=cfg.engines.startup_timeout_s)
             workers = [WorkerSpec(u, spec.version) for u in urls]
+        return workers, health_timeout_s
+
+    def _start_model(
+        self, spec: ModelSettings, workers: list[str | WorkerSpec], health_timeout_s: float
+    ) -> Awaitable[ModelDispatch]:
+        """Build the model's pool now (worker ids taken in call order); the awaitable
+        starts it, its tokenizer, admission and metrics."""
+        cfg = self.config
         router_settings = cfg.router
         if spec.name is not None and (spec.policy is not None or spec.weights is not None):
             override = RouterModelSettings(policy=spec.policy, weights=spec.weights)
@@ -180,16 +197,25 @@ class App:
                 healthy_threshold=cfg.engines.healthy_threshold,
             ),
         )
-        try:
-            await pool.start()
-            await pool.wait_ready(cfg.engines.startup_timeout_s)
-            if spec.tokenizer_path:
-                tokenizer = TextTokenizer.from_dir(spec.tokenizer_path)
-            else:
-                tokenizer = TextTokenizer.from_bundle(await pool.tokenizer_bundle())
-        except BaseException:
-            await pool.stop()
-            raise
+        self._pools.append(pool)
+        return self._start_pool(spec, pool, router, router_settings, holder)
+
+    async def _start_pool(
+        self,
+        spec: ModelSettings,
+        pool: WorkerPool,
+        router: Router,
+        router_settings: RouterSettings,
+        holder: list[str],
+    ) -> ModelDispatch:
+        """Start `pool` and build the model's dispatch (`stop` stops the pool on failure)."""
+        cfg = self.config
+        await pool.start()
+        await pool.wait_ready(cfg.engines.startup_timeout_s)
+        if spec.tokenizer_path:
+            tokenizer = TextTokenizer.from_dir(spec.tokenizer_path)
+        else:
+            tokenizer = TextTokenizer.from_bundle(await pool.tokenizer_bundle())
         model_id = pool.served_model_name
         holder.append(model_id)
         apply_model_settings(router, router_settings, model_id)
@@ -336,7 +362,8 @@ class App:
             self.quotas = None
         if self.fleet is not None:
             await self.fleet.stop()
-            await asyncio.gather(*(m.pool.stop() for m in self.fleet.models.values()))
+        pools, self._pools = self._pools, []
+        await asyncio.gather(*(pool.stop() for pool in pools))
         launchers, self.launchers = self.launchers, []
         await asyncio.gather(*(launcher.stop() for launcher in launchers))
 

@@ -48,6 +48,14 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--sim-workers", type=int, help="number of simulated workers (default 2)")
     p.add_argument(
+        "--sim-model",
+        action="append",
+        dest="sim_models",
+        metavar="PRESET=N",
+        help="serve this simulated model on N workers (repeatable: several models at once; "
+        "e.g. --sim-model llama-3.1-8b=2 --sim-model llama-3.1-70b=2)",
+    )
+    p.add_argument(
         "--model",
         help="simulated model preset (default llama-3.1-8b); with --engine sglang, "
         "the model directory SGLang loads",
@@ -95,6 +103,12 @@ def _serve(args: argparse.Namespace) -> int:
             setattr(section, name, value)
     if args.workers:
         config.engines.workers = list(args.workers)
+    if args.sim_models:
+        try:
+            config.models = [_sim_model(config, value) for value in args.sim_models]
+        except ValueError as err:
+            print(f"homing: invalid option: --sim-model: {err}", file=sys.stderr)
+            return 2
     try:
         config = type(config).model_validate(config.model_dump())  # re-check the overrides
     except ValidationError as err:
@@ -122,6 +136,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"homing: {err or type(err).__name__}", file=sys.stderr)
         return 1
     return 0
+
+
+def _sim_model(config: object, value: str) -> object:
+    """A `[[models]]` entry for `--sim-model PRESET=N` (N simulated workers of the preset,
+    with the other simulator settings of `config.sim`); ValueError on a malformed value."""
+    from homing.config import HomingConfig, ModelSettings
+
+    assert isinstance(config, HomingConfig)
+    name, sep, count = value.partition("=")
+    if not name or (sep and not count.isdigit()):
+        raise ValueError(f"{value!r} must look like PRESET or PRESET=N (N workers)")
+    workers = int(count) if sep else config.sim.workers
+    sim = config.sim.model_copy(update={"model": name, "workers": workers})
+    return ModelSettings(name=name, sim=sim)
 
 
 def _run(coro: object) -> None:

@@ -98,3 +98,49 @@ def _is_zombie(pid: int) -> bool:
             return f.read().split(") ")[1].startswith("Z")
     except OSError:
         return True
+
+
+@pytest.mark.timeout(90)
+def test_serve_with_two_sim_models_serves_each_on_its_own_workers() -> None:
+    """`homing serve --sim-model A=1 --sim-model B=2` lists both models and serves a
+    request to each on a worker of that model (three children in all)."""
+    http, grpc_port = _free_port(), _free_port()
+    args = ["--sim-model", "llama-3.1-8b=1", "--sim-model", "llama-3.1-70b=2", "--speedup", "10"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "homing", "serve", "--port", str(http)]
+        + ["--grpc-port", str(grpc_port), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _get(f"http://127.0.0.1:{http}/ready")[0] != 200:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "not ready within 60 s"
+            time.sleep(0.2)
+        assert len(_children(proc.pid)) == 3
+        ready = json.loads(_get(f"http://127.0.0.1:{http}/ready")[1])
+        listed = json.loads(_get(f"http://127.0.0.1:{http}/v1/models")[1])["data"]
+        workers = {}
+        for model in ("llama-3.1-8b", "llama-3.1-70b"):
+            body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4}).encode()
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{http}/v1/completions",
+                data=body,
+                headers={"content-type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                assert json.loads(resp.read())["model"] == model
+                workers[model] = resp.headers["x-homing-worker"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0
+    assert [m["id"] for m in listed] == ["llama-3.1-8b", "llama-3.1-70b"]
+    assert ready["models"] == {
+        "llama-3.1-8b": {"ready_workers": 1, "workers": 1},
+        "llama-3.1-70b": {"ready_workers": 2, "workers": 2},
+    }
+    assert workers["llama-3.1-8b"] == "w0"  # ids in config order: w0 | w1, w2
+    assert workers["llama-3.1-70b"] in ("w1", "w2")
