@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -35,6 +35,7 @@ import structlog
 
 from homing.engines.client import EngineError, GenerateDone, GenerateParams, TokenChunk
 from homing.fleet import Lease
+from homing.gateway.decoding import ChoiceDecoder
 from homing.gateway.errors import (
     APIError,
     from_engine_error,
@@ -44,8 +45,6 @@ from homing.gateway.errors import (
 )
 from homing.gateway.prepare import PreparedRequest
 from homing.gateway.quotas.guard import QuotaTicket
-from homing.text.detokenizer import IncrementalDetokenizer
-from homing.text.stops import StopMatcher
 
 if TYPE_CHECKING:
     from homing.gateway.service import InferenceService
@@ -148,14 +147,12 @@ class Generation:
         # The engine ends a choice at its first stop token id (not under ignore_eos, SGLang's
         # rule); that token is counted but, as SGLang and vLLM do, not shown.
         self._hidden_stop_ids = frozenset(() if prepared.ignore_eos else prepared.stop_token_ids)
+        # Per choice of the current attempt: its decoder, which also counts its tokens.
+        self._decoders: dict[int, ChoiceDecoder] = {}
         self._interrupt: _Interrupt | None = None
         self._started_at = time.monotonic()
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
-        # Per choice: tokens taken from the engine stream, and the engine's completion count.
-        self._received_by_choice: dict[int, int] = {}
-        self._completion_by_choice: dict[int, int] = {}
-        self._cached_by_choice: dict[int, int] = {}
         self._open_choices = prepared.n
         self._lease: Lease | None = None
         self._failure: str | None = None
@@ -267,9 +264,7 @@ class Generation:
         self._queue = asyncio.Queue()
         self._room.set()
         self._pending.clear()
-        self._received_by_choice.clear()
-        self._completion_by_choice.clear()
-        self._cached_by_choice.clear()
+        self._decoders.clear()
         self.finish_reasons.clear()
         self._open_choices = self.prepared.n
         self._first_token_at = self._last_token_at = None
@@ -347,8 +342,12 @@ class Generation:
         p = self.prepared
         worker_id = lease.worker_id
         client = lease.client
-        detok = IncrementalDetokenizer(p.model.tokenizer, skip_special_tokens=p.skip_special_tokens)
-        stops = p.stop_set.matcher()
+        decoder = self._decoders[index] = ChoiceDecoder(
+            p.model.tokenizer,
+            stop_set=p.stop_set,
+            hidden_stop_ids=self._hidden_stop_ids,
+            skip_special_tokens=p.skip_special_tokens,
+        )
         params = GenerateParams(
             request_id=engine_request_id(self._engine_id, index, p.n),
             input_ids=p.prompt_ids,
@@ -376,7 +375,7 @@ class Generation:
                 async for item in stream:
                     if self._queue.qsize() >= MAX_PENDING_EVENTS:
                         await self._wait_for_room()
-                    reason = self._on_engine_item(index, item, detok, stops)
+                    reason = self._on_engine_item(index, item, decoder)
                     if reason == "abort":
                         # The worker ended the request itself (flush, restart, its own limits).
                         raise EngineError(
@@ -410,46 +409,18 @@ class Generation:
             self._queue.put_nowait(err)
 
     def _on_engine_item(
-        self,
-        index: int,
-        item: TokenChunk | GenerateDone,
-        detok: IncrementalDetokenizer,
-        stops: StopMatcher,
+        self, index: int, item: TokenChunk | GenerateDone, decoder: ChoiceDecoder
     ) -> str | None:
-        """Feed one engine message through detokenizer and stop matcher; the finish reason
-        when the choice ends."""
-        received = self._received_by_choice.get(index, 0)
-        if isinstance(item, GenerateDone):
-            token_ids = item.new_tokens(received)
-            completion = max(received + len(token_ids), item.completion_tokens)
-        else:
-            token_ids = item.token_ids
-            completion = received + len(token_ids)
-        if token_ids:
+        """Decode one engine message, queue its text; the finish reason when the choice ends."""
+        step = decoder.push(item)
+        if step.new_tokens:
             now = time.monotonic()
             if self._first_token_at is None:
                 self._first_token_at = now
             self._last_token_at = now
-        self._received_by_choice[index] = received + len(token_ids)
-        self._cached_by_choice[index] = item.cached_tokens
-        self._completion_by_choice[index] = completion
-        if self._hidden_stop_ids:
-            token_ids = _before_stop_id(token_ids, self._hidden_stop_ids)
-        text = detok.push(token_ids)
-        done = isinstance(item, GenerateDone)
-        if done:
-            text += detok.flush()
-        result = stops.push(text)
-        if result.text:
-            self._emit(TextDelta(index, result.text))
-        if result.matched is not None:
-            return "stop"
-        if isinstance(item, GenerateDone):
-            tail = stops.flush()
-            if tail:
-                self._emit(TextDelta(index, tail))
-            return item.finish_reason or "stop"
-        return None
+        for text in step.texts:
+            self._emit(TextDelta(index, text))
+        return step.finish
 
     def _api_error(self, item: BaseException) -> APIError:
         """The error the client sees for what a choice task (or `interrupt`) queued."""
@@ -504,8 +475,9 @@ class Generation:
 
     def finalize_usage(self) -> Usage:
         """The request's usage from the engines' counts (prompt once, completion summed)."""
-        self.usage.completion_tokens = sum(self._completion_by_choice.values())
-        self.usage.cached_tokens = self._cached_by_choice.get(0, 0)
+        self.usage.completion_tokens = sum(d.completion_tokens for d in self._decoders.values())
+        first = self._decoders.get(0)
+        self.usage.cached_tokens = first.cached_tokens if first is not None else 0
         return self.usage
 
     @property
@@ -518,7 +490,7 @@ class Generation:
     @property
     def tpot_ms(self) -> float | None:
         """Mean time per output token after the first, in ms (choice-summed tokens)."""
-        tokens = sum(self._completion_by_choice.values())
+        tokens = sum(d.completion_tokens for d in self._decoders.values())
         if self._first_token_at is None or self._last_token_at is None or tokens < 2:
             return None
         per_choice = tokens / max(1, self.prepared.n)
@@ -561,14 +533,6 @@ def _outcome_of(err: BaseException) -> str:
     if isinstance(err, ConnectionError):
         return "client_closed"
     return "error"
-
-
-def _before_stop_id(token_ids: Sequence[int], stop_ids: frozenset[int]) -> Sequence[int]:
-    """`token_ids` up to (not including) the first of `stop_ids`."""
-    for position, token in enumerate(token_ids):
-        if token in stop_ids:
-            return token_ids[:position]
-    return token_ids
 
 
 def engine_request_id(base: str, index: int, n: int) -> str:
