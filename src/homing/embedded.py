@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from homing.aio import gather_or_cancel
 from homing.config import SglangSettings, SimSettings
 from homing.engines.sglang_launch import kill_group
 from homing.sim.process import spawn_homing, terminate
@@ -32,6 +33,7 @@ class WorkerProcess:
     process: asyncio.subprocess.Process
     url: str
     group: int | None = None
+    retired: bool = False  # stopped on purpose (`stop_one`)
 
 
 class _Launcher:
@@ -57,21 +59,36 @@ class _Launcher:
         Raises `RuntimeError` when a child exits before it is ready, `TimeoutError` when
         they are not all ready within `timeout_s`; every child is stopped then.
         """
-        starts = [asyncio.ensure_future(self._start_one()) for _ in range(self.workers)]
         try:
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*starts)
+                # A failed start cancels the others (each kills its own child on the way),
+                # so none comes up after the stop below.
+                return await gather_or_cancel(*(self._start_one() for _ in range(self.workers)))
         except BaseException:
-            # gather does not cancel the other starts when one fails: cancel them and wait,
-            # so none comes up after the stop below (each kills its own child on the way).
-            for start in starts:
-                start.cancel()
-            await asyncio.gather(*starts, return_exceptions=True)
             await self.stop()
             raise
-        return [child.url for child in self.children]
 
-    async def _start_one(self) -> None:
+    async def start_one(self, timeout_s: float = 60.0) -> str:
+        """Start one more child while the others run; its worker URL once it serves.
+
+        Raises `RuntimeError` when it exits before it is ready, `TimeoutError` after
+        `timeout_s` (it is stopped then)."""
+        async with asyncio.timeout(timeout_s):
+            return await self._start_one()
+
+    async def stop_one(self, url: str, grace_s: float = 5.0) -> None:
+        """Stop the child serving `url` (SIGTERM, SIGKILL after `grace_s`); the others go on.
+        KeyError for a URL no child serves."""
+        child = next((c for c in self.children if c.url == url), None)
+        if child is None:
+            raise KeyError(url)
+        self.children.remove(child)
+        child.retired = True
+        await terminate([child.process], grace_s)
+        if child.group is not None:
+            kill_group(child.group)
+
+    async def _start_one(self) -> str:
         process, ready = await spawn_homing(
             self.command, self._args(), what=self.what, kill_grace_s=self.kill_grace_s
         )
@@ -82,19 +99,20 @@ class _Launcher:
             await terminate([process], self.kill_grace_s)
             if child.group is not None:
                 kill_group(child.group)
-            return
+            raise RuntimeError(f"{self.what} came up after the stop began")
         self.children.append(child)
         log.info(f"{self.event}_ready", url=url, pid=process.pid)
-        watcher = asyncio.get_running_loop().create_task(self._watch(process, url))
+        watcher = asyncio.get_running_loop().create_task(self._watch(child))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
+        return url
 
-    async def _watch(self, process: asyncio.subprocess.Process, url: str) -> None:
+    async def _watch(self, child: WorkerProcess) -> None:
         """Log a child that exits while it should be serving (the pool's health probes take
         it out of rotation; nothing restarts it)."""
-        code = await process.wait()
-        if not self._stopping:
-            log.warning(f"{self.event}_exited", url=url, pid=process.pid, code=code)
+        code = await child.process.wait()
+        if not self._stopping and not child.retired:
+            log.warning(f"{self.event}_exited", url=child.url, pid=child.process.pid, code=code)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM every child, SIGKILL those still alive after `grace_s`."""

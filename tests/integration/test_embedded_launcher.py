@@ -55,3 +55,28 @@ async def test_a_failed_start_leaves_no_child_running() -> None:
         await launcher.start(timeout_s=60.0)
     assert launcher.children == []
     assert _running_with(marker) == []
+
+
+async def test_simulated_workers_start_and_stop_one_at_a_time() -> None:
+    """`start_one` adds a worker while the first serves and `stop_one` stops just that one:
+    its process exits, the other keeps running."""
+    from homing.config import SimSettings
+    from homing.embedded import SimLauncher
+
+    marker = f"launcher-test-{uuid.uuid4().hex}"
+    launcher = SimLauncher(SimSettings(workers=1, served_model_name=marker))
+    try:
+        [first] = await launcher.start(timeout_s=60.0)
+        second = await launcher.start_one(timeout_s=60.0)
+        assert second != first
+        assert len(_running_with(marker)) == 2
+        stopped = launcher.children[1].process
+        await launcher.stop_one(second)
+        assert stopped.returncode is not None
+        assert [c.url for c in launcher.children] == [first]
+        assert len(_running_with(marker)) == 1
+        with pytest.raises(KeyError):
+            await launcher.stop_one(second)
+    finally:
+        await launcher.stop()
+    assert _running_with(marker) == []
