@@ -213,7 +213,8 @@ class AdmissionController:
     """The admission queue of one model.
 
     `snapshots`: the healthy replicas as the router sees them (called on every check).
-    `thresholds`: the router's overload thresholds. `clock` measures queue waits.
+    `thresholds`: the router's overload thresholds. `clock` measures and times queue waits
+    and the ticker.
     """
 
     def __init__(
@@ -276,7 +277,7 @@ class AdmissionController:
         self._ensure_ticker()
         queued_at = self.clock.now()
         try:
-            async with asyncio.timeout(self.settings.queue_timeout_s):
+            async with self.clock.timeout(self.settings.queue_timeout_s):
                 await future
         except TimeoutError:
             if not (future.done() and not future.cancelled()):
@@ -366,7 +367,7 @@ class AdmissionController:
 
     async def _tick(self) -> None:
         while self.queue:
-            await asyncio.sleep(self.tick_s)
+            await self.clock.sleep(self.tick_s)
             self.dispatch()
 
     async def stop(self) -> None:

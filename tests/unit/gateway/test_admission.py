@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from homing.clock import ManualClock
 from homing.config import AdmissionSettings
 from homing.gateway.admission import (
     AdmissionController,
@@ -147,7 +148,10 @@ class Fleet:
         return [WorkerSnapshot("w0", in_flight=self.in_flight)]
 
 
-def controller(fleet: Fleet, **settings: object) -> AdmissionController:
+def controller(
+    fleet: Fleet, clock: ManualClock | None = None, **settings: object
+) -> AdmissionController:
+    """A controller over `fleet` whose waits (queue timeout, ticker) run on `clock`."""
     values: dict[str, object] = {"max_in_flight_per_replica": 1, "queue_timeout_s": 5.0}
     values.update(settings)
     return AdmissionController(
@@ -156,6 +160,7 @@ def controller(fleet: Fleet, **settings: object) -> AdmissionController:
         snapshots=fleet.snapshots,
         metrics=GatewayMetrics(),
         tick_s=0.005,
+        clock=clock if clock is not None else ManualClock(),
     )
 
 
@@ -171,9 +176,12 @@ class TestController:
     async def test_waiter_is_admitted_when_capacity_frees(self) -> None:
         """A queued request proceeds once the replica's load drops below its threshold."""
         fleet = Fleet(in_flight=1)
-        c = controller(fleet)
+        clock = ManualClock()
+        c = controller(fleet, clock)
         waiting = asyncio.get_running_loop().create_task(c.admit("a", 0, "r1"))
-        await asyncio.sleep(0.02)
+        await clock.settle()
+        clock.advance(1.0)  # the ticker runs, the replica is still full
+        await clock.settle()
         assert not waiting.done() and len(c.queue) == 1
         assert c.metrics.value("homing_admission_queue_depth", model="m") == 1
         fleet.in_flight = 0
@@ -184,9 +192,16 @@ class TestController:
 
     async def test_wait_past_the_timeout_is_503_with_retry_after(self) -> None:
         """A request still queued at `queue_timeout_s` gets 503 `no_capacity`."""
-        c = controller(Fleet(in_flight=1), queue_timeout_s=0.05, retry_after_s=2)
+        clock = ManualClock()
+        c = controller(Fleet(in_flight=1), clock, queue_timeout_s=0.05, retry_after_s=2)
+        waiting = asyncio.get_running_loop().create_task(c.admit("a", 0, "r1"))
+        await clock.settle()
+        clock.advance(0.049)
+        await clock.settle()
+        assert not waiting.done()
+        clock.advance(0.001)
         with pytest.raises(APIError) as caught:
-            await c.admit("a", 0, "r1")
+            await waiting
         assert (caught.value.status, caught.value.retry_after_s) == (503, 2)
         assert caught.value.body() == {
             "error": {
@@ -203,9 +218,10 @@ class TestController:
 
     async def test_full_queue_is_503_at_once(self) -> None:
         """With the queue full a new request is refused without waiting."""
-        c = controller(Fleet(in_flight=1), max_queued=1)
+        clock = ManualClock()
+        c = controller(Fleet(in_flight=1), clock, max_queued=1)
         first = asyncio.get_running_loop().create_task(c.admit("a", 0, "r1"))
-        await asyncio.sleep(0.01)
+        await clock.settle()
         with pytest.raises(APIError) as caught:
             await asyncio.wait_for(c.admit("b", 0, "r2"), 0.1)
         assert caught.value.body()["error"]["message"] == (
@@ -217,11 +233,12 @@ class TestController:
     async def test_cancelled_granted_waiter_passes_its_turn_on(self) -> None:
         """A request woken but cancelled before it ran hands the slot to the next waiter."""
         fleet = Fleet(in_flight=1)
-        c = controller(fleet)
+        clock = ManualClock()
+        c = controller(fleet, clock)
         loop = asyncio.get_running_loop()
         first = loop.create_task(c.admit("a", 0, "r1"))
         second = loop.create_task(c.admit("b", 0, "r2"))
-        await asyncio.sleep(0.01)
+        await clock.settle()
         fleet.in_flight = 0
         c.dispatch()  # wakes `first` ...
         first.cancel()  # ... which is gone before it runs
@@ -232,15 +249,21 @@ class TestController:
     async def test_new_arrivals_do_not_barge_past_waiters(self) -> None:
         """While anyone waits, a newcomer queues behind even if capacity just freed."""
         fleet = Fleet(in_flight=1)
-        c = controller(fleet, max_queued=4)
+        clock = ManualClock()
+        c = controller(fleet, clock, max_queued=4)
         loop = asyncio.get_running_loop()
         first = loop.create_task(c.admit("a", 0, "r1"))
-        await asyncio.sleep(0.01)
+        await clock.settle()
         fleet.in_flight = 0  # room now, but `first` has not been woken yet
         admitted: list[str] = []
         late = loop.create_task(c.admit("b", 0, "r2"))
         first.add_done_callback(lambda _: admitted.append("first"))
         late.add_done_callback(lambda _: admitted.append("late"))
+        await clock.settle()
+        assert admitted == [] and len(c.queue) == 2  # nobody barged past `first`
+        for _ in range(4):  # the ticker wakes them, one per tick
+            clock.advance(0.005)
+            await clock.settle()
         await asyncio.wait_for(asyncio.gather(first, late), 0.5)
         assert admitted == ["first", "late"]
         await c.stop()
@@ -278,13 +301,21 @@ class TestHerd:
                 )
             ]
 
+        clock = ManualClock()
         c = AdmissionController(
             AdmissionSettings(),
             model_id="m",
             snapshots=snaps,
             metrics=GatewayMetrics(),
             tick_s=0.001,
+            clock=clock,
         )
+
+        async def ticks(n: int) -> None:  # n ticks of the ticker, each run to its end
+            for _ in range(n):
+                clock.advance(0.001)
+                await clock.settle()
+
         admitted = 0
 
         async def request(i: int) -> None:
@@ -294,13 +325,13 @@ class TestHerd:
             state["in_flight"] += 1  # routed and launched
 
         tasks = [asyncio.create_task(request(i)) for i in range(20)]
-        await asyncio.sleep(0.02)
+        await ticks(20)
         assert (admitted, len(c.queue)) == (0, 20)
         state["usage"] = 0.94
-        await asyncio.sleep(0.05)
+        await ticks(50)
         assert admitted == 1
         state["at"] = 2.0
-        await asyncio.sleep(0.05)
+        await ticks(50)
         assert admitted == 2
         for task in tasks:
             task.cancel()

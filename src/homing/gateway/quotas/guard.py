@@ -145,14 +145,22 @@ def build_store(settings: QuotaSettings, clock: Clock | None = None) -> QuotaSto
 
 
 class QuotaGuard:
-    """Reserve and settle quota for authenticated requests over one `QuotaStore`."""
+    """Reserve and settle quota for authenticated requests over one `QuotaStore`.
+
+    `clock`: times the lease renewals (default the system clock)."""
 
     def __init__(
-        self, store: QuotaStore, *, settings: QuotaSettings, metrics: GatewayMetrics
+        self,
+        store: QuotaStore,
+        *,
+        settings: QuotaSettings,
+        metrics: GatewayMetrics,
+        clock: Clock | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.metrics = metrics
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self._live: dict[str, Charge] = {}
         self._pending: set[asyncio.Task[None]] = set()
         self._renewer: asyncio.Task[None] | None = None
@@ -258,7 +266,7 @@ class QuotaGuard:
     async def _renew_loop(self) -> None:
         interval = self.settings.stream_lease_s / 3
         while True:
-            await asyncio.sleep(interval)
+            await self.clock.sleep(interval)
             charges = list(self._live.values())
             if not charges:
                 continue
