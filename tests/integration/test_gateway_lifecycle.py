@@ -49,7 +49,9 @@ async def test_stop_drains_streams_and_refuses_new_calls(app: App) -> None:
         resp = await session.post(f"http://127.0.0.1:{app.http_port}/v1/completions", json=body)
         await resp.content.readline()
         stopping = asyncio.create_task(app.stop())
-        await asyncio.sleep(0.1)
+        assert app.service is not None
+        service = app.service
+        assert await eventually(lambda: not service.accepting, 5)  # the drain has begun
         async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             call = pb_grpc.InferenceStub(channel).Completion(
                 pb.CompletionRequest(model=model, text="x"), timeout=2

@@ -8,6 +8,7 @@ import json
 
 import aiohttp
 import pytest
+from helpers import eventually
 from openai import AsyncOpenAI
 
 from homing.app import App
@@ -192,7 +193,10 @@ async def test_repeated_long_prompt_reports_cached_tokens(gateway: App) -> None:
         async with session.post(_base(gateway) + "/v1/completions", json=body) as resp:
             first = await resp.json()
             first_worker = resp.headers["x-homing-worker"]
-        await asyncio.sleep(0.3)  # let the KV events reach the router's index
+        # Gate on the KV events having reached the router's index.
+        assert gateway.router is not None
+        index = gateway.router.index
+        assert await eventually(lambda: index.match(prompt).get(first_worker, 0) >= 1024, 5)
         async with session.post(_base(gateway) + "/v1/completions", json=body) as resp:
             second = await resp.json()
             second_worker = resp.headers["x-homing-worker"]
