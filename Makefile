@@ -103,7 +103,7 @@ bench: proto
 ## up with the Mooncake trace (from 8x, x1.25 per trial until one falls behind; ~70 s a trial)
 bench-sim: proto
 	mkdir -p bench-out
-	$(PY) -m homing.sim.throughput --trace ../shared/traces/mooncake/conversation_trace.jsonl \
+	$(PY) -m homing.bench.sim_throughput --trace ../shared/traces/mooncake/conversation_trace.jsonl \
 	    --workers 8 --model llama-3.1-70b --speedup 8 --search \
 	    --duration-s 60 --warmup-s 10 --json bench-out/bench-sim.json
 

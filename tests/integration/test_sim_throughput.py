@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from homing.bench.sim_throughput import _route, run_trial
 from homing.bench.traces import TraceRequest, load_trace
-from homing.sim.throughput import _route, run_trial
 
 TRACE = (
     Path(__file__).resolve().parents[3]

@@ -1,14 +1,19 @@
 """What auth + quotas add to a request: the same requests through a gateway without tenants
 and through one with a tenant whose three quotas live in Redis, over the same worker.
 
-Rule of this file: a measurement, not a test. Both gateways (`App`s) run in this process
-over one simulated worker (default timing, llama-3.1-8b on H100) and one local
-`redis-server` (started here on a free loopback port unless `--redis-url` is given).
-Requests are sent one at a time on a keep-alive connection, alternating between the two
-gateways in rounds so that drift (CPU frequency, caches) hits both alike. Each request is a
-non-streamed completion of a 16-token prompt with `max_tokens=1`, so the engine's share is
-small and the gateway's is visible. Also timed alone: `KeyRing.authenticate` and one
-`QuotaGuard.reserve` + `settle` pair (two Redis round trips).
+Rule of this file: a measurement, not a test, and a client of the gateway: it reaches the
+gateway only through `homing.app.App` and `homing.config` (never `homing.gateway`). Three
+gateways (`App`s) run in this process over one simulated worker (default timing,
+llama-3.1-8b on H100) and one local `redis-server` (started here on a free loopback port
+unless `--redis-url` is given): without tenants; with one tenant whose three quotas live in
+Redis; and with the same tenant and quotas kept in-process (`backend = "memory"`), so that
+Redis's share of the difference shows. Requests are sent one at a time on a keep-alive
+connection, rotating between the gateways in rounds so that drift (CPU frequency, caches)
+hits them alike. Each request is a non-streamed completion of a 16-token prompt with
+`max_tokens=1`, so the engine's share is small and the gateway's is visible. Also timed
+alone: the key check's work (SHA-256 of the presented key and a constant-time compare with
+the configured digest, as the gateway's auth rule states it) and two `EVALSHA` round trips
+to the same Redis (the floor under the gateway's two quota scripts, admission and settle).
 
     python -m homing.bench.gateway_overhead --requests 2000 --json bench-out/gateway.json
 """
@@ -16,6 +21,9 @@ small and the gateway's is visible. Also timed alone: `KeyRing.authenticate` and
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import hmac
 import json
 import os
 import platform
@@ -31,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import redis.asyncio as aioredis
 import uvloop
 
 from homing.app import App
 from homing.config import (
+    AdminSettings,
     EngineSettings,
     GatewaySettings,
     HomingConfig,
@@ -43,12 +53,13 @@ from homing.config import (
     TenantSettings,
 )
 from homing.embedded import SimLauncher
-from homing.gateway.auth import KeyRing, hash_key
-from homing.gateway.metrics import GatewayMetrics
-from homing.gateway.quotas import QuotaGuard, build_store
 
 KEY = "sk-bench"
+KEY_SHA256 = hashlib.sha256(KEY.encode("utf-8")).hexdigest()
+"""The key's digest as the config stores it (`printf %s "$KEY" | sha256sum`)."""
 PROMPT = list(range(1000, 1016))
+MODES = ("off", "memory", "on")
+"""Gateways: without tenants, tenant + in-process quotas, tenant + Redis quotas."""
 
 
 def _free_port() -> int:
@@ -76,7 +87,7 @@ def _tenant() -> TenantSettings:
     return TenantSettings.model_validate(
         {
             "name": "bench",
-            "keys": [{"id": "bench", "sha256": hash_key(KEY)}],
+            "keys": [{"id": "bench", "sha256": KEY_SHA256}],
             "quota": {
                 "requests_per_minute": 10**9,
                 "tokens_per_minute": 10**12,
@@ -102,25 +113,28 @@ async def _time_requests(
     return out
 
 
-async def _time_guard(redis_url: str, count: int) -> dict[str, Any]:
-    settings = QuotaSettings(backend="redis", redis_url=redis_url, key_prefix="bench-guard")
-    guard = QuotaGuard(build_store(settings), settings=settings, metrics=GatewayMetrics())
-    ring = KeyRing([_tenant()])
-    principal = ring.authenticate(f"Bearer {KEY}")
-    auth_ms: list[float] = []
-    quota_ms: list[float] = []
+async def _time_components(redis_url: str, count: int) -> dict[str, Any]:
+    """`count` timings (ms) of the key check's work and of two Redis script round trips."""
+    configured = bytes.fromhex(KEY_SHA256)
+    client = aioredis.Redis.from_url(redis_url)
+    script = client.register_script("return 1")
+    key_ms: list[float] = []
+    redis_ms: list[float] = []
     try:
-        for i in range(count):
+        await script()  # loads the script, so every timed call is one EVALSHA
+        for _ in range(count):
             started = time.perf_counter()
-            ring.authenticate(f"Bearer {KEY}")
-            auth_ms.append((time.perf_counter() - started) * 1000)
+            digest = hashlib.sha256(KEY.encode("utf-8")).digest()
+            if not hmac.compare_digest(digest, configured):
+                raise RuntimeError("the bench key does not match its digest")
+            key_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            ticket = await guard.reserve(principal, tokens=17, request_id=str(i))
-            await guard.settle(ticket, 17)
-            quota_ms.append((time.perf_counter() - started) * 1000)
+            await script()
+            await script()
+            redis_ms.append((time.perf_counter() - started) * 1000)
     finally:
-        await guard.stop()
-    return {"authenticate": _summary(auth_ms), "reserve_and_settle": _summary(quota_ms)}
+        await client.aclose()
+    return {"key_check": _summary(key_ms), "redis_round_trips": _summary(redis_ms)}
 
 
 def _start_redis() -> tuple[subprocess.Popen[bytes], str]:
@@ -148,36 +162,44 @@ async def run(requests: int, rounds: int, redis_url: str) -> dict[str, Any]:
     sims = SimLauncher(SimSettings(workers=1))
     try:
         urls = await sims.start(timeout_s=60)
-        base = HomingConfig(
+        base = HomingConfig(  # no admin API: three gateways in one process would share its socket
             gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=1.0),
             engines=EngineSettings(workers=urls),
+            admin=AdminSettings(enabled=False),
         )
-        with_tenants = base.model_copy(
-            update={
-                "tenants": [_tenant()],
-                "quotas": QuotaSettings(backend="redis", redis_url=redis_url, key_prefix="bench"),
+        redis_quotas = QuotaSettings(backend="redis", redis_url=redis_url, key_prefix="bench")
+        configs = {
+            "off": base,
+            "memory": base.model_copy(
+                update={"tenants": [_tenant()], "quotas": QuotaSettings(backend="memory")}
+            ),
+            "on": base.model_copy(update={"tenants": [_tenant()], "quotas": redis_quotas}),
+        }
+        samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+        async with contextlib.AsyncExitStack() as stack:
+            apps = {
+                mode: await stack.enter_async_context(App(config))
+                for mode, config in configs.items()
             }
-        )
-        async with App(base) as off, App(with_tenants) as on, aiohttp.ClientSession() as session:
-            model = off.model.model_id  # type: ignore[union-attr]
+            session = await stack.enter_async_context(aiohttp.ClientSession())
+            model = apps["off"].model.model_id  # type: ignore[union-attr]
             targets = {
-                "off": f"http://127.0.0.1:{off.http_port}/v1/completions",
-                "on": f"http://127.0.0.1:{on.http_port}/v1/completions",
+                mode: f"http://127.0.0.1:{app.http_port}/v1/completions"
+                for mode, app in apps.items()
             }
             for mode, url in targets.items():  # warm-up: connections, caches, scripts
-                await _time_requests(session, url, model, 50, auth=mode == "on")
-            samples: dict[str, list[float]] = {"off": [], "on": []}
+                await _time_requests(session, url, model, 50, auth=mode != "off")
             per_round = max(1, requests // rounds)
             for r in range(rounds):
-                order = ("off", "on") if r % 2 == 0 else ("on", "off")
+                order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
                 for mode in order:
                     samples[mode] += await _time_requests(
-                        session, targets[mode], model, per_round, auth=mode == "on"
+                        session, targets[mode], model, per_round, auth=mode != "off"
                     )
-        guard = await _time_guard(redis_url, requests)
+        components = await _time_components(redis_url, requests)
     finally:
         await sims.stop()
-    off_s, on_s = _summary(samples["off"]), _summary(samples["on"])
+    off_s, mem_s, on_s = (_summary(samples[mode]) for mode in MODES)
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": _machine(),
@@ -189,7 +211,10 @@ async def run(requests: int, rounds: int, redis_url: str) -> dict[str, Any]:
         "added_p99_ms": round(on_s["p99_ms"] - off_s["p99_ms"], 3),
         "ratio_p50": round(on_s["p50_ms"] / off_s["p50_ms"], 3),
         "ratio_p99": round(on_s["p99_ms"] / off_s["p99_ms"], 3),
-        "components": guard,
+        "with_tenants_memory": mem_s,
+        "redis_share_p50_ms": round(on_s["p50_ms"] - mem_s["p50_ms"], 3),
+        "redis_share_p99_ms": round(on_s["p99_ms"] - mem_s["p99_ms"], 3),
+        "components": components,
     }
 
 
@@ -209,7 +234,7 @@ def _machine() -> str:
 
 def _table(result: dict[str, Any]) -> str:
     off, on = result["without_tenants"], result["with_tenants_redis"]
-    comp = result["components"]
+    mem, comp = result["with_tenants_memory"], result["components"]
     rows = [
         "| run | p50 ms | p99 ms | mean ms |",
         "|---|---:|---:|---:|",
@@ -217,10 +242,13 @@ def _table(result: dict[str, Any]) -> str:
         f"| tenant + Redis quotas | {on['p50_ms']} | {on['p99_ms']} | {on['mean_ms']} |",
         f"| added | {result['added_p50_ms']} | {result['added_p99_ms']} | |",
         f"| ratio | {result['ratio_p50']} | {result['ratio_p99']} | |",
-        f"| KeyRing.authenticate alone | {comp['authenticate']['p50_ms']} | "
-        f"{comp['authenticate']['p99_ms']} | {comp['authenticate']['mean_ms']} |",
-        f"| reserve + settle alone (Redis) | {comp['reserve_and_settle']['p50_ms']} | "
-        f"{comp['reserve_and_settle']['p99_ms']} | {comp['reserve_and_settle']['mean_ms']} |",
+        f"| tenant + in-process quotas | {mem['p50_ms']} | {mem['p99_ms']} | {mem['mean_ms']} |",
+        f"| Redis's share (Redis - in-process) | {result['redis_share_p50_ms']} | "
+        f"{result['redis_share_p99_ms']} | |",
+        f"| key check alone (SHA-256 + compare) | {comp['key_check']['p50_ms']} | "
+        f"{comp['key_check']['p99_ms']} | {comp['key_check']['mean_ms']} |",
+        f"| 2 Redis EVALSHA round trips alone | {comp['redis_round_trips']['p50_ms']} | "
+        f"{comp['redis_round_trips']['p99_ms']} | {comp['redis_round_trips']['mean_ms']} |",
     ]
     return "\n".join(rows)
 

@@ -7,6 +7,6 @@ Functional core (pure, `now` passed in): `timing` (calibrated step durations and
 virtual clock). Imperative shell: `engine_loop` (runs the scheduler on a real clock x speedup),
 `kv_events` (SubscribeKvEvents streams), `servicer` (the SglangScheduler gRPC service),
 `metrics` and `sidecar` (HTTP /metrics and /fault on port + 1), `worker` (`SimWorker`: one
-grpc.aio server and its sidecar), `main` (`homing sim`, `homing sim perf`) and `throughput`
-(how fast a sim process can run a trace).
+grpc.aio server and its sidecar) and `main` (`homing sim`, `homing sim perf`). How fast a sim
+process can run a trace is measured from outside, by `homing.bench.sim_throughput`.
 """

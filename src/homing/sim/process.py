@@ -3,7 +3,7 @@ sub-command that announces itself the same way, such as `homing worker`), wait f
 ready line, stop it.
 
 Rule of this file: the one place that launches and stops homing's worker child processes
-(the embedded default, `homing.sim.throughput`, `homing.bench.routers`). A child prints one
+(the embedded default, `homing.bench.sim_throughput`, `homing.bench.routers`). A child prints one
 JSON line `{"event": "ready", "workers": [...]}` on stdout when it serves (other lines are
 skipped); its stdout is drained afterwards so the child never blocks on a full pipe.
 """

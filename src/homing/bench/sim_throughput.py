@@ -1,7 +1,8 @@
 """How fast a `homing sim` process can run: replay a trace against N simulated workers at
 `--speedup K` and check that the process keeps up with its own clock.
 
-Rule of this file: a measuring tool, outside the simulator's decision code. It starts
+Rule of this file: a benchmark driver, outside the simulator (it imports `homing.sim` only
+for the child process and the metric scrape; the simulator never imports it). It starts
 `python -m homing sim --workers N --model M --speedup K --port 0` as a child process, then
 acts as the gateway would: subscribes to every worker's KV events (as the router does) and
 sends the trace's requests over gRPC at their arrival times / K (streamed, prompt token ids
@@ -23,7 +24,8 @@ failed, and the load generator itself sent its requests on time (p99 send lag un
 until a trial falls behind, and the largest speedup that kept up is reported.
 
 Usage:
-    python -m homing.sim.throughput --trace ../shared/traces/mooncake/conversation_trace.jsonl \\
+    python -m homing.bench.sim_throughput \\
+        --trace ../shared/traces/mooncake/conversation_trace.jsonl \\
         --workers 8 --model llama-3.1-70b --speedup 10 [--search] [--json out.json]
 """
 
@@ -278,9 +280,9 @@ def _route(request: TraceRequest, sent: int, workers: int, routing: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options of `python -m homing.sim.throughput`."""
+    """The options of `python -m homing.bench.sim_throughput`."""
     parser = argparse.ArgumentParser(
-        prog="python -m homing.sim.throughput", description=__doc__.splitlines()[0]
+        prog="python -m homing.bench.sim_throughput", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--trace", required=True, help="Mooncake jsonl or Azure csv trace")
     parser.add_argument("--limit", type=int, default=None, help="first N requests only")
