@@ -1,11 +1,64 @@
-"""Fixtures shared by unit and integration suites."""
+"""Fixtures shared by unit and integration suites.
+
+Admin sockets: every `App` and every `homing serve` binds the admin API's Unix socket, by
+default `$HOMING_STATE_DIR/admin.sock`, and refuses to start while another live server
+answers on it. So that tests never meet one another's sockets (nor the user's own
+gateway's):
+- the session runs with `HOMING_STATE_DIR` set to a fresh directory (set when this file is
+  imported, so every fixture and every child process sees it; removed at the end);
+- each test gets a directory of its own below it (`_state_dir_per_test`), which the
+  `homing serve` processes a test starts inherit;
+- each `App` built in this process whose config leaves the socket at its default gets a
+  state directory of its own (`_socket_per_app`), so module-scoped Apps and several Apps
+  at once in one test never share a socket. A config that names `admin.socket` or
+  `admin.state_dir` is left as it is (the admin tests use that to share one on purpose).
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 from redis_server import RedisServer
+
+# Short: a Unix socket path has at most 107 bytes.
+SESSION_STATE_DIR = tempfile.mkdtemp(prefix="homing-test-")
+os.environ["HOMING_STATE_DIR"] = SESSION_STATE_DIR
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(SESSION_STATE_DIR, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _state_dir_per_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`HOMING_STATE_DIR` is a fresh directory for each test (inherited by its children)."""
+    monkeypatch.setenv("HOMING_STATE_DIR", tempfile.mkdtemp(prefix="t-", dir=SESSION_STATE_DIR))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _socket_per_app() -> Iterator[None]:
+    """Each in-process `App` with the default admin socket gets a state dir of its own."""
+    from homing.app import App
+    from homing.config import HomingConfig
+
+    build = App.__init__
+
+    def init(self: App, config: HomingConfig) -> None:
+        admin = config.admin
+        if admin.enabled and admin.socket is None and admin.state_dir is None:
+            own = tempfile.mkdtemp(prefix="app-", dir=SESSION_STATE_DIR)
+            config = config.model_copy(
+                update={"admin": admin.model_copy(update={"state_dir": own})}
+            )
+        build(self, config)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(App, "__init__", init)
+        yield
 
 
 @pytest.fixture(scope="session")

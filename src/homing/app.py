@@ -3,11 +3,12 @@
 Start order: homing's own workers (embedded default only: simulated, or real SGLang with
 `engines.launch = "sglang"`) -> worker pool (discovery, health, KV-event subscriptions
 feeding the router) -> tokenizer (local directory or the worker's GetTokenizer bundle) ->
-inference service -> HTTP and gRPC listeners.
-Stop order (SIGINT/SIGTERM): stop accepting (listeners closed, health NOT_SERVING), let
-in-flight requests finish up to `gateway.drain_timeout_s`, end those still open with a 503
-`drained` error (a stream as its last event), then stop the pool and homing's own
-workers. SIGHUP is logged and ignored (it does not kill the process).
+inference service -> HTTP and gRPC listeners -> admin API (`homing.admin.server`, on its
+Unix socket and optional TCP port, when `admin.enabled`).
+Stop order (SIGINT/SIGTERM): close the admin API, stop accepting (listeners closed, health
+NOT_SERVING), let in-flight requests finish up to `gateway.drain_timeout_s`, end those still
+open with a 503 `drained` error (a stream as its last event), then stop the pool and
+homing's own workers. SIGHUP is logged and ignored (it does not kill the process).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import time
 from collections.abc import Awaitable
 
 import structlog
 from aiohttp import web
 
+from homing.admin.server import AdminServer, prepare_socket
 from homing.aio import gather_or_cancel
 from homing.config import HomingConfig, ModelSettings, RouterModelSettings, RouterSettings
 from homing.embedded import SglangLauncher, SimLauncher
@@ -53,7 +56,8 @@ class App:
 
     After `start`: `fleet` (every served model's `ModelDispatch`), `model` / `pool` /
     `router` (the first model's, for single-model deployments), the bound `http_port` and
-    `grpc_port`.
+    `grpc_port`, and `admin` (the admin API server with its `socket_path` and `tcp_port`;
+    None when `admin.enabled` is False).
     """
 
     def __init__(self, config: HomingConfig) -> None:
@@ -71,6 +75,8 @@ class App:
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
+        self.admin: AdminServer | None = None
+        self._started_at = time.monotonic()
         self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
         self._ids = WorkerIds()
@@ -116,6 +122,12 @@ class App:
         gw = cfg.gateway
         for host, port in ((gw.host, gw.port), (gw.grpc_host, gw.grpc_port)):
             _ensure_bindable(host, port)  # fail fast, before any worker is started
+        admin_socket = cfg.admin.socket_path()
+        if admin_socket is not None:
+            prepare_socket(admin_socket)  # another live gateway on it: fail fast too
+        if cfg.admin.enabled and cfg.admin.port is not None:
+            _ensure_bindable(cfg.admin.host, cfg.admin.port)
+        self._started_at = time.monotonic()
         try:
             specs = cfg.served_models()
             # Workers start in parallel; pools are built in config order (ids in that order).
@@ -125,6 +137,8 @@ class App:
             )
             self.fleet = Fleet(list(models), drain_timeout_s=gw.drain_timeout_s)
             await self._start_gateway(self.fleet)
+            if cfg.admin.enabled:
+                await self._start_admin(self.fleet)
         except BaseException:
             await self.stop()
             raise
@@ -138,6 +152,7 @@ class App:
             tenants=len(cfg.tenants),
             quota_backend=cfg.quotas.backend if cfg.tenants else None,
             tls=cfg.gateway.tls_cert_file is not None,
+            admin=self.admin.addresses if self.admin is not None else None,
         )
 
     async def _launch(self, spec: ModelSettings) -> tuple[list[str | WorkerSpec], float]:
@@ -302,6 +317,19 @@ class App:
         self.grpc_port = self.grpc.port
         await self.grpc.start()
 
+    async def _start_admin(self, fleet: Fleet) -> None:
+        """The admin API on its socket (and TCP port when configured)."""
+        service = self.service
+        self.admin = AdminServer(
+            fleet,
+            self.config.admin,
+            tenants=self.config.tenants,
+            quotas=self.quotas,
+            in_flight=lambda: service.in_flight if service is not None else 0,
+            started_at=self._started_at,
+        )
+        await self.admin.start()
+
     async def _check_quota_store(self) -> None:
         """Log whether the quota store answers; serving starts either way (requests get
         503 or pass uncounted, per `quotas.on_store_error`, until it does)."""
@@ -327,6 +355,9 @@ class App:
         """Drain and stop; safe to call more than once and after a failed start."""
         self._stopping = True
         drain = self.config.gateway.drain_timeout_s
+        if self.admin is not None:
+            await self.admin.stop()  # no worker operation may race the shutdown
+            self.admin = None
         if self.service is not None:
             self.service.stop_accepting()  # keep-alive connections may still send requests
         # Stop accepting on both listeners at once; open HTTP streams and gRPC calls go on

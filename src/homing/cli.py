@@ -1,10 +1,12 @@
-"""One binary: `homing serve | sim | worker | bench`.
+"""One binary: `homing serve | sim | worker | bench`, the admin verbs and shell completion.
 
 `homing serve` with no `--config` runs the embedded default (simulated SGLang workers as
-child processes, the gateway on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051); with
-`--engine sglang --model PATH` the child processes are real SGLang workers.
-`homing sim` runs simulated workers in this process; `homing worker` runs one real SGLang
-worker; `homing bench` replays a trace against a running gateway.
+child processes, the gateway on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051, the admin API on
+its Unix socket); with `--engine sglang --model PATH` the child processes are real SGLang
+workers. `homing sim` runs simulated workers in this process; `homing worker` runs one real
+SGLang worker; `homing bench` replays a trace against a running gateway.
+`homing workers | models | tenants | stats` talk to a running gateway's admin API
+(`homing.admin.commands`); `homing completion bash|zsh` prints a completion script.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from homing import __version__
 
@@ -158,25 +161,65 @@ def _run(coro: object) -> None:
     uvloop.run(coro)  # type: ignore[arg-type]
 
 
+def _parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[Any]]:
+    parser = argparse.ArgumentParser(prog="homing", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"homing {__version__}")
+    return parser, parser.add_subparsers(dest="command", required=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `homing` binary."""
+    from homing.admin.commands import add_admin_commands
     from homing.bench.main import add_bench_arguments
     from homing.engines.worker_main import add_worker_arguments
     from homing.sim.main import add_sim_arguments
 
-    parser = argparse.ArgumentParser(prog="homing", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"homing {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser, sub = _parser()
     _add_serve(sub)
     add_sim_arguments(sub.add_parser("sim", help="run simulated SGLang workers"))
     add_worker_arguments(sub.add_parser("worker", help="run one real SGLang worker"))
     add_bench_arguments(sub.add_parser("bench", help="replay a trace against a gateway"))
+    add_admin_commands(sub)
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script for SHELL; e.g. for bash: "
+        "homing completion bash > ~/.local/share/bash-completion/completions/homing",
+    )
+    completion.add_argument("shell", choices=["bash", "zsh"], metavar="SHELL", help="bash or zsh")
+    return parser
+
+
+#: Sub-commands parsed by `admin_parser`: clients of a running gateway.
+ADMIN_COMMANDS = frozenset({"workers", "models", "tenants", "stats"})
+
+
+def admin_parser() -> argparse.ArgumentParser:
+    """The parser of the admin verbs alone, the same as `build_parser`'s for them: it does
+    not import the sim, worker and bench modules, which would add about a second to every
+    admin command's start."""
+    from homing.admin.commands import add_admin_commands
+
+    parser, sub = _parser()
+    add_admin_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `homing` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in args_list if not a.startswith("-")), None)
+    parser = admin_parser() if first in ADMIN_COMMANDS else build_parser()
+    args = parser.parse_args(args_list)
+    if getattr(args, "admin_verb", None) is not None:
+        from homing.admin.commands import run_admin
+
+        return run_admin(args)
+    if args.command == "completion":
+        import shtab
+
+        print(shtab.complete(parser, shell=args.shell), end="")
+        return 0
     if args.command == "serve":
         return _serve(args)
     if args.command == "sim":

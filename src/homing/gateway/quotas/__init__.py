@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from homing.gateway.quotas.guard import QuotaGuard, QuotaTicket, build_store, scopes_for
 from homing.gateway.quotas.redis_store import RedisQuotaStore
-from homing.gateway.quotas.types import Charge, Denial, QuotaStore, QuotaStoreError, ScopeLimits
+from homing.gateway.quotas.types import (
+    Charge,
+    Denial,
+    QuotaStore,
+    QuotaStoreError,
+    ScopeLimits,
+    ScopeUsage,
+)
 from homing.gateway.quotas.window import InProcessQuotaStore, LeaseSet, SlidingWindow
 
 __all__ = [
@@ -23,6 +30,7 @@ __all__ = [
     "QuotaTicket",
     "RedisQuotaStore",
     "ScopeLimits",
+    "ScopeUsage",
     "SlidingWindow",
     "build_store",
     "scopes_for",

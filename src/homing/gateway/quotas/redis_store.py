@@ -35,7 +35,13 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from homing.clock import Clock
-from homing.gateway.quotas.types import Charge, Denial, QuotaKind, QuotaStoreError
+from homing.gateway.quotas.types import (
+    Charge,
+    Denial,
+    QuotaKind,
+    QuotaStoreError,
+    ScopeUsage,
+)
 
 _COMMON = """
 local function now_ms(arg)
@@ -228,6 +234,29 @@ return 1
 """
 )
 
+# KEYS: one scope's r, t, c, s.  ARGV: now, window_ms.  Returns {requests, tokens, streams}
+# live now (entries with t > now - window, slots with expiry > now), the same counts
+# `InProcessQuotaStore.usage_now` reads; writes nothing.
+_USAGE = (
+    _COMMON
+    + """
+local now = now_ms(ARGV[1])
+local cutoff = now - tonumber(ARGV[2])
+local requests = redis.call('ZCOUNT', KEYS[1], '(' .. cutoff, '+inf')
+local tokens = 0
+local start = 0
+while true do
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. cutoff, '+inf', 'LIMIT', start, BATCH)
+  if #ids == 0 then break end
+  local costs = redis.call('HMGET', KEYS[3], unpack(ids))
+  for i = 1, #costs do tokens = tokens + (tonumber(costs[i]) or 0) end
+  start = start + BATCH
+end
+local streams = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+return {requests, tokens, streams}
+"""
+)
+
 
 def _limit(value: int | None) -> int:
     return -1 if value is None else value
@@ -270,6 +299,7 @@ class RedisQuotaStore:
         self._reserve = self.redis.register_script(_RESERVE)
         self._settle = self.redis.register_script(_SETTLE)
         self._renew = self.redis.register_script(_RENEW)
+        self._usage = self.redis.register_script(_USAGE)
 
     def _now(self) -> int:
         return -1 if self.clock is None else int(self.clock.now() * 1000)
@@ -341,6 +371,14 @@ class RedisQuotaStore:
                     ids.append(charge.charge_id)
         if keys:
             await self._call(self._renew, keys, [self._now(), self.lease_ms, *ids])
+
+    async def usage(self, scope: str) -> ScopeUsage:
+        """See `QuotaStore.usage`."""
+        keys = [self.key(scope, p) for p in ("r", "t", "c", "s")]
+        requests, tokens, streams = await self._call(
+            self._usage, keys, [self._now(), self.window_ms]
+        )
+        return ScopeUsage(int(requests), int(tokens), int(streams))
 
     async def ping(self) -> None:
         """PING the server; raises `QuotaStoreError`."""

@@ -62,6 +62,16 @@ class Denial:
     retry_after_ms: int | None
 
 
+@dataclass(frozen=True)
+class ScopeUsage:
+    """What one scope holds now: `requests` and `tokens` in the sliding window, `streams`
+    slots live. A kind the scope does not limit is not counted by the stores (0)."""
+
+    requests: int = 0
+    tokens: int = 0
+    streams: int = 0
+
+
 class QuotaStoreError(Exception):
     """The store could not be reached or did not answer in time."""
 
@@ -91,6 +101,10 @@ class QuotaStore(Protocol):
 
     async def renew(self, charges: Sequence[Charge]) -> None:
         """Extend the stream leases of running requests by `lease_ms` from now."""
+        ...
+
+    async def usage(self, scope: str) -> ScopeUsage:
+        """What `scope` holds now (read only: charges nothing, expires nothing)."""
         ...
 
     async def ping(self) -> None:

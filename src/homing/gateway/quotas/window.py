@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from homing.clock import Clock
-from homing.gateway.quotas.types import Charge, Denial, QuotaKind
+from homing.gateway.quotas.types import Charge, Denial, QuotaKind, ScopeUsage
 
 
 @dataclass
@@ -232,6 +232,20 @@ class InProcessQuotaStore:
                 if s.streams is not None and s.scope in self._streams:
                     self._leases(s.scope, now).renew(charge.charge_id, now + self.lease_ms)
 
+    def usage_now(self, scope: str, now: int) -> ScopeUsage:
+        """`usage` at `now` (ms): live entries and slots, read without expiring any."""
+        cutoff = now - self.window_ms
+
+        def live(table: dict[str, SlidingWindow]) -> int:
+            window = table.get(scope)
+            if window is None:
+                return 0
+            return sum(window.costs.get(i, 0) for t, i in window.entries if t > cutoff)
+
+        leases = self._streams.get(scope)
+        streams = 0 if leases is None else sum(1 for e in leases.expiry.values() if e > now)
+        return ScopeUsage(live(self._requests), live(self._tokens), streams)
+
     def _drop_idle(self) -> None:
         for table in (self._requests, self._tokens):
             for scope in [k for k, w in table.items() if not w.entries]:
@@ -250,6 +264,10 @@ class InProcessQuotaStore:
     async def renew(self, charges: Sequence[Charge]) -> None:
         """See `QuotaStore.renew`."""
         self.renew_now(charges, self._now())
+
+    async def usage(self, scope: str) -> ScopeUsage:
+        """See `QuotaStore.usage`."""
+        return self.usage_now(scope, self._now())
 
     async def ping(self) -> None:
         """Always answers."""

@@ -1,0 +1,341 @@
+"""The `homing` admin verbs, clients of a running gateway's admin API.
+
+    homing workers ls [--model M] | add MODEL URL [--version V] | drain ID [--wait]
+        [--timeout S] [--grace S] | cordon ID | uncordon ID | rm ID [--force]
+    homing models ls | homing tenants ls | homing stats
+
+Each takes `--admin ADDR` (default `$HOMING_ADMIN`, else the default socket), `--admin-key
+KEY` (default `$HOMING_ADMIN_KEY`) and `--output table|json` (default: table on a terminal,
+json otherwise). Data goes to stdout, diagnostics (`homing: <message>`) to stderr.
+Exit status (`EXIT_*`): 0 done; 1 refused (the server said no, or `drain --wait` timed
+out); 2 usage (argparse); 3 unreachable (no socket, nothing answering).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from google.protobuf.message import Message
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+Verb = Callable[[Any, argparse.Namespace, "Output"], Awaitable[int]]
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    """`message` as JSON-ready data under its proto field names: every field present,
+    unset optional scalars as None, 64-bit integers as numbers (protobuf's own JSON mapping
+    would write them as strings)."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        is_message = field.type == field.TYPE_MESSAGE
+        if field.is_repeated:
+            out[field.name] = [message_dict(v) if is_message else v for v in value]
+        elif is_message:
+            out[field.name] = message_dict(value)
+        elif field.has_presence and not message.HasField(field.name):
+            out[field.name] = None
+        else:
+            out[field.name] = value
+    return out
+
+
+class Output:
+    """Where a verb's result goes: JSON or rich tables on stdout."""
+
+    def __init__(self, mode: str) -> None:
+        from rich.console import Console
+
+        self.mode = mode
+        console = Console()
+        # Not a terminal (a pipe, a file): wide enough that tables are not wrapped to 80.
+        self.console = console if console.is_terminal else Console(width=200)
+
+    def json(self, data: Any) -> None:
+        """Print `data` as indented JSON."""
+        print(json.dumps(data, indent=2))
+
+    def table(self, headers: list[str], rows: list[list[str]], title: str | None = None) -> None:
+        """Print a table of `rows` under `headers`."""
+        from rich.table import Table
+
+        # Plain columns, as kubectl and docker print them: easy to read and to grep.
+        table = Table(*headers, title=title, box=None, pad_edge=False, title_justify="left")
+        for row in rows:
+            table.add_row(*row)
+        self.console.print(table)
+
+
+def _opt(value: Any, fmt: str = "{}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+WORKER_HEADERS = [
+    "ID",
+    "MODEL",
+    "URL",
+    "VERSION",
+    "PHASE",
+    "HEALTHY",
+    "IN-FLIGHT",
+    "RUNNING",
+    "WAITING",
+    "KV",
+    "BLOCKS",
+    "KV-STREAM",
+    "LAST ERROR",
+]
+
+
+def _worker_row(w: dict[str, Any]) -> list[str]:
+    return [
+        w["id"],
+        w["model"],
+        w["url"],
+        w["version"] or "-",
+        w["phase"],
+        "yes" if w["healthy"] else "no",
+        str(w["in_flight"]),
+        _opt(w["running"]),
+        _opt(w["waiting"]),
+        _opt(None if w["token_usage"] is None else 100 * w["token_usage"], "{:.0f}%"),
+        str(w["cached_blocks"]),
+        w["kv_stream"],
+        w["last_error"] or "-",
+    ]
+
+
+def _show_workers(out: Output, workers: list[dict[str, Any]], data: Any) -> None:
+    if out.mode == "json":
+        out.json(data)
+    else:
+        out.table(WORKER_HEADERS, [_worker_row(w) for w in workers])
+
+
+async def _workers_ls(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    response = message_dict(await admin.list_workers(args.model or ""))
+    _show_workers(out, response["workers"], response)
+    return EXIT_OK
+
+
+async def _workers_add(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    worker = message_dict(await admin.add_worker(args.model, args.url, args.version))
+    _show_workers(out, [worker], worker)
+    return EXIT_OK
+
+
+async def _workers_drain(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    response = message_dict(
+        await admin.drain_worker(
+            args.id, wait=args.wait, timeout_s=args.timeout, grace_s=args.grace
+        )
+    )
+    worker = response["worker"]
+    if args.wait and not response["left"]:
+        waited = "" if args.timeout is None else f" after {args.timeout:g} s"
+        print(
+            f"homing: worker {args.id} has not left{waited} "
+            f"({worker['in_flight']} request(s) still in flight); it is still draining and "
+            "leaves when they end, or when they are cut at the drain timeout",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    _show_workers(out, [worker], response)
+    return EXIT_OK
+
+
+async def _workers_cordon(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    worker = message_dict(await admin.cordon_worker(args.id))
+    _show_workers(out, [worker], worker)
+    return EXIT_OK
+
+
+async def _workers_uncordon(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    worker = message_dict(await admin.uncordon_worker(args.id))
+    _show_workers(out, [worker], worker)
+    return EXIT_OK
+
+
+async def _workers_rm(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    worker = message_dict(await admin.remove_worker(args.id, force=args.force))
+    _show_workers(out, [worker], worker)
+    return EXIT_OK
+
+
+async def _models_ls(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    response = message_dict(await admin.list_models())
+    if out.mode == "json":
+        out.json(response)
+        return EXIT_OK
+    rows = [
+        [
+            m["name"],
+            m["policy"],
+            str(m["ready_workers"]),
+            str(m["workers"]),
+            str(m["max_context_length"]),
+        ]
+        for m in response["models"]
+    ]
+    out.table(["NAME", "POLICY", "READY", "WORKERS", "CONTEXT"], rows)
+    return EXIT_OK
+
+
+def _quota_cells(limits: dict[str, Any], use: dict[str, Any]) -> list[str]:
+    """`used/limit` per kind (requests, tokens, streams); "-" where unlimited."""
+    cells = []
+    for limit_name, use_name in (
+        ("requests_per_minute", "requests"),
+        ("tokens_per_minute", "tokens"),
+        ("concurrent_streams", "streams"),
+    ):
+        limit, used = limits[limit_name], use[use_name]
+        cells.append("-" if limit is None else f"{_opt(used)}/{limit}")
+    return cells
+
+
+async def _tenants_ls(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    response = message_dict(await admin.list_tenants())
+    if out.mode == "json":
+        out.json(response)
+        return EXIT_OK
+    rows = []
+    for t in response["tenants"]:
+        models = "all" if t["any_model"] else ", ".join(t["models"]) or "none"
+        rows.append([t["name"], str(t["priority"]), models, *_quota_cells(t["limits"], t["use"])])
+        for k in t["keys"]:
+            key_models = ", ".join(k["models"]) or "none" if k["narrowed"] else ""
+            name = f"  key {k['id']}" + (" (disabled)" if k["disabled"] else "")
+            rows.append([name, "", key_models, *_quota_cells(k["limits"], k["use"])])
+    window = response["window_s"]
+    title = f"use/limit per {window:g} s window ({response['backend']} store)" if window else None
+    out.table(["TENANT", "PRIORITY", "MODELS", "REQUESTS", "TOKENS", "STREAMS"], rows, title)
+    if response["use_error"]:
+        print(f"homing: live use unavailable: {response['use_error']}", file=sys.stderr)
+    return EXIT_OK
+
+
+async def _stats(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    response = message_dict(await admin.get_stats())
+    if out.mode == "json":
+        out.json(response)
+        return EXIT_OK
+    out.table(
+        ["UPTIME", "IN-FLIGHT", "VERSION"],
+        [[f"{response['uptime_s']:.0f} s", str(response["in_flight"]), response["version"]]],
+    )
+    rows = [
+        [m["name"], str(m["ready_workers"]), str(m["workers"]), str(m["in_flight"])]
+        for m in response["models"]
+    ]
+    out.table(["MODEL", "READY", "WORKERS", "IN-FLIGHT"], rows)
+    return EXIT_OK
+
+
+def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `workers`, `models`, `tenants` and `stats` to the `homing` sub-commands."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--admin",
+        metavar="ADDR",
+        help="admin API address, unix:PATH or HOST:PORT (default $HOMING_ADMIN, else "
+        "unix:<state dir>/admin.sock)",
+    )
+    common.add_argument("--admin-key", metavar="KEY", help="admin key (default $HOMING_ADMIN_KEY)")
+    common.add_argument(
+        "--output",
+        choices=["table", "json"],
+        help="table (default when stdout is a terminal) or json (default otherwise)",
+    )
+
+    def verb(
+        parent: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        fn: Verb,
+        help_text: str,
+    ) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(admin_verb=fn)
+        return p
+
+    workers = sub.add_parser("workers", help="list, add, drain, cordon and remove workers")
+    wsub = workers.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = verb(wsub, "ls", _workers_ls, "list the workers of every model (or one)")
+    p.add_argument("--model", help="only this model's workers")
+    p = verb(wsub, "add", _workers_add, "add a worker to a model's pool")
+    p.add_argument("model", metavar="MODEL", help="the served model name")
+    p.add_argument("url", metavar="URL", help="the worker, grpc://HOST:PORT")
+    p.add_argument("--version", default="", help="a label of its engine or weights revision")
+    p = verb(wsub, "drain", _workers_drain, "stop new requests to a worker; it leaves when idle")
+    p.add_argument("id", metavar="ID", help="worker id (see workers ls)")
+    p.add_argument("--wait", action="store_true", help="return once the worker has left")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="with --wait: give up after S seconds (exit 1; the worker keeps draining)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        metavar="S",
+        help="seconds its requests get before they are cut (default: gateway.drain_timeout_s)",
+    )
+    p = verb(wsub, "cordon", _workers_cordon, "stop new requests to a ready worker; it stays")
+    p.add_argument("id", metavar="ID", help="worker id")
+    p = verb(wsub, "uncordon", _workers_uncordon, "let a cordoned worker take requests again")
+    p.add_argument("id", metavar="ID", help="worker id")
+    p = verb(wsub, "rm", _workers_rm, "remove a worker now")
+    p.add_argument("id", metavar="ID", help="worker id")
+    p.add_argument("--force", action="store_true", help="cut its requests in flight")
+
+    models = sub.add_parser("models", help="list the served models and their pools")
+    verb(models.add_subparsers(dest="verb", required=True, metavar="VERB"), "ls", _models_ls,
+         "list the served models with their pools")  # fmt: skip
+    tenants = sub.add_parser("tenants", help="list the tenants and their quota use")
+    verb(tenants.add_subparsers(dest="verb", required=True, metavar="VERB"), "ls", _tenants_ls,
+         "list the tenants with their limits and live quota use")  # fmt: skip
+    stats = sub.add_parser(
+        "stats", parents=[common], help="uptime, requests in flight, workers per model"
+    )
+    stats.set_defaults(admin_verb=_stats)
+
+
+def run_admin(args: argparse.Namespace) -> int:
+    """Run the admin verb `args` names (`admin_verb`); the exit status."""
+    import grpc
+
+    from homing.admin.client import AdminClient, AdminError, resolve_address
+
+    mode = args.output or ("table" if sys.stdout.isatty() else "json")
+    if getattr(args, "timeout", None) is not None and not args.wait:
+        print("homing: --timeout needs --wait", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        address = resolve_address(args.admin)
+    except ValueError as err:
+        print(f"homing: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def call() -> int:
+        async with AdminClient(address, key=args.admin_key) as admin:
+            fn: Verb = args.admin_verb
+            return await fn(admin, args, Output(mode))
+
+    try:
+        return asyncio.run(call())
+    except AdminError as err:
+        print(f"homing: {err.message}", file=sys.stderr)
+        unreachable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        return EXIT_UNREACHABLE if err.code in unreachable else EXIT_REFUSED
+    except KeyboardInterrupt:
+        return 130
