@@ -1,13 +1,14 @@
 """A fleet that changes while it serves, over real simulated workers (child processes):
-two models served at once, workers added, drained, cordoned and removed through `Fleet`
-while streams run, refused when they serve another model, and never credited with the
-prefixes of an earlier life."""
+two models served at once; workers added and drained with the `homing workers` verbs (the
+real binary, over the admin socket) while 50 streams run; cordoned, refused when they serve
+another model, removed, and never credited with the prefixes of an earlier life."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,7 +20,6 @@ from helpers import eventually
 
 from homing.app import App
 from homing.config import (
-    AdminSettings,
     EngineSettings,
     GatewaySettings,
     HomingConfig,
@@ -38,7 +38,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 def config() -> HomingConfig:
-    """Two simulated models at 10x speed with fast health probes, no admin listener."""
+    """Two simulated models at 10x speed with fast health probes; the admin socket at its
+    default (a state directory of this App's own under the test suite)."""
     return HomingConfig(
         gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=2.0),
         engines=EngineSettings(health_interval_s=0.1, unhealthy_threshold=2),
@@ -46,7 +47,6 @@ def config() -> HomingConfig:
             ModelSettings(name=SMALL, sim=SimSettings(workers=2, speedup=10.0)),
             ModelSettings(name=LARGE, sim=SimSettings(model=LARGE, workers=1, speedup=10.0)),
         ],
-        admin=AdminSettings(enabled=False),
     )
 
 
@@ -84,6 +84,25 @@ async def start_sim(started: list[SpareSim], model: str = SMALL) -> SpareSim:
     sim = SpareSim(process, ready["workers"][0]["url"])
     started.append(sim)
     return sim
+
+
+async def homing(app: App, *args: str) -> tuple[int, str, str]:
+    """Run the real `homing ARGS --admin unix:SOCKET` against `app`; (exit code, stdout,
+    stderr)."""
+    assert app.admin is not None and app.admin.socket_path is not None
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "homing",
+        *args,
+        "--admin",
+        f"unix:{app.admin.socket_path}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 def base(app: App) -> str:
@@ -192,11 +211,11 @@ async def test_two_models_each_request_served_by_its_own_models_workers(app: App
     assert set(by_model[LARGE]) == own[LARGE]
 
 
-async def test_worker_added_while_50_streams_run_gets_requests_once_ready(
+async def test_worker_added_with_the_cli_while_50_streams_run_gets_requests(
     app: App, spare: list[SpareSim]
 ) -> None:
-    """A worker added while 50 streams run joins `ready` and then serves new requests; the
-    50 streams all end normally."""
+    """`homing workers add` while 50 streams run: the worker joins `ready` with its version
+    and then serves new requests; the 50 streams all end normally."""
     fleet = fleet_of(app)
     sim = await start_sim(spare)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as session:
@@ -205,49 +224,62 @@ async def test_worker_added_while_50_streams_run_gets_requests_once_ready(
             asyncio.ensure_future(stream(session, app, SMALL, 200, first)) for _ in range(50)
         ]
         await asyncio.wait_for(first.wait(), 30)
-        state = await fleet.add_worker(SMALL, sim.url, version="v2")
+        code, out, err = await homing(
+            app, "workers", "add", SMALL, sim.url, "--version", "v2", "--output", "json"
+        )
+        assert (code, err) == (0, "")
+        added = json.loads(out)
+        worker_id = added["id"]
+        state = fleet.model(SMALL).pool.state(worker_id)
         assert state.phase is Phase.READY and state.healthy and state.version == "v2"
-        served = Counter()
+        assert sum(1 for r in streams if not r.done()) > 0  # added while streams ran
+        served: Counter[str | None] = Counter()
         for i in range(30):
-            _, worker, _ = await complete(
-                session, app, SMALL, [9000 + 50 * i + j for j in range(40)]
-            )
+            prompt = [9000 + 50 * i + j for j in range(40)]
+            _, worker, _ = await complete(session, app, SMALL, prompt)
             served[worker] += 1
         results = await asyncio.gather(*streams)
-    assert served[state.worker_id] > 0
+    assert served[worker_id] > 0
     assert all(r.status == 200 and r.finish == "length" and r.error is None for r in results)
-    await fleet.remove(state.worker_id)
+    await fleet.remove(worker_id)
 
 
-async def test_drain_during_50_streams_cuts_none_and_routes_nothing_new(
+async def test_cli_drain_wait_during_50_streams_cuts_none_and_routes_nothing_new(
     app: App, spare: list[SpareSim]
 ) -> None:
-    """Draining a worker that serves some of 50 streams: no stream is cut, no request is
-    routed to it from the moment `drain` returns, it leaves when its last stream ends, and
-    the router holds nothing of it afterwards. (A spare worker joins first, so the model
-    keeps two.)"""
+    """`homing workers drain ID --wait` on a worker serving some of 50 streams: no stream is
+    cut, no request is routed to it once it drains, the command returns (exit 0) only after
+    its last stream ended and it left, and the router holds nothing of it afterwards. (A
+    spare worker joins first, so the model keeps two.)"""
     fleet = fleet_of(app)
     model = fleet.model(SMALL)
     await fleet.add_worker(SMALL, (await start_sim(spare)).url)
     log = DecisionLog(model.router.observer)
     model.router.observer = log  # type: ignore[assignment]
+    ended: dict[int, float] = {}
+    loop = asyncio.get_running_loop()
+
+    async def timed(i: int, started: asyncio.Event) -> StreamResult:
+        prompt = [20_000 + 64 * i + j for j in range(64)]
+        result = await stream(session, app, SMALL, 150, started, prompt)
+        ended[i] = loop.time()
+        return result
+
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as session:
             first = asyncio.Event()
-            streams = [
-                asyncio.ensure_future(
-                    stream(
-                        session, app, SMALL, 150, first, [20_000 + 64 * i + j for j in range(64)]
-                    )
-                )
-                for i in range(50)
-            ]
+            streams = [asyncio.ensure_future(timed(i, first)) for i in range(50)]
             await asyncio.wait_for(first.wait(), 30)
             assert await eventually(lambda: len(log.seen) == 50, 10)
             victim = Counter(d.worker_id for d in log.seen).most_common(1)[0][0]
             assert model.pool.state(victim).in_flight > 0
-            state = fleet.drain(victim, timeout_s=60)
-            assert state.phase is Phase.DRAINING
+            drain = asyncio.ensure_future(homing(app, "workers", "drain", victim, "--wait"))
+            assert await eventually(
+                lambda: (
+                    not model.pool.has(victim) or model.pool.state(victim).phase is Phase.DRAINING
+                ),
+                60,
+            )
             mark = len(log.seen)
             later = await asyncio.gather(
                 *(
@@ -255,12 +287,15 @@ async def test_drain_during_50_streams_cuts_none_and_routes_nothing_new(
                     for i in range(20)
                 )
             )
-            assert await fleet.wait_gone(victim, 60)
+            code, out, err = await drain
+            returned = loop.time()
             results = await asyncio.gather(*streams)
     finally:
         model.router.observer = log.inner  # type: ignore[assignment]
+    assert (code, err) == (0, ""), out
+    on_victim = [i for i, r in enumerate(results) if r.worker == victim]
+    assert on_victim and all(ended[i] <= returned for i in on_victim)
     assert all(r.status == 200 and r.finish == "length" and r.error is None for r in results)
-    assert sum(r.worker == victim for r in results) > 0
     assert all(d.worker_id != victim for d in log.seen[mark:])
     assert all(status == 200 and worker != victim for status, worker, _ in later)
     assert not model.pool.has(victim)
