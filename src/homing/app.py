@@ -197,6 +197,7 @@ class App:
         def on_transition(w: WorkerState, before: Phase, action: Action) -> None:
             model = holder[0] if holder else (spec.name or "")
             self.fleet_metrics.on_transition(model, action.value, before.value, w.phase.value)
+            self._on_health_change(w)  # a cordon or drain may leave no worker to serve
 
         pool = WorkerPool(
             workers,
@@ -343,7 +344,8 @@ class App:
             log.info("quota_store", backend=q.backend, on_store_error=q.on_store_error)
 
     def _on_health_change(self, state: WorkerState) -> None:
-        """Keep the gRPC health service in step with the pool (SERVING iff a worker is)."""
+        """Keep the gRPC health service in step with the fleet (SERVING iff some model has a
+        ready, healthy worker); called on health flips and lifecycle transitions."""
         if self.grpc is None or self.fleet is None or self._stopping:
             return
         serving = any(m.ready_workers for m in self.fleet.models.values())

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
+import grpc
 import pytest
 import pytest_asyncio
 from helpers import eventually
@@ -403,3 +404,39 @@ async def test_drain_timeout_ends_open_streams_with_an_explicit_error(app: App) 
     assert all(r.worker == target and r.error == "worker_drained" for r in results)
     assert all(r.finish is None for r in results)
     assert status == 200 and worker in others
+
+
+async def test_cordoning_every_worker_makes_the_instance_not_ready(app: App) -> None:
+    """With every worker of both models cordoned, `/ready` is 503 and the gRPC health
+    service says NOT_SERVING; uncordoning one worker brings both back."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    fleet = fleet_of(app)
+    everyone = [w.worker_id for _, w in fleet.workers()]
+    for worker_id in everyone:
+        fleet.cordon(worker_id)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def status() -> int:
+            return (await health.Check(health_pb2.HealthCheckRequest(service=""))).status
+
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{base(app)}/ready") as resp:
+                    cordoned = resp.status
+                down = await status()
+                fleet.uncordon(everyone[-1])
+                async with session.get(f"{base(app)}/ready") as resp:
+                    back = resp.status
+                for _ in range(100):  # the health service is set by a task of its own
+                    if await status() == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                    await asyncio.sleep(0.01)
+                up = await status()
+        finally:
+            for worker_id in everyone[:-1]:
+                fleet.uncordon(worker_id)
+    assert (cordoned, back) == (503, 200)
+    assert down == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert up == health_pb2.HealthCheckResponse.SERVING
