@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 
 import structlog
 
@@ -186,9 +187,9 @@ class Fleet:
 
     # -- internals --
 
-    def _act(self, worker_id: str, action: object) -> WorkerState:
+    def _act(self, worker_id: str, action: Callable[[], WorkerState]) -> WorkerState:
         try:
-            return action()  # type: ignore[operator,no-any-return]
+            return action()
         except IllegalTransition as err:
             raise WrongPhase(f"worker {worker_id}: {err}") from None
 
