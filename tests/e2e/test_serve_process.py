@@ -105,10 +105,11 @@ def test_serve_with_two_sim_models_serves_each_on_its_own_workers() -> None:
     """`homing serve --sim-model A=1 --sim-model B=2` lists both models and serves a
     request to each on a worker of that model (three children in all)."""
     http, grpc_port = _free_port(), _free_port()
-    args = ["--sim-model", "llama-3.1-8b=1", "--sim-model", "llama-3.1-70b=2", "--speedup", "10"]
+    command = [sys.executable, "-m", "homing", "serve", "--port", str(http)]
+    command += ["--grpc-port", str(grpc_port), "--speedup", "10"]
+    command += ["--sim-model", "llama-3.1-8b=1", "--sim-model", "llama-3.1-70b=2"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "homing", "serve", "--port", str(http)]
-        + ["--grpc-port", str(grpc_port), *args],
+        command,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -10,9 +10,10 @@ write one JSON file. Figures (targets from issue 4):
   conversation (a 1,024-token system prompt every worker holds, then its own blocks held by
   one worker) extended by new tokens, so the lookup walks its whole cached prefix: the
   worst case for the index. Target: p99 <= 100 us at 2k tokens and 64 workers.
-- event ingestion (blocks/s): `Router.apply_kv_batch` on wire `KvEventBatch`es shaped like
-  SGLang's (one stored block per event, with its parent hash; 512 events per batch, one
-  scheduler step of 8k tokens), protobuf conversion included. Target: >= 300,000.
+- event ingestion (blocks/s): `Router.apply_kv_bytes` on serialized `KvEventBatch`es (the
+  bytes the pool's subscription delivers) shaped like SGLang's (one stored block per event,
+  with its parent hash; 512 events per batch, one scheduler step of 8k tokens), reading the
+  wire bytes included. Target: >= 300,000.
 - bytes per indexed block: `tracemalloc` growth of the index while `blocks` distinct blocks
   are ingested, divided by `num_blocks`. Target: <= 150.
 - native vs pure Python (`--compare-python`, on by default): the router's C extensions
@@ -133,10 +134,11 @@ class Population:
             prefix_id += 1
 
     def _ingest(self, worker: str, batches: Sequence[common_pb2.KvEventBatch]) -> None:
-        apply = self.router.apply_kv_batch
+        apply = self.router.apply_kv_bytes
+        wire = [batch.SerializeToString() for batch in batches]
         t0 = time.perf_counter()
-        for batch in batches:
-            apply(worker, batch)
+        for data in wire:
+            apply(worker, data)
         self.ingest_s += time.perf_counter() - t0
         self.ingested_blocks += sum(len(b.events) for b in batches)
 
@@ -253,20 +255,25 @@ def compare_decisions(
 
 
 def compare_ingest(blocks: int, workers: int = 64) -> dict[str, float]:
-    """Blocks/s of `Router.apply_kv_batch` with and without the C extensions: two fresh
+    """Blocks/s of `Router.apply_kv_bytes` with and without the C extensions: two fresh
     routers fed the same `blocks` blocks (conversation shape of `Population`), batch by
     batch in turn, each going first every other time."""
     system = _tokens(0, SYSTEM_TOKENS)
     shared = SYSTEM_TOKENS // BLOCK
     own = 2048 // BLOCK - shared
-    feeds: list[tuple[str, list[common_pb2.KvEventBatch]]] = []
+    feeds: list[tuple[str, list[bytes]]] = []
+
+    def wire(batches: list[common_pb2.KvEventBatch]) -> list[bytes]:
+        return [batch.SerializeToString() for batch in batches]
+
     for w in range(workers):
-        feeds.append((f"w{w}", stored_batches([(0, system, 0)])))
+        feeds.append((f"w{w}", wire(stored_batches([(0, system, 0)]))))
     prefix_id = 1
     total = workers * shared
     while total < blocks:
         tokens = system + _tokens(prefix_id, own * BLOCK)
-        feeds.append((f"w{prefix_id % workers}", stored_batches([(prefix_id, tokens, shared)])))
+        chain = [(prefix_id, tokens, shared)]
+        feeds.append((f"w{prefix_id % workers}", wire(stored_batches(chain))))
         total += own
         prefix_id += 1
     routers = {name: Router("cache_aware", max_blocks=2 * blocks) for name in ("native", "python")}
@@ -277,8 +284,8 @@ def compare_ingest(blocks: int, workers: int = 64) -> dict[str, float]:
         for name, router in order if turn % 2 else reversed(order):
             with _PurePython() if name == "python" else contextlib.nullcontext():
                 t0 = perf()
-                for batch in batches:
-                    router.apply_kv_batch(worker, batch)
+                for data in batches:
+                    router.apply_kv_bytes(worker, data)
                 spent[name] += perf() - t0
     assert routers["native"].index._holders == routers["python"].index._holders, (
         "native and Python ingestion disagree"

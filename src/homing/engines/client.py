@@ -59,6 +59,12 @@ DEFAULT_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 #: Seconds an Abort RPC may take before we give up on it (best effort).
 ABORT_TIMEOUT_S = 2.0
 
+#: SubscribeKvEvents' method path, from the package's service descriptor (the generated
+#: stub's path): called without a response deserializer, so batches arrive as wire bytes.
+SUBSCRIBE_KV_EVENTS_PATH = (
+    f"/{pb.DESCRIPTOR.services_by_name['SglangScheduler'].full_name}/SubscribeKvEvents"
+)
+
 
 class EngineError(Exception):
     """A failed engine RPC.
@@ -410,23 +416,30 @@ class EngineClient:
         except grpc.aio.AioRpcError as err:
             raise self._error(err) from err
 
-    async def subscribe_kv_events(
-        self, start_sequence_number: int = 0
-    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+    async def subscribe_kv_events(self, start_sequence_number: int = 0) -> AsyncIterator[bytes]:
         """SubscribeKvEvents(start_sequence_number, load_records_before_first_batch=True).
 
-        Yields batches as they arrive until the worker ends the stream; raises EngineError
-        on failure. Closing the iterator cancels the call.
+        Yields each `KvEventBatch` as the serialized bytes the stream delivered (not
+        parsed: the router reads them, `homing.router.events.decode_batch`) until the
+        worker ends the stream; raises EngineError on failure. Closing the iterator cancels
+        the call.
         """
-        call = self._get_stub().SubscribeKvEvents(
+        self._get_stub()
+        assert self._channel is not None
+        subscribe = self._channel.unary_stream(
+            SUBSCRIBE_KV_EVENTS_PATH,
+            request_serializer=common_pb2.SubscribeKvEventsRequest.SerializeToString,
+            response_deserializer=None,
+        )
+        call = subscribe(
             common_pb2.SubscribeKvEventsRequest(
                 start_sequence_number=start_sequence_number,
                 load_records_before_first_batch=True,
             )
         )
         try:
-            async for batch in call:
-                yield batch
+            async for data in call:
+                yield data
         except grpc.aio.AioRpcError as err:
             raise self._error(err) from err
         finally:

@@ -48,7 +48,9 @@ class KvStreamCursor:
         self._last: dict[int | None, int] = {}
 
     def feed(self, batch: common_pb2.KvEventBatch) -> KvStep:
-        """Classify `batch` and advance the cursor."""
+        """Classify `batch` and advance the cursor. Only its header is read
+        (`sequence_number`, `dp_rank`, `load`), so the header the router decoded from the
+        wire bytes (`DecodedKvBatch.header`, without the events) serves as well."""
         rank = batch.dp_rank if batch.HasField("dp_rank") else None
         load = batch.load if batch.HasField("load") else None
         if load is not None and load.load_only:

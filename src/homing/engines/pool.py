@@ -10,9 +10,11 @@ Per worker the pool runs two tasks:
 - health: every `health_interval_s`, `HealthCheck` with `health_timeout_s`; consecutive
   outcomes flip health (`unhealthy_threshold` failures, `healthy_threshold` successes).
   Requests' transport errors (`report_failure`) count as failures too.
-- KV events: `SubscribeKvEvents(0, load_records_before_first_batch=True)`; every batch's
+- KV events: `SubscribeKvEvents(0, load_records_before_first_batch=True)`, each batch as
+  the bytes gRPC delivered, read once by the router (`decode_kv_batch`); every batch's
   `EngineLoad` updates the worker's `EngineLoadView`; event batches go to the router in
-  order, with their publish-to-receive lag. Index lifecycle: the worker's entries are
+  order, with their publish-to-receive lag. A batch that is not a `KvEventBatch` ends the
+  subscription as a stream error. Index lifecycle: the worker's entries are
   flushed (a new `kv_epoch`) on every (re)subscription, on a sequence gap, on a sequence
   number going backwards (the worker restarted behind a live stream), when the stream ends
   or fails, and when the worker is removed (the router flushes on `cleared` itself). After
@@ -34,7 +36,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import grpc
 import structlog
@@ -50,12 +52,31 @@ from homing.engines.lifecycle import Action, Phase, accepts_requests, transition
 log = structlog.get_logger(__name__)
 
 
-class KvEventSink(Protocol):
+class DecodedKvBatch(Protocol):
+    """One KV-event batch as the sink read it (`homing.router.events.DecodedBatch` is one)."""
+
+    @property
+    def header(self) -> common_pb2.KvEventBatch:
+        """The batch's fields but its events (sequence_number, timestamp, dp_rank, load)."""
+        ...
+
+    @property
+    def num_events(self) -> int:
+        """Events in the batch."""
+        ...
+
+
+_Decoded = TypeVar("_Decoded", bound=DecodedKvBatch)
+
+
+class KvEventSink(Protocol[_Decoded]):
     """What the pool feeds KV events to (`homing.router.Router` is one)."""
 
-    def apply_kv_batch(
-        self, worker_id: str, batch: common_pb2.KvEventBatch, lag_s: float | None = None
-    ) -> None:
+    def decode_kv_batch(self, data: bytes) -> _Decoded:
+        """Read one serialized `KvEventBatch`, once; ValueError when it is not one."""
+        ...
+
+    def apply_kv_decoded(self, worker_id: str, batch: _Decoded, lag_s: float | None = None) -> None:
         """Apply one in-order batch of `worker_id`'s events (`lag_s`: publish to receive)."""
         ...
 
@@ -763,24 +784,34 @@ class WorkerPool:
                 self._flush(w, "subscribe")
             self._set_stream(w, "connecting")
             try:
-                async for batch in w.client.subscribe_kv_events(start_sequence_number=0):
-                    backoff = cfg.kv_backoff_initial_s
-                    unsupported = False
-                    if w.state.kv_stream != "open":
-                        self._set_stream(w, "open")
-                    step = cursor.feed(batch)
-                    if step.load is not None:
-                        self._apply_load(w, step.rank, step.load)
-                    if step.reset:
-                        log.warning("kv_sequence_reset", worker=worker_id, rank=step.rank)
-                        self._flush(w, "restart")
-                    elif step.flush:
-                        log.warning("kv_sequence_gap", worker=worker_id, lost_batches=step.gap)
-                        self._flush(w, "gap")
-                    if step.apply and len(batch.events):
-                        self._router.apply_kv_batch(worker_id, batch, self._batch_lag(batch))
+                stream = w.client.subscribe_kv_events(start_sequence_number=0)
+                async with contextlib.aclosing(stream):  # cancels the call on every exit
+                    async for data in stream:
+                        try:
+                            batch = self._router.decode_kv_batch(data)
+                        except ValueError as err:  # before the backoff resets: junk backs off
+                            raise _MalformedBatch(str(err)) from err
+                        backoff = cfg.kv_backoff_initial_s
+                        unsupported = False
+                        if w.state.kv_stream != "open":
+                            self._set_stream(w, "open")
+                        header = batch.header
+                        step = cursor.feed(header)
+                        if step.load is not None:
+                            self._apply_load(w, step.rank, step.load)
+                        if step.reset:
+                            log.warning("kv_sequence_reset", worker=worker_id, rank=step.rank)
+                            self._flush(w, "restart")
+                        elif step.flush:
+                            log.warning("kv_sequence_gap", worker=worker_id, lost_batches=step.gap)
+                            self._flush(w, "gap")
+                        if step.apply and batch.num_events:
+                            self._router.apply_kv_decoded(worker_id, batch, self._batch_lag(header))
                 log.info("kv_stream_ended", worker=worker_id)
                 reason = "stream_end"
+            except _MalformedBatch as err:
+                log.warning("kv_batch_malformed", worker=worker_id, error=str(err))
+                reason = "stream_error"
             except EngineError as err:
                 log.info("kv_stream_failed", worker=worker_id, error=str(err))
                 reason = "stream_error"
@@ -800,6 +831,10 @@ class WorkerPool:
                 async with asyncio.timeout(backoff):
                     await w.kv_retry.wait()
             backoff = min(backoff * 2, cfg.kv_backoff_max_s)
+
+
+class _MalformedBatch(Exception):
+    """A KV stream delivered bytes that are not a `KvEventBatch` (the sink's ValueError)."""
 
 
 def _struct_number(struct: object, key: str) -> float | None:

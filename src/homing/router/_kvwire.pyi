@@ -1,7 +1,7 @@
 """The common events of a serialized `KvEventBatch`, read in C (`_native/kvwire.c`).
 
-Built by `make` (`pip install -e .`); optional: `homing.router.events.ingest_batch` falls
-back to reading the message in Python where it is missing.
+Built by `make` (`pip install -e .`); optional: `homing.router.events.ingest_batch` and
+`decode_batch` fall back to reading the message in Python where it is missing.
 """
 
 def parse_events(
@@ -23,7 +23,31 @@ def parse_events(
 
     Unknown fields are skipped. Raises ValueError ("malformed KvEventBatch: ... at byte
     N") when `raw` is not a well-formed protobuf message (a truncated varint, a length
-    past the end, an invalid wire type or tag); never where upb parses `raw`. The rest of
+    past the end, an invalid wire type or tag, groups nested past upb's depth limit) or a
+    string field of an event read here is not UTF-8; never where upb parses `raw`. The rest of
     an event returned as an index is not read, so bytes malformed only there pass.
+    TypeError: `raw` does not support the buffer protocol.
+    """
+
+def parse_batch(
+    raw: bytes | bytearray | memoryview, /
+) -> tuple[
+    bytes,
+    int,
+    list[list[tuple[int, int | None, bytes, int]] | tuple[list[int], int | None, bool] | bytes],
+]:
+    """`(header, event_count, items)` of the serialized `KvEventBatch` `raw`, read once:
+
+    - `header`: the bytes of every field of the batch but its events (sequence_number,
+      timestamp, dp_rank, snapshot, load, unknown fields), in order, as they were on the
+      wire: what upb parses into the same header it would parse from `raw`.
+    - `event_count`: the events in `raw`.
+    - `items`: as `parse_events` gives them, except that an event left to Python is the
+      bytes of its whole field (tag and length included): a batch of that one event, which
+      upb parses at the nesting depth the event has in `raw`.
+
+    Raises ValueError as `parse_events` does, and also for invalid UTF-8 in the string
+    fields of the events read here; together with upb's parse of `header` and of the
+    events returned as bytes, that rejects exactly the bytes upb rejects.
     TypeError: `raw` does not support the buffer protocol.
     """

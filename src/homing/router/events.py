@@ -1,16 +1,19 @@
 """KV-cache events as plain data, and their conversion from the wire (`KvEventBatch`).
 
-Rule of this file: the edge. `events_from_batch` and `ingest_batch` (its fast path for
-SGLang's one-block stored events) are the only places that read the protobuf; the index
-consumes the frozen dataclasses below, or plain bytes and ints, and never sees a message.
+Rule of this file: the edge. `decode_batch`, `events_from_batch` and `ingest_batch` (the
+fast path for SGLang's one-block stored events) are the only places that read the protobuf;
+the index consumes the frozen dataclasses below, or plain bytes and ints, and never sees a
+message.
 
-`ingest_batch` reads the common events natively: it serializes the batch once and the C
-extension `homing.router._kvwire` (`_native/kvwire.c`, built by `make` / `pip install`)
-reads the fast-shape stored runs and the removed events from the wire bytes, handing every
-other event back by its index to the per-event Python code. Where the extension is not
-built it falls back to `ingest_batch_python`, which reads the message and makes the same
-calls on the sink. Conversion decisions (documented per field in `common.proto`,
-smg-grpc-proto 0.4.28):
+The KV stream arrives as the bytes gRPC delivered (`decode_batch`, then `ingest_decoded`):
+the C extension `homing.router._kvwire` (`_native/kvwire.c`, built by `make` / `pip
+install`) reads them once, the fast-shape stored runs and the removed events into plain
+tuples, and hands back the bytes of the batch's other fields (sequence number, timestamp,
+dp rank, load record) and of every other event, which upb parses. Where the extension is
+not built, upb parses the whole batch and `ingest_batch_python` reads it: the same header,
+the same calls on the sink, and ValueError for the same bytes. `ingest_batch` does the same
+for a batch already parsed (it serializes it once). Conversion decisions (documented per
+field in `common.proto`, smg-grpc-proto 0.4.28):
 
 - tier: `KvBlocksStored.tier` when set, else the first block's legacy `cache_level`
   (0 device, 1 host, 2 disk, 3 external -> tier value + 1), else device.
@@ -29,8 +32,9 @@ import sys
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from google.protobuf.message import DecodeError
 from smg_grpc_proto.generated import common_pb2
 
 from homing.router.hashing import token_bytes
@@ -281,7 +285,8 @@ def ingest_batch_python(
 
 
 def ingest_batch(batch: common_pb2.KvEventBatch, sink: WireSink, worker_id: str) -> BatchCounts:
-    """Feed one batch's events to `sink` in order, converted as `event_from_proto` does.
+    """Feed one parsed batch's events to `sink` in order, converted as `event_from_proto`
+    does (for a batch as the wire delivers it, see `decode_batch`).
 
     Same calls to `sink` and same counts as `ingest_batch_python` (see there for the
     shapes). With `homing.router._kvwire` built, the batch is serialized once and the
@@ -296,20 +301,26 @@ def ingest_batch(batch: common_pb2.KvEventBatch, sink: WireSink, worker_id: str)
     # upb serialized the batch, so the reader's ValueError for malformed bytes would be a
     # reader bug: it propagates (the pool's stream task then resubscribes) rather than
     # being hidden by a fallback.
-    items = _kvwire.parse_events(batch.SerializeToString())
-    return _ingest_items(items, batch, sink, worker_id)
+    items: list[Any] = _kvwire.parse_events(batch.SerializeToString())
+    for i, item in enumerate(items):
+        if type(item) is int:
+            items[i] = batch.events[item]
+    return _ingest_items(items, sink, worker_id)
 
 
-def _ingest_items(
-    items: list[
-        list[tuple[int, int | None, bytes, int]] | tuple[list[int], int | None, bool] | int
-    ],
-    batch: common_pb2.KvEventBatch,
-    sink: WireSink,
-    worker_id: str,
-) -> BatchCounts:
-    """The native half of `ingest_batch`: `items` from `_kvwire.parse_events` on `batch`'s
-    bytes fed to `sink`; an int item is `batch.events[item]`, read by `_ingest_event`."""
+#: An item of `_ingest_items`: a run of fast-shape stored events (`store_blocks` items), a
+#: removed event (hashes, tier or None, shared) or an event Python reads.
+_Item = (
+    list[tuple[int, int | None, bytes, int]]
+    | tuple[list[int], int | None, bool]
+    | common_pb2.KvCacheEvent
+)
+
+
+def _ingest_items(items: Sequence[_Item], sink: WireSink, worker_id: str) -> BatchCounts:
+    """The native half of `ingest_batch` and `ingest_decoded`: `items` (the reader's, with
+    the events it left to Python as messages) fed to `sink` in order; a message goes
+    through `_ingest_event`. `items` is not modified."""
     counts = BatchCounts()
     run: list[tuple[int, int | None, bytes, int]] = []
     for item in items:
@@ -317,7 +328,7 @@ def _ingest_items(
             if run:
                 run += item
             else:
-                run = item
+                run = item.copy()  # a run may grow: the items stay as read
         elif type(item) is tuple:
             if run:
                 counts.stored += sink.store_blocks(worker_id, run)
@@ -326,9 +337,83 @@ def _ingest_items(
             sink.remove_blocks(worker_id, hashes, tier, shared)
             counts.removed += len(hashes)
         else:
-            run = _ingest_event(batch.events[item], sink, worker_id, counts, run)
+            run = _ingest_event(item, sink, worker_id, counts, run)
     if run:
         counts.stored += sink.store_blocks(worker_id, run)
+    return counts
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedBatch:
+    """One serialized `KvEventBatch`, read once by `decode_batch`.
+
+    `header`: a `KvEventBatch` with the batch's fields (sequence_number, timestamp,
+    dp_rank, snapshot, load) as upb parses them; its `events` are not to be read (empty
+    when the C reader split them off). `num_events`: events in the batch. The events
+    themselves go to a sink with `ingest_decoded`, as many times as wanted.
+    """
+
+    header: common_pb2.KvEventBatch
+    num_events: int
+    _items: list[_Item] | None  # the C reader's items; None: `_message` holds everything
+    _message: common_pb2.KvEventBatch | None
+
+
+def _malformed(err: DecodeError) -> ValueError:
+    return ValueError(f"malformed KvEventBatch: {err}")
+
+
+def decode_batch(data: bytes | bytearray | memoryview) -> DecodedBatch:
+    """Read a serialized `KvEventBatch` (as the gRPC stream delivers it) once.
+
+    With `homing.router._kvwire` built, C reads the events (`_kvwire.parse_batch`) and upb
+    parses only the bytes it hands back: the batch's other fields and the events C leaves
+    to Python (each as a batch of that one event, so at its own nesting depth). Without it
+    upb parses the whole batch. Either way the result feeds the same sink calls
+    (`ingest_decoded`) and the header reads the same. Raises ValueError ("malformed
+    KvEventBatch: ...") for exactly the bytes upb rejects, before anything is applied.
+    """
+    if _kvwire is None:
+        try:
+            batch = common_pb2.KvEventBatch.FromString(data)
+        except DecodeError as err:
+            raise _malformed(err) from err
+        return DecodedBatch(batch, len(batch.events), None, batch)
+    header_bytes, num_events, items = _kvwire.parse_batch(data)
+    from_string = common_pb2.KvEventBatch.FromString
+    try:
+        header = from_string(header_bytes)
+        for i, item in enumerate(items):
+            if type(item) is bytes:
+                items[i] = from_string(item).events[0]
+    except DecodeError as err:
+        raise _malformed(err) from err
+    return DecodedBatch(header, num_events, items, None)
+
+
+def ingest_decoded(batch: DecodedBatch, sink: WireSink, worker_id: str) -> BatchCounts:
+    """Feed a `decode_batch` result's events to `sink` in order: the calls and counts of
+    `ingest_batch_python` on the parsed batch (see there for the shapes)."""
+    if batch._items is None:
+        assert batch._message is not None
+        return ingest_batch_python(batch._message, sink, worker_id)
+    return _ingest_items(batch._items, sink, worker_id)
+
+
+def ingest_events(events: Iterable[KvEvent], sink: WireSink, worker_id: str) -> BatchCounts:
+    """Feed plain events (a simulator's, or `events_from_batch`'s) to `sink.apply` in order.
+    Counts as the batch paths count an event applied whole: a stored event's blocks, a
+    removed event's hashes, one per cleared."""
+    counts = BatchCounts()
+    apply = sink.apply
+    for event in events:
+        apply(worker_id, event)
+        if type(event) is BlocksStored:
+            counts.stored += len(event.blocks)
+        elif type(event) is BlocksRemoved:
+            counts.removed += len(event.engine_hashes)
+        elif type(event) is CacheCleared:
+            counts.cleared += 1
     return counts
 
 

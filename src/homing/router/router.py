@@ -1,7 +1,9 @@
 """The Router facade: one affinity index, one dispatch ledger and one policy for one model.
 
 Rule of this file: composition and bookkeeping only. The router owns the `PrefixIndex` (fed
-by `apply_kv_batch`, which converts the wire batch at the edge via `homing.router.events`),
+by `apply_kv_bytes` / `decode_kv_batch` + `apply_kv_decoded` with the bytes of a wire batch,
+`apply_kv_batch` with a parsed one, or `apply_events` with plain events; the wire is
+converted at the edge, in `homing.router.events`),
 the `DispatchLedger` (its own dispatches between load records) and the policy built from
 the registry by name; `select` delegates the choice to the policy, then records it: in the
 ledger, in the index (an approximate-mode record, or an opt-in exact-mode booking; never for a
@@ -14,7 +16,7 @@ flushes on `cleared` itself (via the index).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from smg_grpc_proto.generated import common_pb2
@@ -22,7 +24,12 @@ from smg_grpc_proto.generated import common_pb2
 from homing.clock import Clock, SystemClock
 from homing.router.events import (
     BatchCounts,
+    DecodedBatch,
+    KvEvent,
+    decode_batch,
     ingest_batch,
+    ingest_decoded,
+    ingest_events,
 )
 from homing.router.index import (
     DEFAULT_APPROX_TTL_S,
@@ -158,12 +165,20 @@ class Router:
 
     # ------------------------------------------------------------------ decisions
 
-    def select(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> RouteDecision:
-        """The worker for `request` among `workers` (healthy candidates, chosen by the caller).
+    def select(
+        self,
+        request: RouteRequest,
+        workers: Sequence[WorkerSnapshot],
+        now: float | None = None,
+    ) -> RouteDecision:
+        """The worker for `request` among `workers` (healthy candidates, chosen by the caller)
+        at time `now` (seconds on the router's clock; None: `clock.now()`), which expires
+        index entries and stamps the dispatch.
 
         Raises `NoWorkerAvailable` when `workers` is empty.
         """
-        now = self.clock.now()
+        if now is None:
+            now = self.clock.now()
         index = self.index
         index.expire(now)
         index.maintain(SELECT_SWEEP_STEPS)
@@ -179,14 +194,53 @@ class Router:
 
     # ------------------------------------------------------------------ KV events
 
+    def decode_kv_batch(self, data: bytes | bytearray | memoryview) -> DecodedBatch:
+        """Read one serialized `KvEventBatch` (the bytes the stream delivered) once: its
+        header for the caller's sequence bookkeeping, its events for `apply_kv_decoded`.
+        ValueError: `data` is not a `KvEventBatch` (`homing.router.events.decode_batch`)."""
+        return decode_batch(data)
+
+    def apply_kv_decoded(
+        self, worker_id: str, batch: DecodedBatch, lag_s: float | None = None
+    ) -> None:
+        """Apply the events of one (in-order, non-duplicate) batch from `worker_id`'s stream,
+        read by `decode_kv_batch`; `lag_s`: the caller's measure of its publish-to-receive
+        delay (for metrics)."""
+        index = self.index
+        was = index.mode(worker_id)
+        counts = ingest_decoded(batch, index, worker_id)
+        if index.has_retired():
+            index.maintain()
+        self._after_batch(worker_id, was, counts, lag_s)
+
+    def apply_kv_bytes(
+        self, worker_id: str, data: bytes | bytearray | memoryview, lag_s: float | None = None
+    ) -> None:
+        """`apply_kv_decoded` of `decode_kv_batch(data)`; ValueError (nothing applied) when
+        `data` is not a `KvEventBatch`."""
+        self.apply_kv_decoded(worker_id, decode_batch(data), lag_s)
+
     def apply_kv_batch(
         self, worker_id: str, batch: common_pb2.KvEventBatch, lag_s: float | None = None
     ) -> None:
-        """Apply the events of one (in-order, non-duplicate) batch from `worker_id`'s stream;
-        `lag_s`: the caller's measure of its publish-to-receive delay (for metrics)."""
+        """`apply_kv_decoded` for a batch already parsed (same calls on the index)."""
         index = self.index
         was = index.mode(worker_id)
         counts = ingest_batch(batch, index, worker_id)
+        if index.has_retired():
+            index.maintain()
+        self._after_batch(worker_id, was, counts, lag_s)
+
+    def apply_events(
+        self, worker_id: str, events: Iterable[KvEvent], lag_s: float | None = None
+    ) -> None:
+        """Apply plain events (`BlocksStored`, `BlocksRemoved`, `CacheCleared` from
+        `homing.router.events`; a simulator's, with no wire in between) as one in-order
+        batch from `worker_id`: the index, the observer and the worker's last-event time
+        see what they see for a wire batch of the same events."""
+        index = self.index
+        was = index.mode(worker_id)
+        counts = ingest_events(events, index, worker_id)
         if index.has_retired():
             index.maintain()
         self._after_batch(worker_id, was, counts, lag_s)

@@ -1,12 +1,16 @@
 """The native KV-event reader (`homing.router._kvwire`) feeds the index exactly what the
-pure-Python path (`ingest_batch_python`) feeds it, and rejects malformed bytes cleanly."""
+pure-Python path (`ingest_batch_python`) feeds it, and rejects malformed bytes cleanly; on
+the wire bytes (`decode_batch`) it reads the header as upb does and raises for exactly the
+bytes upb rejects, as the pure-Python fallback does."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import re
-from collections.abc import Iterable, Sequence
+import struct
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -14,7 +18,15 @@ from google.protobuf.message import DecodeError
 from smg_grpc_proto.generated import common_pb2
 
 from homing.router import events
-from homing.router.events import BatchCounts, KvEvent, ingest_batch, ingest_batch_python
+from homing.router.events import (
+    BatchCounts,
+    DecodedBatch,
+    KvEvent,
+    decode_batch,
+    ingest_batch,
+    ingest_batch_python,
+    ingest_decoded,
+)
 from homing.router.index import PrefixIndex
 
 try:
@@ -88,10 +100,86 @@ def run_both(batch: common_pb2.KvEventBatch) -> tuple[RecordingSink, BatchCounts
 
 
 def ingest_raw(raw: bytes, sink: RecordingSink) -> BatchCounts:
-    """The native path on bytes as given (not re-serialized by upb)."""
+    """The native path on bytes as given (not re-serialized by upb) into a fresh `sink`:
+    `decode_batch`, checked against the pure-Python fallback on the same bytes
+    (`check_bytes`) and against `parse_events` with the events it leaves to Python read
+    from upb's parse."""
     assert _kvwire is not None
-    items = _kvwire.parse_events(raw)
-    return events._ingest_items(items, common_pb2.KvEventBatch.FromString(raw), sink, "w")
+    check_bytes(raw)
+    counts = ingest_decoded(decode_batch(raw), sink, "w")
+    parsed = common_pb2.KvEventBatch.FromString(raw)
+    items = [parsed.events[x] if type(x) is int else x for x in _kvwire.parse_events(raw)]
+    by_index = RecordingSink()
+    assert events._ingest_items(items, by_index, "w") == counts
+    assert by_index.calls == sink.calls
+    return counts
+
+
+@contextlib.contextmanager
+def pure_python() -> Iterator[None]:
+    """Within the block `homing.router.events` runs without its C reader (the fallback)."""
+    saved = events._kvwire
+    events._kvwire = None
+    try:
+        yield
+    finally:
+        events._kvwire = saved
+
+
+def header_fields(batch: DecodedBatch) -> tuple[Any, ...]:
+    """What a reader of the header sees (the timestamp as its bits: NaN is NaN)."""
+    h = batch.header
+    return (
+        h.sequence_number,
+        struct.pack("<d", h.timestamp),
+        h.dp_rank if h.HasField("dp_rank") else None,
+        h.load.SerializeToString() if h.HasField("load") else None,
+        h.snapshot.SerializeToString() if h.HasField("snapshot") else None,
+        batch.num_events,
+    )
+
+
+def decode_both(raw: bytes) -> tuple[DecodedBatch, DecodedBatch] | None:
+    """`decode_batch(raw)` natively and in pure Python: both raise ValueError (None) or
+    neither does, and exactly when upb rejects `raw`."""
+    try:
+        common_pb2.KvEventBatch.FromString(raw)
+        upb_ok = True
+    except DecodeError:
+        upb_ok = False
+    outcomes: list[DecodedBatch | None] = []
+    for ctx in (contextlib.nullcontext(), pure_python()):
+        with ctx:
+            try:
+                outcomes.append(decode_batch(raw))
+            except ValueError as err:
+                assert str(err).startswith("malformed KvEventBatch: "), err
+                outcomes.append(None)
+    native, python = outcomes
+    assert (native is not None) == (python is not None) == upb_ok, (native, python, upb_ok)
+    if native is None or python is None:
+        return None
+    return native, python
+
+
+def check_bytes(raw: bytes) -> tuple[RecordingSink, BatchCounts] | None:
+    """The wire-bytes entry point, native against pure Python on `raw`: same errors, same
+    header, same sink calls and counts (a decoded batch ingested twice, too); returns the
+    native sink and counts (None: `raw` is malformed)."""
+    decoded = decode_both(raw)
+    if decoded is None:
+        return None
+    native, python = decoded
+    assert header_fields(native) == header_fields(python)
+    sinks = [RecordingSink() for _ in range(3)]
+    counts = [
+        ingest_decoded(native, sinks[0], "w"),
+        ingest_decoded(python, sinks[1], "w"),
+        ingest_decoded(native, sinks[2], "w"),  # the decoded batch is not used up
+    ]
+    assert sinks[0].calls == sinks[1].calls == sinks[2].calls
+    assert counts[0] == counts[1] == counts[2]
+    return sinks[0], counts[0]
 
 
 # ------------------------------------------------------------------ random batches
@@ -182,7 +270,7 @@ class Gen:
                 block.cache_level = level
         # fields the Python fast path ignores, and empty namespace strings
         if rng.random() < 0.3:
-            st.medium = rng.choice(["", "GPU", "cpu_pinned"])
+            st.medium = rng.choice(["", "GPU", "cpu_pinned", "hôte-😀"])
         if rng.random() < 0.3:
             st.group_idx = rng.choice([0, 1, U32])
         if rng.random() < 0.2:
@@ -314,25 +402,35 @@ def test_random_batches_feed_the_same_calls() -> None:
         assert classify(items, len(batch.events)) == expected
         for kind in expected:
             seen[kind] += 1
-        run_both(batch)
+        sink, counts = run_both(batch)
+        from_bytes = check_bytes(batch.SerializeToString())
+        assert from_bytes is not None
+        assert from_bytes[0].calls == sink.calls and from_bytes[1] == counts
     assert seen["fast"] > 800 and seen["removed"] > 300 and seen["index"] > 500, seen
 
 
 @needs_native
 def test_random_batches_build_the_same_index() -> None:
-    """Two real indexes, one fed natively and one in Python, end up identical."""
+    """Real indexes fed natively (a parsed batch, and its wire bytes) and in Python (the
+    message, and the bytes through the fallback) end up identical."""
     gen = Gen(seed=7)
-    native, python = PrefixIndex(BS), PrefixIndex(BS)
+    native, python, wire, wire_python = (PrefixIndex(BS) for _ in range(4))
     for i in range(120):
         batch, _ = gen.batch(gen.rng.randint(1, 40))
         worker = f"w{i % 3}"
-        assert ingest_batch(batch, native, worker) == ingest_batch_python(batch, python, worker)
-    assert native._holders == python._holders
-    assert list(native._holders) == list(python._holders)  # LRU order too
-    assert native._eng == python._eng
-    assert native._host == python._host
-    assert native._shared == python._shared
-    assert native.stats == python.stats
+        raw = batch.SerializeToString()
+        want = ingest_batch_python(batch, python, worker)
+        assert ingest_batch(batch, native, worker) == want
+        assert ingest_decoded(decode_batch(raw), wire, worker) == want
+        with pure_python():
+            assert ingest_decoded(decode_batch(raw), wire_python, worker) == want
+    for other in (native, wire, wire_python):
+        assert other._holders == python._holders
+        assert list(other._holders) == list(python._holders)  # LRU order too
+        assert other._eng == python._eng
+        assert other._host == python._host
+        assert other._shared == python._shared
+        assert other.stats == python.stats
     assert native.num_blocks > 100
 
 
@@ -630,6 +728,7 @@ def test_malformed_bytes_raise(raw: bytes, message: str) -> None:
     assert str(info.value) == f"malformed KvEventBatch: {message}"
     with pytest.raises(DecodeError):
         common_pb2.KvEventBatch.FromString(raw)
+    assert decode_both(raw) is None
 
 
 def _sample_batch() -> bytes:
@@ -658,6 +757,7 @@ def test_every_truncation() -> None:
             with pytest.raises(ValueError) as info:
                 _kvwire.parse_events(cut)
             assert MALFORMED.match(str(info.value))
+            assert decode_both(cut) is None
             failures += 1
             continue
         native, python = RecordingSink(), RecordingSink()
@@ -688,6 +788,7 @@ def test_random_corruption_never_crashes() -> None:
                 _kvwire.parse_events(cut)
             except ValueError as err:
                 assert MALFORMED.match(str(err))
+            assert decode_both(cut) is None
             continue
         parsed += 1
         native, python = RecordingSink(), RecordingSink()
@@ -720,3 +821,144 @@ def test_rejects_non_buffers() -> None:
         _kvwire.parse_events("text")  # type: ignore[arg-type]
     assert _kvwire.parse_events(b"") == []
     assert _kvwire.parse_events(memoryview(b"\x08\x01")) == []
+
+
+# ------------------------------------------------------------------ (d) the wire bytes
+
+
+def fd(field: int, v: float) -> bytes:
+    """A double field."""
+    return tag(field, 1) + struct.pack("<d", v)
+
+
+FAST_EVENT = event_stored(fl(1, fv(1, 1) + fl(2, varint(7))))
+CLEARED_EVENT = fl(3, fl(4, b""))
+
+
+@needs_native
+def test_parse_batch_splits_header_events_and_python_events() -> None:
+    """`parse_batch`: the non-event fields' bytes as they were, the event count, and each
+    event left to Python as the bytes of its whole field."""
+    assert _kvwire is not None
+    head, tail = fv(1, 9) + fd(2, 1.5), fv(4, 1) + fl(8, fv(1, 3))
+    raw = head + FAST_EVENT + CLEARED_EVENT + tail
+    header, count, items = _kvwire.parse_batch(raw)
+    assert header == head + tail
+    assert count == 2
+    assert items == [[(1, None, (7).to_bytes(4, "little"), 1)], CLEARED_EVENT]
+    assert _kvwire.parse_batch(b"") == (b"", 0, [])
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("head", "want"),
+    [
+        (fv(1, 5) + fv(1, 7), (7, 0.0, None, None)),  # the last value wins
+        (fl(1, b"x") + fv(2, 3) + fv(4, 1) + fl(4, b""), (0, 0.0, 1, None)),  # wire type
+        (fv(4, 2**32 - 1), (0, 0.0, -1, None)),  # int32 from a 64-bit varint
+        (fv(4, 2**32), (0, 0.0, 0, None)),
+        (fd(2, 2.5) + fd(2, -1.0), (0, -1.0, None, None)),
+        (fl(8, fv(1, 5)) + fl(8, fv(2, 7)), (0, 0.0, None, (5, 7))),  # the loads merge
+        (fl(8, b"") + fv(8, 1), (0, 0.0, None, (0, 0))),
+        (fl(7, fv(1, 1) + fv(2, 2)) + UNKNOWN, (0, 0.0, None, None)),
+    ],
+)
+def test_header_reads_as_upb_reads_it(head: bytes, want: tuple[Any, ...]) -> None:
+    """Repeated fields, fields of an unexpected wire type, out-of-range values and unknown
+    fields, before or after the events: the header as upb parses the whole batch."""
+    for raw in (head + FAST_EVENT + CLEARED_EVENT, FAST_EVENT + head + CLEARED_EVENT):
+        assert check_bytes(raw) is not None
+        batch = decode_batch(raw)
+        h = batch.header
+        got = (
+            h.sequence_number,
+            h.timestamp,
+            h.dp_rank if h.HasField("dp_rank") else None,
+            (h.load.running_requests, h.load.waiting_requests) if h.HasField("load") else None,
+        )
+        assert got == want
+        assert batch.num_events == 2
+
+
+BAD_UTF8 = b"G\xffU"
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(event_stored(fl(1, fv(1, 1)) + fl(4, BAD_UTF8)), id="stored medium"),
+        pytest.param(event_stored(fl(1, fv(1, 1)) + fl(9, b"\xc0\x80")), id="overlong"),
+        pytest.param(event_stored(fl(1, fv(1, 1)) + fl(10, b"\xed\xa0\x80")), id="surrogate"),
+        pytest.param(event_stored(fl(1, fv(1, 1)) + fl(4, b"\xf4\x90\x80\x80")), id="> U+10FFFF"),
+        pytest.param(event_stored(fl(1, fv(1, 1)) + fl(4, b"\xe2\x82")), id="cut sequence"),
+        pytest.param(fl(3, fl(3, fv(1, 1) + fl(7, BAD_UTF8))), id="removed ownership"),
+        pytest.param(fl(3, fl(4, fl(1, BAD_UTF8))), id="cleared (an event Python reads)"),
+        pytest.param(fl(3, fl(2, fl(11, BAD_UTF8))), id="lora_name (Python reads it)"),
+        pytest.param(fl(3, fl(4, fv(1, 1) + b"\x08")), id="truncated in a Python event"),
+        pytest.param(fl(8, fv(1, 1) + b"\x08"), id="truncated in the load"),
+        pytest.param(fl(8, fl(13, b"\x08")), id="truncated in the load's memory"),
+        pytest.param(fl(7, b"\x08"), id="truncated in the snapshot"),
+        pytest.param(fl(7, b"\x00"), id="field 0 in the snapshot"),
+        pytest.param(event_stored(fl(1, fv(1, 1) + b"\x4b" * 98 + b"\x4c" * 98)), id="block"),
+        pytest.param(fl(3, b"\x4b" * 100 + b"\x4c" * 100), id="groups in an event"),
+        pytest.param(fl(3, fl(4, b"\x4b" * 99 + b"\x4c" * 99)), id="groups in a cleared"),
+        pytest.param(fl(8, b"\x4b" * 100 + b"\x4c" * 100), id="groups in the load"),
+        pytest.param(fl(7, b"\x4b" * 100 + b"\x4c" * 100), id="groups in the snapshot"),
+    ],
+)
+def test_bytes_upb_rejects_raise_where_the_reader_does_not_look(raw: bytes) -> None:
+    """Invalid UTF-8 in a string, malformed bytes inside an event left to Python, the load
+    or the snapshot, groups nested past upb's limit at their depth: `decode_batch` raises
+    ValueError natively and in pure Python, before anything is applied."""
+    assert decode_both(FAST_EVENT + raw) is None
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(event_stored(fl(1, fv(1, 1)) + fl(4, "hôte-😀".encode())), id="utf-8"),
+        pytest.param(event_stored(fl(1, fv(1, 1) + b"\x4b" * 97 + b"\x4c" * 97)), id="block"),
+        pytest.param(fl(3, b"\x4b" * 99 + b"\x4c" * 99), id="groups in an event"),
+        pytest.param(fl(3, fl(4, b"\x4b" * 98 + b"\x4c" * 98)), id="groups in a cleared"),
+        pytest.param(fl(8, b"\x4b" * 99 + b"\x4c" * 99), id="groups in the load"),
+        pytest.param(b"\x4b" * 100 + b"\x4c" * 100, id="groups in the batch"),
+    ],
+)
+def test_bytes_upb_accepts_at_the_limits_decode(raw: bytes) -> None:
+    """Multibyte UTF-8, and groups nested to upb's limit at each depth: decoded alike."""
+    assert check_bytes(FAST_EVENT + raw) is not None
+
+
+@needs_native
+def test_decoding_a_parsed_batch_feeds_what_ingest_batch_feeds() -> None:
+    """The bytes of a batch, decoded, make the calls its parsed message makes, whatever
+    mix of fast, removed and Python-read events (here tier 7 joins the fast run)."""
+    batch = common_pb2.KvEventBatch(sequence_number=4, dp_rank=1)
+    batch.load.running_requests = 2
+    for i, tier in enumerate([1, 7, 1]):
+        st = batch.events.add().stored
+        st.blocks.add(block_hash=i, token_ids=[i] * BS)
+        st.tier = tier
+    batch.events.add().removed.block_hashes.append(1)
+    batch.events.add().cleared.SetInParent()
+    sink, counts = run_both(batch)
+    from_bytes = check_bytes(batch.SerializeToString())
+    assert from_bytes is not None
+    assert from_bytes[0].calls == sink.calls and from_bytes[1] == counts
+    assert [c[0] for c in sink.calls] == ["store", "remove", "apply"]
+
+
+def test_pure_python_decode_reads_the_whole_message() -> None:
+    """Without the extension `decode_batch` is upb's parse: the header is the message and
+    DecodeError becomes ValueError."""
+    batch = common_pb2.KvEventBatch(sequence_number=3, timestamp=2.0)
+    batch.events.add().cleared.SetInParent()
+    with pure_python():
+        decoded = decode_batch(batch.SerializeToString())
+        with pytest.raises(ValueError, match=r"^malformed KvEventBatch: "):
+            decode_batch(b"\x08")
+    assert decoded.header.sequence_number == 3 and decoded.num_events == 1
+    sink = RecordingSink()
+    assert ingest_decoded(decoded, sink, "w") == BatchCounts(cleared=1)

@@ -9,10 +9,12 @@
  * would truncate or that the Python path keeps verbatim (an enum out of range) sends the
  * event back to Python. Unknown field numbers are skipped, as upb skips them. Bytes that
  * are not a protobuf message at all (a truncated varint, a length past the end, wire type
- * 6 or 7) raise ValueError; wherever upb accepts the bytes this file does too (fuzzed in
- * tests/unit/router/test_router_kvwire.py). The rest of an event handed back to Python is
- * not read (upb has parsed it), so bytes malformed only there do not raise. Every read is
- * checked against the end of its enclosing field.
+ * 6 or 7, groups nested past upb's depth limit) and invalid UTF-8 in a string field of an
+ * event read here raise ValueError; wherever upb accepts the bytes this file does too
+ * (fuzzed in tests/unit/router/test_router_kvwire.py). The rest of an event handed back to
+ * Python is not read here (upb parses it), and neither are the batch's other fields
+ * (parse_batch hands their bytes to upb). Every read is checked against the end of its
+ * enclosing field.
  *
  * Schema: smg-grpc-proto 0.4.28, common.proto (KvEventBatch, KvCacheEvent, KvBlocksStored,
  * KvBlock, KvBlocksRemoved).
@@ -28,16 +30,22 @@ enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_SGROUP = 3, WT_EGROUP = 4, WT_I
 /* KvCacheTier / KvCacheLocality values the Python side reads. */
 enum { TIER_UNSPECIFIED = 0, TIER_DEVICE = 1, TIER_MAX = 4, LOCALITY_REMOTE = 2 };
 
-/* upb's default nesting limit: deeper groups fail to parse there too. */
+/* upb's default nesting limit, messages and groups together (the batch is depth 0, an
+ * event 1, a stored/removed event 2, a block 3): deeper groups fail to parse there too. */
 #define MAX_GROUP_DEPTH 100
 
-/* An event this file does not convert: the caller reports its index. */
+/* An event this file does not convert: the caller reports its index (parse_events) or
+ * its bytes (parse_batch). */
 #define BAIL 1
 
 typedef struct {
     const uint8_t *base; /* start of the whole buffer (for error offsets) */
     uint8_t *scratch;    /* token bytes / int64 hashes of the event being read */
     size_t scratch_cap;
+    int event_bytes;     /* parse_batch: an event left to Python as its bytes, not its index */
+    uint8_t *header;     /* parse_batch: the batch's fields other than events, as on the wire */
+    size_t header_len;
+    size_t header_cap;
 } Parser;
 
 static int
@@ -119,7 +127,66 @@ read_len(const Parser *ps, const uint8_t **p, const uint8_t *end, const uint8_t 
     return 0;
 }
 
-/* Skips the value of a field of wire type wt whose tag was just read; -1 when malformed. */
+/* Whether [s, s + n) is well-formed UTF-8 (no overlong forms, no surrogates, nothing past
+ * U+10FFFF): what upb checks in a proto3 string field. */
+static int
+utf8_valid(const uint8_t *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t need;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) {
+            need = 1;
+            cp = c & 0x1F;
+        }
+        else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            cp = c & 0x0F;
+        }
+        else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            cp = c & 0x07;
+        }
+        else
+            return 0;
+        if (n - i - 1 < need)
+            return 0;
+        for (size_t k = 1; k <= need; k++) {
+            uint8_t b = s[i + k];
+            if ((b & 0xC0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (b & 0x3F);
+        }
+        if (need == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF)))
+            return 0;
+        if (need == 3 && (cp < 0x10000 || cp > 0x10FFFF))
+            return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+/* A string field's payload, skipped once checked: -1 when malformed or not UTF-8. */
+static inline int
+read_string(const Parser *ps, const uint8_t **p, const uint8_t *end)
+{
+    const uint8_t *at = *p, *s;
+    size_t len;
+    if (read_len(ps, p, end, &s, &len) < 0)
+        return -1;
+    if (!utf8_valid(s, len))
+        return malformed(ps, at, "invalid UTF-8 in a string field");
+    return 0;
+}
+
+/* Skips the value of a field of wire type wt whose tag was just read, in a message at
+ * nesting depth `depth` (MAX_GROUP_DEPTH); -1 when malformed. */
 static int
 skip_value(const Parser *ps, const uint8_t **p, const uint8_t *end, uint32_t field, int wt,
            int depth)
@@ -283,7 +350,7 @@ read_block(Parser *ps, const uint8_t *p, const uint8_t *end, Block *out)
             out->cache_level = (int64_t)v;
             break;
         default:
-            if (skip_value(ps, &p, end, field, wt, 0) < 0)
+            if (skip_value(ps, &p, end, field, wt, 3) < 0)
                 return -1;
         }
     }
@@ -361,7 +428,7 @@ read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
         case 10: /* optional string session_id: not read */
             if (wt != WT_LEN)
                 return BAIL;
-            if (read_len(ps, &p, end, &s, &len) < 0)
+            if (read_string(ps, &p, end) < 0)
                 return -1;
             break;
         case 6:  /* optional string kv_cache_spec_kind */
@@ -375,7 +442,7 @@ read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
                 return BAIL; /* an attention kind or a namespace */
             break;
         default:
-            if (skip_value(ps, &p, end, field, wt, 0) < 0)
+            if (skip_value(ps, &p, end, field, wt, 2) < 0)
                 return -1;
         }
     }
@@ -508,11 +575,11 @@ read_removed(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
         case 7: /* optional string ownership: not read */
             if (wt != WT_LEN)
                 return BAIL;
-            if (read_len(ps, &p, end, &s, &len) < 0)
+            if (read_string(ps, &p, end) < 0)
                 return -1;
             break;
         default:
-            if (skip_value(ps, &p, end, field, wt, 0) < 0)
+            if (skip_value(ps, &p, end, field, wt, 2) < 0)
                 return -1;
         }
     }
@@ -587,7 +654,7 @@ read_event(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out, int
             data_len = len;
             break;
         default:
-            if (skip_value(ps, &p, end, field, wt, 0) < 0)
+            if (skip_value(ps, &p, end, field, wt, 1) < 0)
                 return -1;
         }
     }
@@ -610,20 +677,47 @@ flush_run(PyObject *result, PyObject **run)
     return rc;
 }
 
+/* Appends [p, end) to the header bytes; -1 (MemoryError) when they cannot grow. */
 static int
-parse_batch(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject *result)
+put_header(Parser *ps, const uint8_t *p, const uint8_t *end)
+{
+    size_t n = (size_t)(end - p);
+    if (ps->header_len + n > ps->header_cap) {
+        size_t cap = ps->header_cap ? ps->header_cap : 64;
+        while (cap < ps->header_len + n)
+            cap *= 2;
+        uint8_t *grown = realloc(ps->header, cap);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        ps->header = grown;
+        ps->header_cap = cap;
+    }
+    memcpy(ps->header + ps->header_len, p, n);
+    ps->header_len += n;
+    return 0;
+}
+
+/* The batch's events into result (see parse_events / parse_batch); *count: events seen. */
+static int
+walk_batch(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject *result,
+           Py_ssize_t *count)
 {
     PyObject *run = NULL;
     Py_ssize_t index = 0;
     while (p < end) {
         uint32_t field;
         int wt;
+        const uint8_t *field_start = p;
         if (read_tag(ps, &p, end, &field, &wt) < 0)
             goto error;
         if (field != 3 || wt != WT_LEN) {
             /* sequence_number, timestamp, dp_rank, snapshot, load, unknown fields; a
              * field 3 of another wire type is an unknown field to upb too */
             if (skip_value(ps, &p, end, field, wt, 0) < 0)
+                goto error;
+            if (ps->event_bytes && put_header(ps, field_start, p) < 0)
                 goto error;
             continue;
         }
@@ -651,8 +745,16 @@ parse_batch(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject *result)
                 Py_XDECREF(item);
                 goto error;
             }
-            if (rc == BAIL && (item = PyLong_FromSsize_t(index)) == NULL)
-                goto error;
+            if (rc == BAIL) {
+                /* the event's whole field (tag and length too), for upb to parse as a
+                 * batch of one event: at the depth it has here */
+                item = ps->event_bytes
+                           ? PyBytes_FromStringAndSize((const char *)field_start,
+                                                       (Py_ssize_t)(p - field_start))
+                           : PyLong_FromSsize_t(index);
+                if (item == NULL)
+                    goto error;
+            }
             rc = PyList_Append(result, item);
             Py_DECREF(item);
             if (rc < 0)
@@ -660,6 +762,7 @@ parse_batch(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject *result)
         }
         index++;
     }
+    *count = index;
     return flush_run(result, &run);
 error:
     Py_XDECREF(run);
@@ -674,10 +777,10 @@ PyDoc_STRVAR(parse_events_doc,
              "| None, shared) for a removed event; the int index in batch.events of any other\n"
              "event (Python reads it from the message). ValueError: malformed bytes.");
 
+/* Reads the batch in arg; *header (parse_batch only) and *count filled; NULL on error. */
 static PyObject *
-parse_events(PyObject *module, PyObject *arg)
+read_items(PyObject *arg, int event_bytes, PyObject **header, Py_ssize_t *count)
 {
-    (void)module;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -687,9 +790,16 @@ parse_events(PyObject *module, PyObject *arg)
         return NULL;
     }
     const uint8_t *p = (const uint8_t *)view.buf;
-    Parser ps = {.base = p, .scratch = NULL, .scratch_cap = 0};
-    int rc = parse_batch(&ps, p, p + view.len, result);
+    Parser ps = {.base = p, .event_bytes = event_bytes};
+    int rc = walk_batch(&ps, p, p + view.len, result, count);
+    if (rc == 0 && header != NULL) {
+        *header = PyBytes_FromStringAndSize((const char *)ps.header,
+                                            (Py_ssize_t)ps.header_len);
+        if (*header == NULL)
+            rc = -1;
+    }
     free(ps.scratch);
+    free(ps.header);
     PyBuffer_Release(&view);
     if (rc < 0) {
         Py_DECREF(result);
@@ -698,8 +808,36 @@ parse_events(PyObject *module, PyObject *arg)
     return result;
 }
 
+static PyObject *
+parse_events(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_ssize_t count;
+    return read_items(arg, 0, NULL, &count);
+}
+
+PyDoc_STRVAR(parse_batch_doc,
+             "parse_batch(raw, /)\n--\n\n"
+             "(header, event_count, items) of a serialized KvEventBatch: header, the bytes of\n"
+             "its fields other than events as on the wire; items as parse_events gives them,\n"
+             "except that an event left to Python is the bytes of its whole field (a batch of\n"
+             "that one event) instead of its index. ValueError: malformed bytes.");
+
+static PyObject *
+parse_batch(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    PyObject *header = NULL;
+    Py_ssize_t count = 0;
+    PyObject *items = read_items(arg, 1, &header, &count);
+    if (items == NULL)
+        return NULL;
+    return Py_BuildValue("(NnN)", header, count, items);
+}
+
 static PyMethodDef kvwire_methods[] = {
     {"parse_events", parse_events, METH_O, parse_events_doc},
+    {"parse_batch", parse_batch, METH_O, parse_batch_doc},
     {NULL, NULL, 0, NULL},
 };
 
