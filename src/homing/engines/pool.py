@@ -235,10 +235,10 @@ class WorkerPool:
 
     `workers`: URLs (or `WorkerSpec`s) to start with. `model`: the served model name every
     worker must report (None: the first discovered worker's). `router`: receives KV-event
-    batches and flushes (`KvEventSink`; a `Router`). `clock`: stamps load records.
-    `wall_clock`: seconds since the epoch, to measure event lag against batch timestamps
-    (default `time.time`). `on_health_change`: called with a worker's state each time it
-    turns healthy or unhealthy. `on_transition`: called after each lifecycle transition.
+    batches and flushes (`KvEventSink`; a `Router`). `clock`: stamps load records and times
+    every wait (probes, KV backoff, `wait_ready`, `wait_gone`). `wall_clock`: seconds since
+    the epoch, to measure event lag against batch timestamps (default `time.time`).
+    `on_health_change`: called with a worker's state each time it turns healthy or unhealthy. `on_transition`: called after each lifecycle transition.
     Raises ValueError for duplicate or malformed urls.
     """
 
@@ -355,7 +355,7 @@ class WorkerPool:
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Return once at least one worker is routable; TimeoutError after `timeout_s`."""
-        async with asyncio.timeout(timeout_s):
+        async with self._clock.timeout(timeout_s):
             while not self.routable_workers():
                 self._changed.clear()
                 await self._changed.wait()
@@ -384,7 +384,7 @@ class WorkerPool:
             raise KeyError(worker_id)
         event = self._gone.setdefault(worker_id, asyncio.Event())
         try:
-            async with asyncio.timeout(timeout_s):
+            async with self._clock.timeout(timeout_s):
                 await event.wait()
         except TimeoutError:
             return False
@@ -738,7 +738,7 @@ class WorkerPool:
     async def _health_loop(self, w: _Worker) -> None:
         cfg = self.config
         while True:
-            await asyncio.sleep(cfg.health_interval_s)
+            await self._clock.sleep(cfg.health_interval_s)
             ok = await w.client.health_check(timeout_s=cfg.health_timeout_s)
             if not ok:
                 w.state.last_error = "health check failed"
@@ -828,7 +828,7 @@ class WorkerPool:
             if not unsupported:
                 self._flush(w, reason)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(backoff):
+                async with self._clock.timeout(backoff):
                     await w.kv_retry.wait()
             backoff = min(backoff * 2, cfg.kv_backoff_max_s)
 
