@@ -195,7 +195,8 @@ class App:
         holder: list[str] = []  # the model's name, once known, for the metrics
 
         def on_transition(w: WorkerState, before: Phase, action: Action) -> None:
-            model = holder[0] if holder else (spec.name or "")
+            # The first join comes after discovery, so the pool knows its model by then.
+            model = holder[0] if holder else _model_name(pool, spec)
             self.fleet_metrics.on_transition(model, action.value, before.value, w.phase.value)
             self._on_health_change(w)  # a cordon or drain may leave no worker to serve
 
@@ -423,6 +424,14 @@ def ignore_sighup() -> None:
         log.info("sighup_ignored", reason="reloading the configuration is not supported yet")
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, logged)
+
+
+def _model_name(pool: WorkerPool, spec: ModelSettings) -> str:
+    """The pool's served model name, or the configured one before any worker answered."""
+    try:
+        return pool.served_model_name
+    except RuntimeError:
+        return spec.name or ""
 
 
 def _ensure_bindable(host: str, port: int) -> None:

@@ -124,10 +124,9 @@ class EngineSettings(_Section):
     @field_validator("workers")
     @classmethod
     def _grpc_urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith("grpc://") or ":" not in url.removeprefix("grpc://"):
-                raise ValueError(f"worker {url!r} must look like grpc://host:port")
-        return urls
+        from homing.engines.pool import check_worker_url
+
+        return [check_worker_url(url) for url in urls]
 
 
 class SimSettings(_Section):
@@ -171,7 +170,7 @@ class WorkerEntry(_Section):
     weights revision; default the model's `version`)."""
 
     url: str
-    version: str | None = Field(default=None, max_length=128)
+    version: str | None = Field(default=None, max_length=128, pattern=r"^[ -~]*$")
 
     @field_validator("url")
     @classmethod
@@ -196,7 +195,7 @@ class ModelSettings(_Section):
     name: str | None = Field(default=None, min_length=1, max_length=256)
     workers: list[str | WorkerEntry] = Field(default_factory=list)
     sim: SimSettings | None = None
-    version: str = Field(default="", max_length=128)
+    version: str = Field(default="", max_length=128, pattern=r"^[ -~]*$")
     policy: RoutingPolicy | None = None
     weights: CostWeightSettings | None = None
     tokenizer_path: str | None = None
@@ -206,10 +205,13 @@ class ModelSettings(_Section):
     def _urls(cls, workers: list[str | WorkerEntry]) -> list[str | WorkerEntry]:
         from homing.engines.pool import check_worker_url
 
-        for entry in workers:
-            if isinstance(entry, str):
-                check_worker_url(entry)
-        return workers
+        return [check_worker_url(e) if isinstance(e, str) else e for e in workers]
+
+    @model_validator(mode="after")
+    def _overrides_need_a_name(self) -> ModelSettings:
+        if self.name is None and (self.policy is not None or self.weights is not None):
+            raise ValueError("a model's policy or weights need its name (models.name)")
+        return self
 
     def worker_specs(self) -> list[tuple[str, str]]:
         """(url, version) of each configured worker."""

@@ -275,14 +275,17 @@ async def test_refusals_exit_1_with_the_servers_message(gateway: Gateway) -> Non
     """NOT_FOUND, FAILED_PRECONDITION, INVALID_ARGUMENT, ALREADY_EXISTS and UNAUTHENTICATED
     exit 1 with `homing: <message>` on stderr and nothing on stdout."""
     first = (await workers(gateway))[0]
+    # Nothing listens on port 1: the worker is added but stays joining.
+    joining = await gateway.homing("workers", "add", first["model"], "grpc://127.0.0.1:1")
+    assert (joining.code, joining.json()["phase"]) == (0, "joining")
     cases = [
         (
             ("workers", "cordon", "w99"),
             "no worker 'w99' (list them with `homing workers ls`)",
         ),
         (
-            ("workers", "uncordon", first["id"]),
-            f"worker {first['id']}: cannot uncordon a worker that is ready",
+            ("workers", "cordon", joining.json()["id"]),
+            f"worker {joining.json()['id']}: cannot cordon a worker that is joining",
         ),
         (
             ("workers", "add", first["model"], "http://nowhere:1"),
@@ -308,6 +311,7 @@ async def test_refusals_exit_1_with_the_servers_message(gateway: Gateway) -> Non
     )
     keyed = await gateway.homing("stats", "--admin-key", ADMIN_KEY, env=no_key)
     assert keyed.code == 0, keyed.err
+    assert (await gateway.homing("workers", "rm", joining.json()["id"])).code == 0
 
 
 async def test_usage_errors_exit_2(gateway: Gateway) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -280,13 +281,13 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--wait", action="store_true", help="return once the worker has left")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         metavar="S",
         help="with --wait: give up after S seconds (exit 1; the worker keeps draining)",
     )
     p.add_argument(
         "--grace",
-        type=float,
+        type=_seconds,
         metavar="S",
         help="seconds its requests get before they are cut (default: gateway.drain_timeout_s)",
     )
@@ -310,6 +311,21 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     stats.set_defaults(admin_verb=_stats)
 
 
+#: Longest wait a command may ask for (seconds): a day.
+MAX_SECONDS = 86_400.0
+
+
+def _seconds(value: str) -> float:
+    """A duration argument: a finite number of seconds in 0..MAX_SECONDS."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 <= seconds <= MAX_SECONDS:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{value!r} must be between 0 and {MAX_SECONDS:g} s")
+    return seconds
+
+
 def run_admin(args: argparse.Namespace) -> int:
     """Run the admin verb `args` names (`admin_verb`); the exit status."""
     import grpc
@@ -324,6 +340,10 @@ def run_admin(args: argparse.Namespace) -> int:
         address = resolve_address(args.admin)
     except ValueError as err:
         print(f"homing: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    key = args.admin_key if args.admin_key is not None else os.environ.get("HOMING_ADMIN_KEY")
+    if key is not None and not (key.isascii() and key.isprintable() and " " not in key):
+        print("homing: the admin key must be printable ASCII without spaces", file=sys.stderr)
         return EXIT_USAGE
 
     async def call() -> int:

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -213,16 +214,35 @@ class WorkerSpec:
     version: str = ""
 
 
+#: Longest worker URL accepted (characters); a host name is at most 253 (RFC 1035).
+MAX_WORKER_URL = 300
+_HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
+_IPV6 = re.compile(r"^\[[0-9A-Fa-f:.]+\]$")
+
+
 def check_worker_url(url: str) -> str:
-    """`url` when it looks like grpc://host:port with a port in 1..65535; ValueError with
-    what is wrong otherwise."""
+    """The canonical form of a worker URL `grpc://host:port`: host lower-cased, `localhost`
+    as 127.0.0.1, the port without leading zeros (so one engine has one URL). The host is a
+    DNS name, an IPv4 address or a bracketed IPv6 address; the port ASCII digits in
+    1..65535. ValueError saying what is wrong otherwise (the URL shown cut to 64 chars)."""
+    shown = url if len(url) <= 64 else url[:64] + "..."
+    if len(url) > MAX_WORKER_URL:
+        raise ValueError(f"worker URL {shown!r} is longer than {MAX_WORKER_URL} characters")
     rest = url.removeprefix("grpc://")
     host, _, port = rest.rpartition(":")
-    if not url.startswith("grpc://") or not host or not port.isdigit():
-        raise ValueError(f"worker URL {url!r} must look like grpc://host:port")
-    if not 0 < int(port) < 65536:
-        raise ValueError(f"worker URL {url!r} has port {port}, outside 1-65535")
-    return url
+    if not url.startswith("grpc://") or not host or not port:
+        raise ValueError(f"worker URL {shown!r} must look like grpc://host:port")
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ValueError(f"worker URL {shown!r} needs a port in 1-65535")
+    if not (_HOST_NAME.fullmatch(host) or _IPV6.fullmatch(host)):
+        raise ValueError(
+            f"worker URL {shown!r} has an invalid host (a DNS name, an IPv4 address or "
+            "[IPv6] expected)"
+        )
+    host = host.lower()
+    if host == "localhost":
+        host = "127.0.0.1"
+    return f"grpc://{host}:{int(port)}"
 
 
 #: Called after each lifecycle transition: (worker, phase before, action).
@@ -238,7 +258,8 @@ class WorkerPool:
     batches and flushes (`KvEventSink`; a `Router`). `clock`: stamps load records and times
     every wait (probes, KV backoff, `wait_ready`, `wait_gone`). `wall_clock`: seconds since
     the epoch, to measure event lag against batch timestamps (default `time.time`).
-    `on_health_change`: called with a worker's state each time it turns healthy or unhealthy. `on_transition`: called after each lifecycle transition.
+    `on_health_change`: called with a worker's state each time it turns healthy or unhealthy.
+    `on_transition`: called after each lifecycle transition.
     Raises ValueError for duplicate or malformed urls.
     """
 
@@ -256,7 +277,8 @@ class WorkerPool:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         specs = [w if isinstance(w, WorkerSpec) else WorkerSpec(w) for w in workers]
-        urls = [check_worker_url(spec.url) for spec in specs]
+        specs = [WorkerSpec(check_worker_url(spec.url), spec.version) for spec in specs]
+        urls = [spec.url for spec in specs]
         if len(set(urls)) != len(urls):
             raise ValueError(f"duplicate worker urls in {urls}")
         self.config = config or PoolConfig()
@@ -337,12 +359,18 @@ class WorkerPool:
         or duplicate URL and `WorkerRefused` (nothing kept) for a worker of another model
         or tokenizer.
         """
-        check_worker_url(spec.url)
+        spec = WorkerSpec(check_worker_url(spec.url), spec.version)
         if any(w.state.url == spec.url for w in self._workers.values()):
             raise ValueError(f"worker {spec.url} is already in the pool")
         w = self._register(spec)
         log.info("worker_added", worker=w.state.worker_id, url=spec.url, version=spec.version)
-        result = await self._fetch_discovery(w)
+        try:
+            result = await self._fetch_discovery(w)
+        except BaseException:  # the caller gave up: keep no half-added worker
+            await asyncio.shield(self._drop(w, Action.REMOVE))
+            raise
+        if self._workers.get(w.state.worker_id) is not w:
+            return w.state  # removed while it was being discovered
         if result is not None:
             try:
                 self._accept_discovery(w, *result)
@@ -397,6 +425,9 @@ class WorkerPool:
         await self._drop(self._workers[worker_id], Action.REMOVE)
 
     async def _drop(self, w: _Worker, action: Action) -> None:
+        """Take `w` out: every piece of bookkeeping first, with no await between (so a
+        cancelled caller leaves nothing half done), then the tasks' end and the channel's
+        close, shielded from the caller's cancellation."""
         worker_id = w.state.worker_id
         if self._workers.get(worker_id) is not w:
             return  # already gone
@@ -404,7 +435,6 @@ class WorkerPool:
         del self._workers[worker_id]
         for task in w.tasks:
             task.cancel()
-        await asyncio.gather(*w.tasks, return_exceptions=True)
         self._tasks = [t for t in self._tasks if t not in w.tasks]
         self._router.remove_worker(worker_id)
         was_healthy = w.state.healthy
@@ -414,10 +444,15 @@ class WorkerPool:
         self._changed.set()
         if was_healthy and self._on_health_change is not None:
             self._on_health_change(w.state)
-        if w.state.in_flight == 0:
-            await w.client.close()
-        else:
+        closing = w.state.in_flight == 0
+        if not closing:
             w.closing = True  # the last request on it closes the channel
+        await asyncio.shield(self._teardown(w, close=closing))
+
+    async def _teardown(self, w: _Worker, *, close: bool) -> None:
+        await asyncio.gather(*w.tasks, return_exceptions=True)
+        if close:
+            await w.client.close()
 
     def _retire_soon(self, w: _Worker, action: Action) -> None:
         task = asyncio.get_running_loop().create_task(self._drop(w, action))
@@ -712,11 +747,14 @@ class WorkerPool:
     async def _fetch_discovery(
         self, w: _Worker
     ) -> tuple[pb.GetModelInfoResponse, pb.GetServerInfoResponse, bytes | None] | None:
-        """GetModelInfo, GetServerInfo and (with `check_tokenizer`) the tokenizer bundle;
-        None (logged, `last_error` set) when the worker cannot answer. A worker without
-        GetTokenizer (UNIMPLEMENTED) is not checked for its tokenizer."""
+        """A first HealthCheck, then GetModelInfo, GetServerInfo and (with `check_tokenizer`)
+        the tokenizer bundle; None (`last_error` set) when the worker cannot answer. A
+        worker without GetTokenizer (UNIMPLEMENTED) is not checked for its tokenizer."""
         timeout = self.config.discovery_timeout_s
         bundle: bytes | None = None
+        if not await w.client.health_check(timeout_s=self.config.health_timeout_s):
+            w.state.last_error = "health check failed"
+            return None  # a worker joins only once it can generate
         try:
             info = await w.client.model_info(timeout_s=timeout)
             server = await w.client.server_info(timeout_s=timeout)

@@ -97,14 +97,14 @@ class Fleet:
             return self.models[name]
         except KeyError:
             served = ", ".join(sorted(self.models)) or "none"
-            raise UnknownModel(f"no model {name!r} is served (served: {served})") from None
+            raise UnknownModel(f"no model {_shown(name)} is served (served: {served})") from None
 
     def find(self, worker_id: str) -> tuple[ModelDispatch, WorkerState]:
         """The model and live state of `worker_id`; `UnknownWorker` otherwise."""
         for m in self.models.values():
             if m.pool.has(worker_id):
                 return m, m.pool.state(worker_id)
-        raise UnknownWorker(f"no worker {worker_id!r} (list them with `homing workers ls`)")
+        raise UnknownWorker(f"no worker {_shown(worker_id)} (list them with `homing workers ls`)")
 
     def workers(self) -> list[tuple[ModelDispatch, WorkerState]]:
         """Every worker of every model, models in order."""
@@ -118,7 +118,7 @@ class Fleet:
         `DuplicateWorker`, `WrongPhase` (refused: another model or tokenizer)."""
         dispatch = self.model(model)
         try:
-            check_worker_url(url)
+            url = check_worker_url(url)  # canonical: one engine has one URL
         except ValueError as err:
             raise InvalidWorker(str(err)) from None
         if len(version) > 128 or not version.isprintable():
@@ -134,19 +134,28 @@ class Fleet:
             raise WrongPhase(f"refused: {err}") from None
 
     def cordon(self, worker_id: str) -> WorkerState:
-        """`worker_id` takes no new requests and stays. `UnknownWorker`, `WrongPhase`."""
-        m, _ = self.find(worker_id)
+        """`worker_id` takes no new requests and stays (a cordoned one stays as it is).
+        `UnknownWorker`, `WrongPhase` (joining, draining or ejected)."""
+        m, state = self.find(worker_id)
+        if state.phase is Phase.CORDONED:
+            return state
         return self._act(worker_id, lambda: m.pool.cordon(worker_id))
 
     def uncordon(self, worker_id: str) -> WorkerState:
-        """`worker_id` takes new requests again. `UnknownWorker`, `WrongPhase`."""
-        m, _ = self.find(worker_id)
+        """`worker_id` takes new requests again (a ready one stays as it is).
+        `UnknownWorker`, `WrongPhase`."""
+        m, state = self.find(worker_id)
+        if state.phase is Phase.READY:
+            return state
         return self._act(worker_id, lambda: m.pool.uncordon(worker_id))
 
     def drain(self, worker_id: str, timeout_s: float | None = None) -> WorkerState:
         """Start draining `worker_id` (see the module docstring); `timeout_s` None takes
-        `drain_timeout_s`. `UnknownWorker`, `WrongPhase` (already draining)."""
-        m, _ = self.find(worker_id)
+        `drain_timeout_s`. A worker already draining keeps its first drain's timeout.
+        `UnknownWorker`, `WrongPhase`."""
+        m, current = self.find(worker_id)
+        if current.phase is Phase.DRAINING:
+            return current
         state = self._act(worker_id, lambda: m.pool.drain(worker_id))
         limit = self.drain_timeout_s if timeout_s is None else timeout_s
         task = asyncio.get_running_loop().create_task(self._drain(m, worker_id, limit))
@@ -161,7 +170,7 @@ class Fleet:
                 return await m.pool.wait_gone(worker_id, timeout_s)
             except KeyError:
                 continue
-        raise UnknownWorker(f"no worker {worker_id!r}")
+        raise UnknownWorker(f"no worker {_shown(worker_id)}")
 
     async def remove(self, worker_id: str, *, force: bool = False) -> WorkerState:
         """Remove `worker_id` now. With requests in flight it is `WrongPhase` unless
@@ -202,3 +211,8 @@ class Fleet:
         log.warning("worker_drain_timeout", worker=worker_id, cut=cut, timeout_s=timeout_s)
         if not await m.pool.wait_gone(worker_id, CUT_GRACE_S):
             await m.pool.remove(worker_id)
+
+
+def _shown(text: str) -> str:
+    """`text` quoted for a message, cut to 64 characters (client input is echoed bounded)."""
+    return repr(text if len(text) <= 64 else text[:64] + "...")

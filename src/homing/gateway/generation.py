@@ -15,7 +15,8 @@ non-streamed one. Transport failures are reported to the pool's health accountin
 client's mistake never counts against a worker. A request the gateway itself ends
 (`interrupt`: the drain timeout at shutdown) gets that error, a stream as its last event.
 The log line's `outcome`: "ok", "client_closed", "engine_error" (a worker failed it),
-"timeout" (past `request_timeout_s`), "drained" (interrupted), "error_<status>" (refused
+"timeout" (past `request_timeout_s`), "drained" (cut at shutdown), "worker_drained" or
+"worker_removed" (its replica was taken away while it ran), "error_<status>" (refused
 with that status, the worker's refusals of the request included) or "error" (a fault of
 the gateway's own, a 500).
 """
@@ -249,7 +250,7 @@ class Generation:
 
     def _on_cut(self, reason: str) -> None:
         """The fleet took the replica away (a drain that timed out, a forced removal)."""
-        self.interrupt(replica_cut(reason), "drained")
+        self.interrupt(replica_cut(reason), reason)
 
     async def _relaunch(self, retry: _Retry) -> None:
         """Drop everything of the failed attempt and route the request again elsewhere."""
