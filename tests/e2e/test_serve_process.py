@@ -29,6 +29,15 @@ def _get(url: str) -> tuple[int, bytes]:
         return 0, b""
 
 
+def _wait_ready(proc: subprocess.Popen[bytes], http: int) -> None:
+    """Poll `/ready` until 200 (60 s at most); fail with its stderr if the process exits."""
+    deadline = time.monotonic() + 60
+    while _get(f"http://127.0.0.1:{http}/ready")[0] != 200:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, "not ready within 60 s"
+        time.sleep(0.2)
+
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -58,11 +67,7 @@ def test_serve_streams_chat_and_stops_cleanly_on_sigterm() -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        deadline = time.monotonic() + 60
-        while _get(f"http://127.0.0.1:{http}/ready")[0] != 200:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline, "not ready within 60 s"
-            time.sleep(0.2)
+        _wait_ready(proc, http)
         children = _children(proc.pid)
         assert len(children) == 2
         model = json.loads(_get(f"http://127.0.0.1:{http}/v1/models")[1])["data"][0]["id"]
@@ -115,11 +120,7 @@ def test_serve_with_two_sim_models_serves_each_on_its_own_workers() -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        deadline = time.monotonic() + 60
-        while _get(f"http://127.0.0.1:{http}/ready")[0] != 200:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline, "not ready within 60 s"
-            time.sleep(0.2)
+        _wait_ready(proc, http)
         assert len(_children(proc.pid)) == 3
         ready = json.loads(_get(f"http://127.0.0.1:{http}/ready")[1])
         listed = json.loads(_get(f"http://127.0.0.1:{http}/v1/models")[1])["data"]
