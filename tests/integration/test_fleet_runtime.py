@@ -78,9 +78,9 @@ async def spare() -> AsyncIterator[list[SpareSim]]:
     await terminate((s.process for s in started), 2.0)
 
 
-async def start_sim(started: list[SpareSim], model: str = SMALL) -> SpareSim:
+async def start_sim(started: list[SpareSim], model: str = SMALL, *extra: str) -> SpareSim:
     args = ["--workers", "1", "--port", "0", "--model", model, "--speedup", "10"]
-    args += ["--parent-pid", str(os.getpid())]
+    args += ["--parent-pid", str(os.getpid()), *extra]
     process, ready = await spawn_sim(args)
     sim = SpareSim(process, ready["workers"][0]["url"])
     started.append(sim)
@@ -349,6 +349,23 @@ async def test_worker_of_another_model_is_refused_and_not_kept(
     port = int(taken.rsplit(":", 1)[1])
     with pytest.raises(DuplicateWorker, match="is already worker"):  # the same engine
         await fleet.add_worker(SMALL, f"grpc://LOCALHOST:000{port}")
+
+
+async def test_worker_with_another_tokenizer_revision_is_refused(
+    app: App, spare: list[SpareSim]
+) -> None:
+    """A worker of the right model whose tokenizer bundle has another sha256 (another
+    revision) is refused, over the admin CLI too (exit 1, the reason on stderr)."""
+    fleet = fleet_of(app)
+    sim = await start_sim(spare, SMALL, "--tokenizer-revision", "2")
+    before = [w.worker_id for w in fleet.model(SMALL).workers()]
+    code, out, err = await homing(app, "workers", "add", SMALL, sim.url)
+    ours = fleet.model(SMALL).pool.state(before[0]).tokenizer_sha256
+    assert ours is not None
+    assert (code, out) == (1, "")
+    assert err.startswith(f"homing: refused: worker {sim.url} has tokenizer bundle sha256 ")
+    assert err.endswith(f"..., the pool's is {ours[:12]}... (another tokenizer or revision)\n")
+    assert [w.worker_id for w in fleet.model(SMALL).workers()] == before
 
 
 async def test_readded_worker_is_a_new_worker_without_its_old_prefixes(

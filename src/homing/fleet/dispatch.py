@@ -3,7 +3,8 @@
 Rule of the file: the gateway asks a `ModelDispatch` for a lease (`lease`), talks to the
 worker through `lease.client`, reports the worker's failures and successes through it, and
 releases it exactly once (`release`, or leaving its `with` block). The facade owns the
-model's pool, router, admission queue and tokenizer; nothing above it touches them. A lease
+model's pool, router, admission queue and tokenizer; the gateway touches them only through
+it (the fleet's worker operations and the admin API's read-only views use them too). A lease
 can be cut by the fleet (a drain that timed out): its `on_cut` callback, set by whoever holds
 it, is called once with the reason.
 """

@@ -32,6 +32,8 @@ class SimConfig(BaseModel):
         speedup: simulated time runs this many times faster than the wall clock.
         seed: mixed into sampled (temperature > 0) outputs; greedy outputs ignore it.
         served_model_name: name reported by GetModelInfo; None = `model`.
+        tokenizer_revision: a label added to the GetTokenizer bundle (`REVISION`): the same
+            tokenizer under another revision, whose bundle has another sha256.
         heartbeat_busy_s / heartbeat_idle_s: KV-event `load_only` heartbeat period (s)
             while the engine has requests / while it is idle.
         max_context_length: context window in tokens; None = the preset's (131072).
@@ -59,6 +61,7 @@ class SimConfig(BaseModel):
     speedup: float = Field(default=1.0, gt=0.0)
     seed: int = 0
     served_model_name: str | None = None
+    tokenizer_revision: str | None = Field(default=None, min_length=1, max_length=64)
     heartbeat_busy_s: float = Field(default=1.0, gt=0.0)
     heartbeat_idle_s: float = Field(default=5.0, gt=0.0)
     max_context_length: int | None = Field(default=None, ge=2)

@@ -129,6 +129,11 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--served-model-name", default=None, help="model name to report (default: --model)"
     )
+    parser.add_argument(
+        "--tokenizer-revision",
+        default=None,
+        help="serve the tokenizer bundle with this revision label added (another sha256)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for sampled outputs and jitter")
     sub = parser.add_subparsers(dest="sim_command", metavar="{perf}")
     perf = sub.add_parser("perf", help="print the timing model's figures as one JSON object")
@@ -157,6 +162,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         speedup=getattr(args, "speedup", 1.0),
         seed=getattr(args, "seed", 0),
         served_model_name=getattr(args, "served_model_name", None),
+        tokenizer_revision=getattr(args, "tokenizer_revision", None),
         schedule_policy=getattr(args, "schedule_policy", "fcfs"),
         max_queued_requests=getattr(args, "max_queued_requests", None),
         stream_interval=getattr(args, "stream_interval", 1),

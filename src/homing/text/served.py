@@ -106,6 +106,19 @@ def served_tokenizer_zip() -> bytes:
     return buffer.getvalue()
 
 
+def with_revision(bundle: bytes, revision: str) -> bytes:
+    """`bundle` (a tokenizer zip) with a `REVISION` file holding `revision` added, written as
+    the served files are: the same tokenizer under another revision, so another sha256."""
+    buffer = io.BytesIO(bundle)
+    with zipfile.ZipFile(buffer, mode="a") as archive:
+        info = zipfile.ZipInfo(filename="REVISION", date_time=_ZIP_DATE_TIME)
+        info.compress_type = zipfile.ZIP_DEFLATED
+        info.create_system = 3
+        info.external_attr = _ZIP_MODE << 16
+        archive.writestr(info, revision.encode(), compresslevel=_ZIP_COMPRESSLEVEL)
+    return buffer.getvalue()
+
+
 def served_tokenizer_sha256() -> str:
     """Hex SHA-256 of `served_tokenizer_zip()` (the value GetTokenizer puts on its last chunk)."""
     return hashlib.sha256(served_tokenizer_zip()).hexdigest()
