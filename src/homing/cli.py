@@ -145,12 +145,18 @@ def _sim_model(config: object, value: str) -> object:
     """A `[[models]]` entry for `--sim-model PRESET=N` (N simulated workers of the preset,
     with the other simulator settings of `config.sim`); ValueError on a malformed value."""
     from homing.config import HomingConfig, ModelSettings
+    from homing.sim.timing import MODELS
 
     assert isinstance(config, HomingConfig)
     name, sep, count = value.partition("=")
-    if not name or (sep and not count.isdigit()):
-        raise ValueError(f"{value!r} must look like PRESET or PRESET=N (N workers)")
+    shown = repr(value if len(value) <= 64 else value[:64] + "...")
+    if not name or (sep and not (count.isascii() and count.isdigit())):
+        raise ValueError(f"{shown} must look like PRESET or PRESET=N (N workers)")
+    if name not in MODELS:
+        raise ValueError(f"unknown preset {name[:64]!r}; known: {', '.join(sorted(MODELS))}")
     workers = int(count) if sep else config.sim.workers
+    if not 1 <= workers <= 64:
+        raise ValueError(f"{shown}: N must be 1 to 64 workers")
     sim = config.sim.model_copy(update={"model": name, "workers": workers})
     return ModelSettings(name=name, sim=sim)
 

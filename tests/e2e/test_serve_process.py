@@ -146,3 +146,26 @@ def test_serve_with_two_sim_models_serves_each_on_its_own_workers() -> None:
     }
     assert workers["llama-3.1-8b"] == "w0"  # ids in config order: w0 | w1, w2
     assert workers["llama-3.1-70b"] in ("w1", "w2")
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("x=1", "unknown preset 'x'; known: llama-3.1-70b, llama-3.1-8b"),
+        ("llama-3.1-8b=0", "'llama-3.1-8b=0': N must be 1 to 64 workers"),
+        ("llama-3.1-8b=²", "'llama-3.1-8b=²' must look like PRESET or PRESET=N (N workers)"),
+        ("=2", "'=2' must look like PRESET or PRESET=N (N workers)"),
+    ],
+)
+def test_bad_sim_model_exits_2_before_anything_starts(value: str, why: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "homing", "serve", "--sim-model", value, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2,
+        "",
+        f"homing: invalid option: --sim-model: {why}\n",
+    )
