@@ -752,7 +752,9 @@ class WorkerPool:
         worker without GetTokenizer (UNIMPLEMENTED) is not checked for its tokenizer."""
         timeout = self.config.discovery_timeout_s
         bundle: bytes | None = None
-        if not await w.client.health_check(timeout_s=self.config.health_timeout_s):
+        # The first check may open the channel too: it gets the longer of the two timeouts.
+        first_s = max(self.config.health_timeout_s, timeout)
+        if not await w.client.health_check(timeout_s=first_s):
             w.state.last_error = "health check failed"
             return None  # a worker joins only once it can generate
         try:
