@@ -121,7 +121,7 @@ class ModelDispatch:
         before returning (so the next decision sees them). Raises `NoReplica`."""
         try:
             decision = self.router.select(
-                RouteRequest(prompt_ids=list(prompt_ids), session_key=session_key),
+                RouteRequest(prompt_ids=prompt_ids, session_key=session_key),
                 list(self.snapshots(exclude)),
             )
         except NoWorkerAvailable:
@@ -132,10 +132,12 @@ class ModelDispatch:
             slots_cm.enter_context(self.pool.track(worker_id))
 
         def release(lease: Lease) -> None:
-            self._leases.get(lease.worker_id, set()).discard(lease)
-            slots_cm.close()
-            if self.admission is not None:
-                self.admission.dispatch()  # a replica may have room now
+            held = self._leases.get(lease.worker_id)
+            if held is not None:
+                held.discard(lease)
+                if not held:
+                    del self._leases[lease.worker_id]
+            slots_cm.close()  # the holder wakes admission when its request ends (`wake`)
 
         lease = Lease(worker_id, self.pool.client(worker_id), slots, release)
         self._leases.setdefault(worker_id, set()).add(lease)

@@ -16,7 +16,7 @@ flushes on `cleared` itself (via the index).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from smg_grpc_proto.generated import common_pb2
@@ -206,12 +206,7 @@ class Router:
         """Apply the events of one (in-order, non-duplicate) batch from `worker_id`'s stream,
         read by `decode_kv_batch`; `lag_s`: the caller's measure of its publish-to-receive
         delay (for metrics)."""
-        index = self.index
-        was = index.mode(worker_id)
-        counts = ingest_decoded(batch, index, worker_id)
-        if index.has_retired():
-            index.maintain()
-        self._after_batch(worker_id, was, counts, lag_s)
+        self._ingest(worker_id, lambda index: ingest_decoded(batch, index, worker_id), lag_s)
 
     def apply_kv_bytes(
         self, worker_id: str, data: bytes | bytearray | memoryview, lag_s: float | None = None
@@ -224,9 +219,18 @@ class Router:
         self, worker_id: str, batch: common_pb2.KvEventBatch, lag_s: float | None = None
     ) -> None:
         """`apply_kv_decoded` for a batch already parsed (same calls on the index)."""
+        self._ingest(worker_id, lambda index: ingest_batch(batch, index, worker_id), lag_s)
+
+    def _ingest(
+        self,
+        worker_id: str,
+        feed: Callable[[PrefixIndex], BatchCounts],
+        lag_s: float | None,
+    ) -> None:
+        """Feed one batch of `worker_id`'s events to the index, then the bookkeeping."""
         index = self.index
         was = index.mode(worker_id)
-        counts = ingest_batch(batch, index, worker_id)
+        counts = feed(index)
         if index.has_retired():
             index.maintain()
         self._after_batch(worker_id, was, counts, lag_s)
@@ -238,12 +242,7 @@ class Router:
         `homing.router.events`; a simulator's, with no wire in between) as one in-order
         batch from `worker_id`: the index, the observer and the worker's last-event time
         see what they see for a wire batch of the same events."""
-        index = self.index
-        was = index.mode(worker_id)
-        counts = ingest_events(events, index, worker_id)
-        if index.has_retired():
-            index.maintain()
-        self._after_batch(worker_id, was, counts, lag_s)
+        self._ingest(worker_id, lambda index: ingest_events(events, index, worker_id), lag_s)
 
     def _after_batch(
         self, worker_id: str, was: WorkerMode, counts: BatchCounts, lag_s: float | None

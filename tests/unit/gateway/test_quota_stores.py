@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from quota_backends import quota_store
 from redis_server import RedisServer
 
 from homing.clock import ManualClock
 from homing.gateway.quotas import (
     Charge,
     Denial,
-    InProcessQuotaStore,
     QuotaStore,
     RedisQuotaStore,
     ScopeLimits,
@@ -42,18 +42,9 @@ async def harness(
 ) -> AsyncIterator[Harness]:
     """The same scenario against the in-process store and the Redis store."""
     clock = ManualClock(start=1_000.0)
-    store: QuotaStore
-    if request.param == "memory":
-        store = InProcessQuotaStore(clock=clock, window_ms=WINDOW_MS, lease_ms=LEASE_MS)
-    else:
-        store = RedisQuotaStore(
-            redis_server.url,
-            key_prefix=f"test-{uuid.uuid4().hex}",
-            window_ms=WINDOW_MS,
-            lease_ms=LEASE_MS,
-            timeout_s=2.0,
-            clock=clock,
-        )
+    store = quota_store(
+        request.param, redis_server.url, clock, window_ms=WINDOW_MS, lease_ms=LEASE_MS
+    )
     yield Harness(store, clock)
     await store.close()
 

@@ -9,15 +9,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from quota_backends import quota_store
 from redis_server import RedisServer
 
 from homing.clock import ManualClock
 from homing.gateway.quotas import (
     Charge,
     Denial,
-    InProcessQuotaStore,
     QuotaStore,
-    RedisQuotaStore,
     ScopeLimits,
     ScopeUsage,
 )
@@ -32,18 +31,9 @@ async def store_and_clock(
 ) -> AsyncIterator[tuple[QuotaStore, ManualClock]]:
     """The in-process store and the Redis store, each on its own ManualClock."""
     clock = ManualClock(start=1_000.0)
-    store: QuotaStore
-    if request.param == "memory":
-        store = InProcessQuotaStore(clock=clock, window_ms=WINDOW_MS, lease_ms=LEASE_MS)
-    else:
-        store = RedisQuotaStore(
-            redis_server.url,
-            key_prefix=f"usage-{uuid.uuid4().hex}",
-            window_ms=WINDOW_MS,
-            lease_ms=LEASE_MS,
-            timeout_s=2.0,
-            clock=clock,
-        )
+    store = quota_store(
+        request.param, redis_server.url, clock, window_ms=WINDOW_MS, lease_ms=LEASE_MS
+    )
     yield store, clock
     await store.close()
 
