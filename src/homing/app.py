@@ -24,12 +24,14 @@ from aiohttp import web
 
 from homing.admin.server import AdminServer, prepare_socket
 from homing.aio import gather_or_cancel
+from homing.clock import SystemClock
 from homing.config import HomingConfig, ModelSettings, RouterModelSettings, RouterSettings
 from homing.embedded import SglangLauncher, SimLauncher
 from homing.engines.lifecycle import Action, Phase
 from homing.engines.pool import PoolConfig, WorkerPool, WorkerSpec, WorkerState
 from homing.fleet import Fleet, ModelDispatch
 from homing.fleet.fleet import WorkerIds
+from homing.fleet.stream_interval import StreamIntervalPolicy
 from homing.gateway.admission import AdmissionController
 from homing.gateway.auth import KeyRing
 from homing.gateway.errors import drained
@@ -40,6 +42,7 @@ from homing.gateway.metrics import GatewayMetrics
 from homing.gateway.quotas import QuotaGuard, QuotaStoreError, build_store
 from homing.gateway.service import InferenceService
 from homing.gateway.tls import read_pem_pair, server_ssl_context
+from homing.obs.loop_busy import LoopBusySampler
 from homing.obs.metrics import FleetMetrics, RouterMetrics
 from homing.router import Router
 from homing.router.settings import apply_model_settings, policy_configs, router_from_settings
@@ -81,6 +84,9 @@ class App:
         self._background: set[asyncio.Task[None]] = set()
         self._ids = WorkerIds()
         self._pools: list[WorkerPool] = []  # every pool built, stopped in `stop`
+        self._clock = SystemClock()
+        # The loop's busy share, sampled once a second: the gauge, and auto stream intervals.
+        self.loop_busy = LoopBusySampler(self._clock, [self.gateway_metrics.loop_busy.set])
 
     @property
     def model(self) -> ModelDispatch | None:
@@ -128,6 +134,7 @@ class App:
         if cfg.admin.enabled and cfg.admin.port is not None:
             _ensure_bindable(cfg.admin.host, cfg.admin.port)
         self._started_at = time.monotonic()
+        self.loop_busy.start()
         try:
             specs = cfg.served_models()
             # Workers start in parallel; pools are built in config order (ids in that order).
@@ -236,7 +243,15 @@ class App:
         model_id = pool.served_model_name
         holder.append(model_id)
         apply_model_settings(router, router_settings, model_id)
-        dispatch = ModelDispatch(model_id=model_id, tokenizer=tokenizer, pool=pool, router=router)
+        intervals = StreamIntervalPolicy(
+            spec.stream_interval, clock=self._clock, maximum=spec.max_stream_interval
+        )
+        if intervals.auto:
+            self.loop_busy.add_sink(intervals.observe)
+        self.gateway_metrics.stream_interval.labels(model_id).set_function(intervals.interval)
+        dispatch = ModelDispatch(
+            model_id=model_id, tokenizer=tokenizer, pool=pool, router=router, intervals=intervals
+        )
         dispatch.admission = self._admission(dispatch, router_settings)
         self.router_metrics[model_id] = RouterMetrics(
             router,
@@ -400,6 +415,7 @@ class App:
         await asyncio.gather(*(pool.stop() for pool in pools))
         launchers, self.launchers = self.launchers, []
         await asyncio.gather(*(launcher.stop() for launcher in launchers))
+        self.loop_busy.stop()
 
     async def run_until_signal(self) -> None:
         """Serve until SIGINT or SIGTERM, then stop gracefully."""

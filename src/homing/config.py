@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -59,6 +60,20 @@ class GatewaySettings(_Section):
 
 
 RoutingPolicy = Literal["cache_aware", "round_robin", "least_load", "consistent_hash"]
+
+_INT32_MAX = 2**31 - 1  # SGLang's SamplingParams.stream_interval is an int32
+
+
+def _stream_interval(value: object) -> object:
+    if value == "auto" or (type(value) is int and 1 <= value <= _INT32_MAX):
+        return value
+    raise ValueError(f'must be an integer from 1 to {_INT32_MAX} or "auto", got {value!r}')
+
+
+# Tokens per streamed chunk sent to the engine (SGLang `SamplingParams.stream_interval`): a
+# fixed count, or "auto" (homing.fleet.stream_interval) up to `max_stream_interval`.
+StreamInterval = Annotated[int | Literal["auto"], BeforeValidator(_stream_interval)]
+MaxStreamInterval = Annotated[int, Field(ge=1, le=_INT32_MAX, strict=True)]
 
 
 class CostWeightSettings(_Section):
@@ -120,6 +135,9 @@ class EngineSettings(_Section):
     health_timeout_s: float = Field(default=2.0, gt=0)
     unhealthy_threshold: int = Field(default=3, ge=1)
     healthy_threshold: int = Field(default=2, ge=1)
+    # The served model's stream interval (as `[[models]]` `stream_interval`).
+    stream_interval: StreamInterval = 1
+    max_stream_interval: MaxStreamInterval = 8
 
     @field_validator("workers")
     @classmethod
@@ -189,7 +207,11 @@ class ModelSettings(_Section):
     top-level `sim` section with `sim.model` = `name` when set). `version`: the default
     version label of its workers. `policy` and `weights`: routing overrides for this model
     (default `router.policy` and `router.weights`). `tokenizer_path`: a local tokenizer
-    directory (default: the workers' GetTokenizer bundle).
+    directory (default: the workers' GetTokenizer bundle). `stream_interval`: tokens per
+    streamed chunk the engine sends (SGLang's `stream_interval`; 1 = every token at once),
+    or "auto": from 1 up to `max_stream_interval` while the gateway's event loop is the
+    bottleneck (homing.fleet.stream_interval); larger chunks cost the gateway less per
+    token and make the client see tokens in bursts. The first token is never held back.
     """
 
     name: str | None = Field(default=None, min_length=1, max_length=256)
@@ -199,6 +221,8 @@ class ModelSettings(_Section):
     policy: RoutingPolicy | None = None
     weights: CostWeightSettings | None = None
     tokenizer_path: str | None = None
+    stream_interval: StreamInterval = 1
+    max_stream_interval: MaxStreamInterval = 8
 
     @field_validator("workers")
     @classmethod
@@ -454,6 +478,8 @@ class HomingConfig(_Section):
                 workers=list(self.engines.workers),
                 sim=None if self.engines.workers else self.sim,
                 tokenizer_path=self.engines.tokenizer_path,
+                stream_interval=self.engines.stream_interval,
+                max_stream_interval=self.engines.max_stream_interval,
             )
         ]
 

@@ -111,7 +111,9 @@ class GenerateParams:
     `json_schema` constraint), None for none. There is no seed: SGLang's gRPC SamplingParams
     has no field for one (its `custom_params` reach only custom logit processors).
     `stream`: chunks as they are generated (False: only the complete message, carrying every
-    token).
+    token). `stream_interval`: tokens per streamed chunk (SGLang's per-request
+    `SamplingParams.stream_interval`; the first token is still sent at once), None for the
+    worker's `--stream-interval`.
     """
 
     request_id: str
@@ -130,6 +132,7 @@ class GenerateParams:
     repetition_penalty: float = 1.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     json_schema: str | None = None
+    stream_interval: int | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,8 @@ def build_sampling_params(params: GenerateParams) -> pb.SamplingParams:
         sampling.logit_bias[str(token_id)] = bias
     if params.json_schema is not None:
         sampling.json_schema = params.json_schema
+    if params.stream_interval is not None:
+        sampling.stream_interval = params.stream_interval
     return sampling
 
 
@@ -246,6 +251,90 @@ def convert_response(resp: pb.GenerateResponse) -> TokenChunk | GenerateDone | N
     return None
 
 
+class StreamCut(Exception):
+    """The stream was ended by `EngineStream.cut` (the gateway's decision, not a failure)."""
+
+
+class EngineStream:
+    """One Generate call's messages as plain data: an async iterator of `TokenChunk`s and
+    exactly one `GenerateDone`, then StopAsyncIteration.
+
+    On every end before the `GenerateDone` (`aclose`, `cut`, the consumer cancelled, the
+    deadline, an RPC error, a stream that ends without `complete`) the call is cancelled and
+    `Abort(request_id)` is sent once; after a normal end nothing is sent. Raises
+    `EngineError` for RPC failures and `StreamCut` after `cut`. `messages`: responses
+    received so far (what the stream cost the gateway: one gRPC message each).
+    """
+
+    __slots__ = ("_call", "_client", "_cut", "_done", "_ended", "messages", "request_id")
+
+    def __init__(self, client: EngineClient, call: Any, request_id: str) -> None:
+        self._client = client
+        self._call = call
+        self.request_id = request_id
+        self._done = False  # the GenerateDone was returned
+        self._ended = False  # nothing more will be read (done, aborted or failed)
+        self._cut: str | None = None
+        self.messages = 0
+
+    def __aiter__(self) -> EngineStream:
+        return self
+
+    async def __anext__(self) -> TokenChunk | GenerateDone:
+        if self._ended:
+            if self._cut is not None and not self._done:
+                raise StreamCut(self._cut)
+            raise StopAsyncIteration
+        try:
+            while True:
+                resp = await self._call.read()
+                if resp is grpc.aio.EOF:
+                    await self._end("stream ended without complete")
+                    raise EngineError(
+                        grpc.StatusCode.INTERNAL,
+                        f"Generate stream for {self.request_id} ended without a complete message",
+                        transport=True,
+                        worker_id=self._client.worker_id,
+                    )
+                self.messages += 1
+                item = convert_response(resp)
+                if item is None:
+                    continue
+                if isinstance(item, GenerateDone):
+                    self._done = self._ended = True
+                return item
+        except grpc.aio.AioRpcError as err:
+            await self._end(f"rpc error {err.code().name}")
+            raise self._client._error(err) from err
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._cut is not None and (task is None or task.cancelling() == 0):
+                await self._end(self._cut)  # our own call.cancel(), not the task's
+                raise StreamCut(self._cut) from None
+            await self._end("cancelled")
+            raise
+
+    def cut(self, reason: str) -> None:
+        """End the stream from outside its reader: a pending or later read raises
+        `StreamCut(reason)`, and Abort is sent (unless it already completed)."""
+        if self._ended or self._cut is not None:
+            return
+        self._cut = reason
+        self._call.cancel()
+
+    async def aclose(self) -> None:
+        """Stop reading; sends Abort unless the stream completed. Idempotent."""
+        await self._end("client closed the stream")
+
+    async def _end(self, reason: str) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._call.cancel()
+        if not self._done:
+            await self._client._abort_in_background(self.request_id, reason)
+
+
 def grpc_target(url: str) -> str:
     """`grpc://host:port` (or bare `host:port`) -> `host:port`; ValueError otherwise."""
     target = url.removeprefix("grpc://")
@@ -285,50 +374,14 @@ class EngineClient:
     def _error(self, err: grpc.aio.AioRpcError) -> EngineError:
         return EngineError.from_rpc(err, worker_id=self.worker_id)
 
-    async def generate(
-        self, params: GenerateParams, *, timeout_s: float | None = None
-    ) -> AsyncIterator[TokenChunk | GenerateDone]:
-        """Stream `TokenChunk`s then exactly one `GenerateDone`.
+    def generate(self, params: GenerateParams, *, timeout_s: float | None = None) -> EngineStream:
+        """Start a Generate call: an `EngineStream` of `TokenChunk`s then one `GenerateDone`.
 
         `timeout_s`: deadline for the whole generation (None: none); past it the stream
-        fails with EngineError(DEADLINE_EXCEEDED, transport=True). On every exit before the
-        `GenerateDone` is yielded (the consumer closes the generator or stops iterating,
-        cancellation, deadline, error, a stream that ends without `complete`) the call is
-        cancelled and `Abort(request_id)` is sent; after a normal end nothing is sent.
-        Closing the generator is therefore all a consumer needs to do to abort.
+        fails with EngineError(DEADLINE_EXCEEDED, transport=True).
         """
-        stub = self._get_stub()
-        request = build_generate_request(params)
-        call = stub.Generate(request, timeout=timeout_s)
-        completed = False
-        reason = "client closed the stream"
-        try:
-            async for resp in call:
-                item = convert_response(resp)
-                if item is None:
-                    continue
-                if isinstance(item, GenerateDone):
-                    completed = True
-                    yield item
-                    return
-                yield item
-            reason = "stream ended without complete"
-            raise EngineError(
-                grpc.StatusCode.INTERNAL,
-                f"Generate stream for {params.request_id} ended without a complete message",
-                transport=True,
-                worker_id=self.worker_id,
-            )
-        except grpc.aio.AioRpcError as err:
-            reason = f"rpc error {err.code().name}"
-            raise self._error(err) from err
-        except asyncio.CancelledError:
-            reason = "cancelled"
-            raise
-        finally:
-            if not completed:
-                call.cancel()
-                await self._abort_in_background(params.request_id, reason)
+        call = self._get_stub().Generate(build_generate_request(params), timeout=timeout_s)
+        return EngineStream(self, call, params.request_id)
 
     async def _abort_in_background(self, request_id: str, reason: str) -> None:
         """Send Abort from a task of its own, so a second cancellation cannot lose it."""

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from homing.engines.client import EngineClient, EngineError
 from homing.engines.pool import WorkerPool, WorkerState
+from homing.fleet.stream_interval import StreamIntervalPolicy
 from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
 from homing.router.types import WorkerSnapshot
 from homing.text.tokenizer import TextTokenizer
@@ -77,6 +78,7 @@ class Lease:
 class ModelDispatch:
     """One served model: `model_id`, its tokenizer, pool, router and (optional) admission.
 
+    `intervals`: how many tokens the engine packs per streamed chunk (None: the worker's).
     `max_context_length` / `max_prompt_tokens` (tokens) come from the pool's discovery and
     stay known after the last worker leaves; `created`: Unix seconds, for `/v1/models`.
     """
@@ -86,6 +88,7 @@ class ModelDispatch:
     pool: WorkerPool
     router: Router
     admission: Admitter | None = None
+    intervals: StreamIntervalPolicy | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _leases: dict[str, set[Lease]] = field(default_factory=dict)
 
@@ -98,6 +101,14 @@ class ModelDispatch:
     def max_prompt_tokens(self) -> int:
         """The longest prompt a worker accepts, in tokens."""
         return self.pool.max_prompt_tokens
+
+    def stream_interval(self) -> int | None:
+        """Tokens per chunk to ask of the worker for the next streamed request, from
+        `intervals`; None (the worker's own `--stream-interval`) for 1 or no policy."""
+        if self.intervals is None:
+            return None
+        interval = self.intervals.interval()
+        return None if interval == 1 else interval
 
     # -- routing --
 

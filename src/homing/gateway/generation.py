@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -34,7 +35,12 @@ from typing import TYPE_CHECKING
 import grpc
 import structlog
 
-from homing.engines.client import EngineError, GenerateDone, GenerateParams, TokenChunk
+from homing.engines.client import (
+    EngineError,
+    EngineStream,
+    GenerateParams,
+    StreamCut,
+)
 from homing.fleet import Lease
 from homing.gateway.decoding import ChoiceDecoder
 from homing.gateway.errors import (
@@ -129,7 +135,8 @@ class Generation:
     """One routed request with `n` choices; an async context manager and event iterator.
 
     Attributes after entering: `worker_id` (the replica serving it); after the end:
-    `usage`, `finish_reasons`, `ttft_ms`, `tpot_ms`, `outcome`.
+    `usage`, `finish_reasons`, `ttft_ms`, `tpot_ms`, `outcome` and `engine_messages` (gRPC
+    messages received from workers, every choice and attempt together).
     """
 
     def __init__(self, service: InferenceService, prepared: PreparedRequest) -> None:
@@ -139,11 +146,16 @@ class Generation:
         self.usage = Usage(prompt_tokens=len(prepared.prompt_ids))
         self.finish_reasons: dict[int, str] = {}
         self.outcome = "ok"
+        self.engine_messages = 0
         self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self._room = asyncio.Event()  # set while the queue is below MAX_PENDING_EVENTS
         self._room.set()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._pending: list[Event] = []
+        self._tasks: list[asyncio.Task[None]] = []  # one per choice when n > 1
+        self._choices: list[_Choice] = []  # those tasks' choices
+        # n = 1: the one choice is read by the consumer itself, no task or queue between.
+        self._inline: _Choice | None = None
+        # Items taken from the streams but not yet by the consumer, in order.
+        self._pending: deque[Event | BaseException] = deque()
         self._tried: list[str] = []  # workers routed to, in order
         # The engine ends a choice at its first stop token id (not under ignore_eos, SGLang's
         # rule); that token is counted but, as SGLang and vLLM do, not shown.
@@ -197,7 +209,10 @@ class Generation:
         consumer gets `error` (raised from entering or iterating), the log `outcome`."""
         if self._interrupt is None:
             self._interrupt = _Interrupt(error, outcome)
-            self._queue.put_nowait(self._interrupt)
+            if self._inline is not None:
+                self._inline.cut(outcome)  # its reader then takes the interrupt
+            else:
+                self._queue.put_nowait(self._interrupt)
 
     async def _start(self) -> None:
         """Charge the quota, wait for admission, then route, start the engine streams and
@@ -221,14 +236,14 @@ class Generation:
             raise shutting_down()
         self._route_and_launch()
         while True:
-            first = await self._take_next()
+            first = await self._next_item()
             if isinstance(first, _Retry) and self._may_retry():
                 await self._relaunch(first)
                 continue
             if isinstance(first, BaseException):
                 self._failure = self._failure_outcome(first)
                 raise self._api_error(first)
-            self._pending.append(first)
+            self._pending.appendleft(first)
             return
 
     def _may_retry(self) -> bool:
@@ -245,8 +260,13 @@ class Generation:
         self._lease = lease
         self._tried.append(lease.worker_id)
         self.worker_id = lease.worker_id
+        if self.prepared.n == 1:
+            self._inline = self._open_choice(0, lease)
+            return
         for index in range(self.prepared.n):
-            self._tasks.append(asyncio.create_task(self._run_choice(index, lease)))
+            choice = self._open_choice(index, lease)
+            self._choices.append(choice)
+            self._tasks.append(asyncio.create_task(self._run_choice(choice)))
 
     def _on_cut(self, reason: str) -> None:
         """The fleet took the replica away (a drain that timed out, a forced removal)."""
@@ -280,11 +300,17 @@ class Generation:
 
     async def _cancel_tasks(self) -> None:
         try:
+            inline, self._inline = self._inline, None
+            if inline is not None:
+                await inline.close()
             for task in self._tasks:
                 task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             self._tasks.clear()
+            choices, self._choices = self._choices, []
+            for choice in choices:  # a task cancelled before it ran never closed its own
+                await choice.close()
         finally:
             if self._lease is not None:
                 self._lease.release()
@@ -311,17 +337,24 @@ class Generation:
     # -- iteration --
 
     async def __aiter__(self) -> AsyncIterator[Event]:
-        async for event in self._events(restartable=False):
-            if not isinstance(event, _Restarted):
+        async for batch in self.batches():
+            for event in batch:
                 yield event
 
-    async def _events(self, *, restartable: bool) -> AsyncIterator[Event | _Restarted]:
-        """The events in order; with `restartable` (nothing has reached the client) a
-        retryable failure routes the request again and yields `_Restarted`."""
-        while self._pending:
-            yield self._take(self._pending.pop(0))
+    async def batches(self) -> AsyncIterator[list[Event]]:
+        """The events in order, each batch holding every event that was ready at once (one
+        write to the client): a batch is never held back waiting for the next."""
+        async for batch in self._batches(restartable=False):
+            if not isinstance(batch, _Restarted):
+                yield batch
+
+    async def _batches(self, *, restartable: bool) -> AsyncIterator[list[Event] | _Restarted]:
+        """The events in order, in batches of those ready at once; with `restartable`
+        (nothing has reached the client) a retryable failure routes the request again and
+        yields `_Restarted`. A failure ends the iteration with its `APIError`, after the
+        events before it."""
         while self._open_choices > 0:
-            item = await self._take_next()
+            item = await self._next_item()
             if isinstance(item, _Retry) and restartable and self._may_retry():
                 await self._relaunch(item)
                 yield _Restarted()
@@ -329,7 +362,21 @@ class Generation:
             if isinstance(item, BaseException):
                 self._failure = self._failure_outcome(item)
                 raise self._api_error(item)
-            yield self._take(item)
+            batch = [self._take(item)]
+            while self._open_choices > 0:
+                more = self._ready_item()
+                if more is None:
+                    break
+                if isinstance(more, BaseException):
+                    self._pending.appendleft(more)  # raised by the next batch
+                    break
+                batch.append(self._take(more))
+            yield batch
+
+    @property
+    def finished(self) -> bool:
+        """Every choice has ended (its `ChoiceFinished` was taken)."""
+        return self._open_choices == 0
 
     def _take(self, event: Event) -> Event:
         if isinstance(event, ChoiceFinished):
@@ -337,18 +384,10 @@ class Generation:
             self.finish_reasons[event.index] = event.reason
         return event
 
-    # -- one choice's engine stream --
+    # -- the choices' engine streams --
 
-    async def _run_choice(self, index: int, lease: Lease) -> None:
+    def _open_choice(self, index: int, lease: Lease) -> _Choice:
         p = self.prepared
-        worker_id = lease.worker_id
-        client = lease.client
-        decoder = self._decoders[index] = ChoiceDecoder(
-            p.model.tokenizer,
-            stop_set=p.stop_set,
-            hidden_stop_ids=self._hidden_stop_ids,
-            skip_special_tokens=p.skip_special_tokens,
-        )
         params = GenerateParams(
             request_id=engine_request_id(self._engine_id, index, p.n),
             input_ids=p.prompt_ids,
@@ -365,63 +404,65 @@ class Generation:
             logit_bias=p.logit_bias,
             json_schema=p.json_schema,
             skip_special_tokens=p.skip_special_tokens,
-            stream=True,
+            # A non-streamed answer is one engine message, unless stop strings (matched
+            # here) need the tokens as they come, to end the choice at its stop.
+            stream=p.stream or bool(p.stop_set),
+            stream_interval=p.model.stream_interval() if p.stream else None,
         )
-        try:
-            # The whole request (admission wait included) stays within the timeout.
-            waited_s = time.monotonic() - self._started_at
-            remaining_s = max(0.001, self.service.request_timeout_s - waited_s)
-            stream = client.generate(params, timeout_s=remaining_s)
-            try:
-                async for item in stream:
-                    if self._queue.qsize() >= MAX_PENDING_EVENTS:
-                        await self._wait_for_room()
-                    reason = self._on_engine_item(index, item, decoder)
-                    if reason == "abort":
-                        # The worker ended the request itself (flush, restart, its own limits).
-                        raise EngineError(
-                            code=grpc.StatusCode.ABORTED,
-                            message="the worker aborted the request",
-                            transport=False,
-                        )
-                    if reason is not None:
-                        self._queue.put_nowait(ChoiceFinished(index, reason))
-                        return
-            finally:
-                await stream.aclose()  # early exit: the client sends Abort
-            # `generate` raises this itself; here it keeps a broken client from hanging us.
-            raise EngineError(
-                code=grpc.StatusCode.INTERNAL,
-                message="worker stream ended without a complete message",
-                transport=True,
-            )
-        except EngineError as err:
-            # Our own whole-request deadline says nothing about the worker's health.
-            if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
-                p.model.report_failure(worker_id, err)
-            if err.code in RETRYABLE_CODES:
-                self._queue.put_nowait(_Retry(worker_id, err))
-            else:
-                self._queue.put_nowait(err)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
-            log.exception("choice_failed", request_id=p.request_id, worker=worker_id)
-            self._queue.put_nowait(err)
+        # The whole request (admission wait included) stays within the timeout.
+        waited_s = time.monotonic() - self._started_at
+        remaining_s = max(0.001, self.service.request_timeout_s - waited_s)
+        decoder = self._decoders[index] = ChoiceDecoder(
+            p.model.tokenizer,
+            stop_set=p.stop_set,
+            hidden_stop_ids=self._hidden_stop_ids,
+            skip_special_tokens=p.skip_special_tokens,
+        )
+        stream = lease.client.generate(params, timeout_s=remaining_s)
+        return _Choice(self, index, lease.worker_id, stream, decoder)
 
-    def _on_engine_item(
-        self, index: int, item: TokenChunk | GenerateDone, decoder: ChoiceDecoder
-    ) -> str | None:
-        """Decode one engine message, queue its text; the finish reason when the choice ends."""
-        step = decoder.push(item)
-        if step.new_tokens:
-            now = time.monotonic()
-            if self._first_token_at is None:
-                self._first_token_at = now
-            self._last_token_at = now
-        for text in step.texts:
-            self._emit(TextDelta(index, text))
-        return step.finish
+    async def _run_choice(self, choice: _Choice) -> None:
+        """Task body of one choice when n > 1: its events into the shared queue."""
+        try:
+            while not choice.ended:
+                if self._queue.qsize() >= MAX_PENDING_EVENTS:
+                    await self._wait_for_room()
+                for item in await choice.step():
+                    self._queue.put_nowait(item)
+        finally:
+            await choice.close()
+
+    async def _next_item(self) -> Event | BaseException:
+        """The next event or failure: from the queue (n > 1), else read inline."""
+        if self._pending:
+            return self._pending.popleft()
+        choice = self._inline
+        if choice is None:
+            return await self._take_next()
+        while not self._pending:
+            if self._interrupt is not None:
+                return self._interrupt
+            if choice.ended:  # cannot happen while a choice is open: a bug of ours
+                return RuntimeError("the choice's stream ended without a finish")
+            self._pending.extend(await choice.step())
+        return self._pending.popleft()
+
+    def _ready_item(self) -> Event | BaseException | None:
+        """The next item if one is there without waiting, else None."""
+        if self._pending:
+            return self._pending.popleft()
+        if self._inline is None and not self._queue.empty():
+            item = self._queue.get_nowait()
+            if self._queue.qsize() < MAX_PENDING_EVENTS:
+                self._room.set()
+            return item
+        return None
+
+    def _note_tokens(self) -> None:
+        now = time.monotonic()
+        if self._first_token_at is None:
+            self._first_token_at = now
+        self._last_token_at = now
 
     def _api_error(self, item: BaseException) -> APIError:
         """The error the client sees for what a choice task (or `interrupt`) queued."""
@@ -446,9 +487,6 @@ class Generation:
             return "engine_error"
         return "error" if error.status == 500 else f"error_{error.status}"
 
-    def _emit(self, event: Event) -> None:
-        self._queue.put_nowait(event)
-
     async def _take_next(self) -> Event | BaseException:
         item = await self._queue.get()
         if self._queue.qsize() < MAX_PENDING_EVENTS:
@@ -467,11 +505,13 @@ class Generation:
         """Every choice's whole text, in choice order (the non-streamed answer): the deltas
         joined once at the end (no string copied per token)."""
         parts: list[list[str]] = [[] for _ in range(self.prepared.n)]
-        async for event in self._events(restartable=not self.prepared.stream):
-            if isinstance(event, TextDelta):
-                parts[event.index].append(event.text)
-            elif isinstance(event, _Restarted):
+        async for batch in self._batches(restartable=not self.prepared.stream):
+            if isinstance(batch, _Restarted):
                 parts = [[] for _ in range(self.prepared.n)]
+                continue
+            for event in batch:
+                if isinstance(event, TextDelta):
+                    parts[event.index].append(event.text)
         return ["".join(p) for p in parts]
 
     def finalize_usage(self) -> Usage:
@@ -517,8 +557,101 @@ class Generation:
             ttft_ms=_round(self.ttft_ms),
             tpot_ms=_round(self.tpot_ms),
             finish_reasons=[self.finish_reasons.get(i) for i in range(p.n)],
+            engine_messages=self.engine_messages,
             outcome=self.outcome,
         )
+
+
+class _Choice:
+    """One choice's engine stream on one replica: its messages in, its events out."""
+
+    __slots__ = ("closed", "decoder", "ended", "generation", "index", "stream", "worker_id")
+
+    def __init__(
+        self,
+        generation: Generation,
+        index: int,
+        worker_id: str,
+        stream: EngineStream,
+        decoder: ChoiceDecoder,
+    ) -> None:
+        self.generation = generation
+        self.index = index
+        self.worker_id = worker_id
+        self.stream = stream
+        self.decoder = decoder
+        self.ended = False  # the last step returned its finish or failure
+        self.closed = False
+
+    async def step(self) -> list[Event | BaseException]:
+        """The events of the next engine message, in order; once the choice ends, the list
+        ends with its `ChoiceFinished` or the failure (`EngineError`, `_Retry`, `_Interrupt`,
+        or an unexpected exception, which the client sees as a 500)."""
+        g = self.generation
+        p = g.prepared
+        try:
+            item = await anext(self.stream)
+            step = self.decoder.push(item)
+            if step.new_tokens:
+                g._note_tokens()
+            out: list[Event | BaseException] = [TextDelta(self.index, t) for t in step.texts]
+            if step.finish == "abort":
+                # The worker ended the request itself (flush, restart, its own limits).
+                self.ended = True
+                aborted = EngineError(
+                    code=grpc.StatusCode.ABORTED,
+                    message="the worker aborted the request",
+                    transport=False,
+                )
+                out.append(self._failed(aborted))
+            elif step.finish is not None:
+                out.append(ChoiceFinished(self.index, step.finish))
+                self.ended = True
+            return out
+        except StopAsyncIteration:  # `generate` raises first; this keeps a bug from hanging us
+            err = EngineError(
+                code=grpc.StatusCode.INTERNAL,
+                message="worker stream ended without a complete message",
+                transport=True,
+            )
+            self.ended = True
+            return [self._failed(err)]
+        except EngineError as err:
+            self.ended = True
+            return [self._failed(err)]
+        except StreamCut:
+            self.ended = True
+            assert g._interrupt is not None
+            return [g._interrupt]
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
+            log.exception("choice_failed", request_id=p.request_id, worker=self.worker_id)
+            self.ended = True
+            return [err]
+
+    def _failed(self, err: EngineError) -> BaseException:
+        # Our own whole-request deadline says nothing about the worker's health.
+        if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+            self.generation.prepared.model.report_failure(self.worker_id, err)
+        if err.code in RETRYABLE_CODES:
+            return _Retry(self.worker_id, err)
+        return err
+
+    def cut(self, reason: str) -> None:
+        """End the stream now from outside (an interrupt): its next step returns it."""
+        self.stream.cut(reason)
+
+    async def close(self) -> None:
+        """Stop the engine stream (Abort unless it completed); count its messages. Only
+        the first call counts."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self.stream.aclose()
+        finally:
+            self.generation.engine_messages += self.stream.messages
 
 
 def _round(value: float | None) -> float | None:

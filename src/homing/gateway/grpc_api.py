@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -128,9 +128,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             ]
         )
 
+    # The streaming calls write their messages with `context.write` (grpc.aio's coroutine
+    # form of a server-streaming handler) rather than yield them through async generators.
+
     async def ChatCompletion(
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.CompletionChunk]:
+    ) -> None:
         async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
             return await self.service.prepare.chat(
                 parse_chat(chat_body(request)),
@@ -139,12 +142,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 principal=principal,
             )
 
-        async for chunk in self._handle(prepare, context):
-            yield chunk
+        await self._handle(prepare, context)
 
     async def Completion(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.CompletionChunk]:
+    ) -> None:
         async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
             return await self.service.prepare.completion(
                 parse_completion(completion_body(request)),
@@ -153,14 +155,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 principal=principal,
             )
 
-        async for chunk in self._handle(prepare, context):
-            yield chunk
+        await self._handle(prepare, context)
 
     async def _handle(
         self,
         prepare: Callable[[str, Principal | None], Awaitable[PreparedRequest]],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.CompletionChunk]:
+    ) -> None:
         request_id = _request_id(context)
         try:
             prepared = await prepare(request_id, self._principal(context))
@@ -171,12 +172,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         except asyncio.CancelledError:
             log_cancelled(request_id, api="grpc")
             raise
-        async for chunk in self._serve(prepared, context):
-            yield chunk
+        await self._serve(prepared, context)
 
-    async def _serve(
-        self, prepared: PreparedRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.CompletionChunk]:
+    async def _serve(self, prepared: PreparedRequest, context: grpc.aio.ServicerContext) -> None:
         error: APIError | None = None
         try:
             async with self.service.open(prepared) as generation:
@@ -184,10 +182,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 # answer is whole (it may run again on another worker until then).
                 if prepared.stream:
                     await _send_metadata(context, prepared, generation)
-                async for chunk in _chunks(prepared, generation):
-                    if not prepared.stream:
-                        await _send_metadata(context, prepared, generation)
-                    yield chunk
+                    await _write_stream(context, prepared, generation)
+                else:
+                    whole = await _whole_answer(prepared, generation)
+                    await _send_metadata(context, prepared, generation)
+                    await context.write(whole)
         except APIError as err:
             error = err
         if error is not None:
@@ -202,50 +201,61 @@ async def _send_metadata(
     )
 
 
-async def _chunks(
-    prepared: PreparedRequest, generation: Generation
-) -> AsyncIterator[pb.CompletionChunk]:
-    def message(choices: list[pb.Choice]) -> pb.CompletionChunk:
-        return pb.CompletionChunk(
-            id=prepared.request_id,
-            model=prepared.model.model_id,
-            created=prepared.created,
-            choices=choices,
-            worker=generation.worker_id or "",
-        )
+def _message(
+    prepared: PreparedRequest, generation: Generation, choices: list[pb.Choice]
+) -> pb.CompletionChunk:
+    return pb.CompletionChunk(
+        id=prepared.request_id,
+        model=prepared.model.model_id,
+        created=prepared.created,
+        choices=choices,
+        worker=generation.worker_id or "",
+    )
 
+
+async def _whole_answer(prepared: PreparedRequest, generation: Generation) -> pb.CompletionChunk:
+    """The non-streamed answer: one message with every choice's whole text and the usage."""
     role = "assistant" if prepared.kind == "chat" else ""
-    if not prepared.stream:
-        texts = await generation.collect_texts()
-        last = message(
-            [
-                pb.Choice(
-                    index=i,
-                    text=t,
-                    role=role,
-                    finish_reason=generation.finish_reasons.get(i, ""),
-                )
-                for i, t in enumerate(texts)
-            ]
-        )
-        last.usage.CopyFrom(_usage(generation))
-        yield last
-        return
+    texts = await generation.collect_texts()
+    whole = _message(
+        prepared,
+        generation,
+        [
+            pb.Choice(
+                index=i, text=t, role=role, finish_reason=generation.finish_reasons.get(i, "")
+            )
+            for i, t in enumerate(texts)
+        ],
+    )
+    whole.usage.CopyFrom(_usage(generation))
+    return whole
+
+
+async def _write_stream(
+    context: grpc.aio.ServicerContext, prepared: PreparedRequest, generation: Generation
+) -> None:
+    """One message per batch of events that were ready at once, with at most one entry per
+    choice (its texts joined, its finish reason once it ended); the usage rides on the last
+    message. A chat choice's first entry carries the role."""
+    role = "assistant" if prepared.kind == "chat" else ""
     first = set(range(prepared.n))
-    async for event in generation:
-        if isinstance(event, TextDelta):
-            choice = pb.Choice(index=event.index, text=event.text)
-        elif isinstance(event, ChoiceFinished):
-            choice = pb.Choice(index=event.index, finish_reason=event.reason)
-        else:
-            continue
-        if event.index in first:
-            choice.role = role
-            first.discard(event.index)
-        yield message([choice])
-    tail = message([])
-    tail.usage.CopyFrom(_usage(generation))
-    yield tail
+    async for batch in generation.batches():
+        entries: dict[int, pb.Choice] = {}
+        for event in batch:
+            choice = entries.get(event.index)
+            if choice is None:
+                choice = entries[event.index] = pb.Choice(index=event.index)
+                if event.index in first:
+                    choice.role = role
+                    first.discard(event.index)
+            if isinstance(event, TextDelta):
+                choice.text += event.text
+            elif isinstance(event, ChoiceFinished):
+                choice.finish_reason = event.reason
+        message = _message(prepared, generation, list(entries.values()))
+        if generation.finished:
+            message.usage.CopyFrom(_usage(generation))
+        await context.write(message)
 
 
 def _usage(generation: Generation) -> pb.Usage:
@@ -341,13 +351,11 @@ def _add_inference_servicer(
 
         return handle
 
-    def streaming(method: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-        async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    def streaming(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> None:
             if isinstance(request, _Refused):
                 await _refuse(context, request)
-                return
-            async for message in method(request, context):
-                yield message
+            await method(request, context)
 
         return handle
 

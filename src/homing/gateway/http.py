@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError, internal_error
-from homing.gateway.generation import ChoiceFinished, Generation, TextDelta
+from homing.gateway.generation import Generation, TextDelta
 from homing.gateway.http_server import (
     HttpLimits,
     body_error,
@@ -332,8 +332,7 @@ class HttpApi:
             return error_response(err, prepared.request_id)
         # The generation is closed (quota settled, stream slot released) before the client
         # sees the end of the stream, so its next request finds the slot free.
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        await response.write_eof(b"data: [DONE]\n\n")
         return response
 
     async def _stream(
@@ -353,24 +352,29 @@ class HttpApi:
         )
         await response.prepare(request)
 
-        async def send(obj: Any) -> None:
-            await response.write(f"data: {_json_dumps(obj)}\n\n".encode())
+        def event(obj: Any) -> bytes:
+            return f"data: {_json_dumps(obj)}\n\n".encode()
 
         chunker = ChunkBuilder(prepared)
+        # The events ready at the same moment go out as one write; none waits for another.
+        out: list[bytes] = []
         if prepared.kind == "chat":
-            for index in range(prepared.n):
-                await send(chunker.chunk(index, role=True, content=""))
+            out.extend(event(chunker.chunk(i, role=True, content="")) for i in range(prepared.n))
         try:
-            async for event in generation:
-                if isinstance(event, TextDelta):
-                    await response.write(chunker.content_event(event.index, event.text))
-                elif isinstance(event, ChoiceFinished):
-                    await send(chunker.chunk(event.index, finish_reason=event.reason))
+            async for batch in generation.batches():
+                for item in batch:
+                    if isinstance(item, TextDelta):
+                        out.append(chunker.content_event(item.index, item.text))
+                    else:
+                        out.append(event(chunker.chunk(item.index, finish_reason=item.reason)))
+                if prepared.include_usage and generation.finished:
+                    out.append(event(chunker.usage_chunk(generation.finalize_usage())))
+                await response.write(b"".join(out))
+                out.clear()
         except APIError as err:
-            await send(err.body())
-        else:
-            if prepared.include_usage:
-                await send(chunker.usage_chunk(generation.finalize_usage()))
+            out.append(event(err.body()))
+        if out:
+            await response.write(b"".join(out))
         return response
 
 

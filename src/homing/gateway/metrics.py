@@ -54,6 +54,18 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.stream_interval = Gauge(
+            "homing_stream_interval_tokens",
+            "Tokens per streamed engine chunk asked of the model's workers (1: every token).",
+            ["model"],
+            registry=self.registry,
+        )
+        self.loop_busy = Gauge(
+            "homing_event_loop_busy_ratio",
+            "CPU seconds of the event loop's thread per wall second, over the last sample.",
+            registry=self.registry,
+        )
+
     def value(self, name: str, **labels: str) -> float:
         """The current value of sample `name` with `labels` (0 when absent); for tests."""
         return self.registry.get_sample_value(name, labels) or 0.0

@@ -81,3 +81,47 @@ def test_cost_weights_must_be_finite_and_non_negative(
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert str(err.value) == f"{path}: router.weights.decode: {message}"
+
+
+def test_stream_interval_defaults_to_one_token_per_chunk() -> None:
+    """By default every token is its own chunk (SGLang's default), up to 8 in auto mode."""
+    [model] = load_config(None).served_models()
+    assert (model.stream_interval, model.max_stream_interval) == (1, 8)
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("[engines]\nstream_interval = 4\n", (4, 8)),
+        ('[engines]\nstream_interval = "auto"\nmax_stream_interval = 16\n', ("auto", 16)),
+        ('[[models]]\nname = "m"\nstream_interval = "auto"\n', ("auto", 8)),
+        ('[[models]]\nname = "m"\nstream_interval = 2\nmax_stream_interval = 4\n', (2, 4)),
+    ],
+)
+def test_stream_interval_reaches_the_served_model(
+    tmp_path: Path, toml: str, expected: tuple[object, int]
+) -> None:
+    """Set under `engines` (one model) or a `[[models]]` entry, the setting is the served
+    model's."""
+    path = tmp_path / "c.toml"
+    path.write_text(toml)
+    [model] = load_config(path).served_models()
+    assert (model.stream_interval, model.max_stream_interval) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-2", '"fast"', '"4"', "2.0", "true", "2147483648"])
+def test_stream_interval_is_an_integer_of_at_least_one_or_auto(tmp_path: Path, value: str) -> None:
+    """Anything but an integer from 1 (to int32's maximum, the protocol's type) or the
+    string "auto" is an error naming the key."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[models]]\nname = "m"\nstream_interval = {value}\n')
+    with pytest.raises(ConfigError, match=r'models\.0\.stream_interval: .*or "auto"'):
+        load_config(path)
+
+
+@pytest.mark.parametrize("value", ["0", '"8"', "true"])
+def test_max_stream_interval_is_an_integer_of_at_least_one(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(f"[engines]\nmax_stream_interval = {value}\n")
+    with pytest.raises(ConfigError, match=r"engines\.max_stream_interval: "):
+        load_config(path)
