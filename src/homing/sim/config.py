@@ -30,6 +30,12 @@ class SimConfig(BaseModel):
         mem_fraction_static: share of GPU memory for weights + KV pool; None = SGLang's
             TP-dependent default (0.88 at TP1 ... 0.81 at TP8).
         speedup: simulated time runs this many times faster than the wall clock.
+        instant: switch the timing model off: every scheduler step takes zero time, so
+            a request's tokens come as fast as the process can step and send them (a
+            zero-latency worker, for measuring what sits in front of it). Each step's
+            tokens still travel as their own chunk (`stream_interval` tokens per chunk),
+            never merged with the next step's, so the framing is what a GPU worker's
+            handler sends when it keeps up, whatever the client's speed.
         seed: mixed into sampled (temperature > 0) outputs; greedy outputs ignore it.
         served_model_name: name reported by GetModelInfo; None = `model`.
         tokenizer_revision: a label added to the GetTokenizer bundle (`REVISION`): the same
@@ -59,6 +65,7 @@ class SimConfig(BaseModel):
     kv_capacity_tokens: int | None = Field(default=None, ge=1)
     mem_fraction_static: float | None = Field(default=None, gt=0.0, le=1.0)
     speedup: float = Field(default=1.0, gt=0.0)
+    instant: bool = False
     seed: int = 0
     served_model_name: str | None = None
     tokenizer_revision: str | None = Field(default=None, min_length=1, max_length=64)

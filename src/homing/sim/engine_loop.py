@@ -17,6 +17,9 @@ Rule of this file: all waiting and all delivery happen here; no scheduling decis
   finished and never writes to its stream again. `stop` ends silenced streams as well.
 - Faults (`homing.sim.faults.FaultState`, read before every step): a slowdown K makes each
   step last K times its modelled duration; a stall holds the next step until it is over.
+- Instant (`instant=True`, `SimConfig.instant`): steps take no wall time whatever their
+  modelled duration; each step's effects are delivered as soon as it has run, and the loop
+  yields to the event loop once per step, so handlers and new requests run between steps.
 - Keeping up: each step's wall deadline is the previous deadline plus duration / speedup, so
   a step that ends late is caught up by the next ones (`stats.lag_*`: how late steps end).
   A backlog beyond CATCH_UP_WALL_S is forgiven rather than caught up: that wall time is lost
@@ -106,6 +109,7 @@ class EngineLoop:
     on_kv_events(events): called with each non-empty list of KV events, in cache order.
     on_load_changed(): called after anything that can change the engine's load.
     faults: the worker's fault state (None: no faults).
+    instant: steps take no wall time (see the module docstring).
     """
 
     def __init__(
@@ -117,11 +121,13 @@ class EngineLoop:
         on_kv_events: Callable[[Sequence[KvEvent]], object] | None = None,
         on_load_changed: Callable[[], object] | None = None,
         faults: FaultState | None = None,
+        instant: bool = False,
     ) -> None:
         if speedup <= 0:
             raise ValueError(f"speedup must be > 0, got {speedup}")
         self.scheduler = scheduler
         self.speedup = speedup
+        self.instant = instant
         self._clock = clock or SystemClock()
         self._origin = self._clock.now()
         self._on_kv_events: Callable[[Sequence[KvEvent]], object] = lambda events: None
@@ -301,6 +307,9 @@ class EngineLoop:
             if await self._wait_stall():
                 loop_deadline = self._clock.now()
                 continue
+            if self.instant:
+                await self._instant_step()
+                continue
             now_wall = self._clock.now()
             start_wall = loop_deadline
             if now_wall - loop_deadline > CATCH_UP_WALL_S:
@@ -332,6 +341,19 @@ class EngineLoop:
             self.stats.lag_wall_s += lag
             self.stats.max_lag_wall_s = max(self.stats.max_lag_wall_s, lag)
             self._deliver(result)
+
+    async def _instant_step(self) -> None:
+        """One step of zero wall time: run it, deliver its effects, let the event loop run."""
+        result = self.scheduler.step(self.sim_now())
+        self._pending_events.extend(result.kv_events)
+        self._deliver(result)
+        if not result.did_work:
+            # nothing can run until something changes (a request arrives or leaves)
+            self._wake.clear()
+            await self._wake.wait()
+            return
+        self.stats.steps += 1
+        await asyncio.sleep(0)  # handlers and arrivals run between steps
 
     def _deliver(self, result: StepResult) -> None:
         for output in result.outputs:

@@ -87,6 +87,12 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         "--speedup", type=float, default=1.0, help="simulated time runs this much faster"
     )
     parser.add_argument(
+        "--instant",
+        action="store_true",
+        help="switch the timing model off: every step takes zero time (a zero-latency "
+        "worker, to measure the gateway in front); --speedup then scales only the clock",
+    )
+    parser.add_argument(
         "--parent-pid",
         type=int,
         default=None,
@@ -160,6 +166,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_capacity_tokens=getattr(args, "kv_capacity_tokens", None),
         mem_fraction_static=getattr(args, "mem_fraction_static", None),
         speedup=getattr(args, "speedup", 1.0),
+        instant=getattr(args, "instant", False),
         seed=getattr(args, "seed", 0),
         served_model_name=getattr(args, "served_model_name", None),
         tokenizer_revision=getattr(args, "tokenizer_revision", None),
@@ -268,7 +275,7 @@ async def _serve(workers: list[SimWorker], crashed: asyncio.Event) -> int:
         first = started[0]
         log.info(
             "serving %d simulated worker(s): %s on %s x%d, KV pool %d tokens, "
-            "max running %d, speedup %g",
+            "max running %d, speedup %g%s",
             len(started),
             first.config.model,
             first.timing.gpu.name,
@@ -276,6 +283,7 @@ async def _serve(workers: list[SimWorker], crashed: asyncio.Event) -> int:
             first.limits.kv_capacity_tokens,
             first.limits.max_running_requests,
             first.config.speedup,
+            ", instant (zero-time steps)" if first.config.instant else "",
         )
         stopping = asyncio.ensure_future(stop.wait())
         crashing = asyncio.ensure_future(crashed.wait())

@@ -9,8 +9,10 @@ Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
   `token_ids`, cumulative prompt/completion/cached counts, index 0; a handler that fell behind
   sends the steps it missed as one chunk, as a busy SGLang tokenizer manager batches outputs),
   then always a `complete` (finish_reason "stop" | "length" | "abort", counts,
-  matched_token_id on an EOS/stop token). As SGLang 0.5.x's servicer does, the final step's
-  tokens come in a last chunk (empty when the step produced none) and the `complete`'s
+  matched_token_id on an EOS/stop token). An instant worker (`SimConfig.instant`) never
+  merges steps: each step's tokens are their own chunk, however far behind the handler is.
+  As SGLang 0.5.x's servicer does, the final step's tokens come in a last chunk (empty when
+  the step produced none) and the `complete`'s
   `output_ids` repeat them; with `final_tokens = "complete_only"` they come only in the
   `complete`, as older servicers sent them. stream=False: a single `complete` carrying all
   output_ids. A client that goes away aborts its request.
@@ -292,6 +294,7 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         rid = sim_request.request_id
         output_ids: list[int] = []
         repeat_final = self.config.final_tokens == "chunk_and_complete"
+        chunk_per_step = self.config.instant
         try:
             async for batch in stream.batches():
                 tokens: list[int] = []
@@ -299,6 +302,9 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
                 for item in batch:
                     if isinstance(item, RequestOutput):
                         if request.stream:
+                            if chunk_per_step and last is not None:
+                                yield _chunk_response(rid, tokens, last)
+                                tokens = []
                             tokens.extend(item.token_ids)
                             last = item
                         else:
@@ -409,6 +415,7 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             "sim_gpu": self.timing.gpu.name,
             "sim_speedup": cfg.speedup,
             "sim_seed": cfg.seed,
+            "sim_instant": cfg.instant,
         }
 
     async def GetServerInfo(

@@ -397,6 +397,19 @@ class JitteredTimer:
         return base * (1.0 + self._rng.uniform(-self.jitter, self.jitter))
 
 
+class InstantTimer:
+    """A step timer for which every step takes zero seconds (`SimConfig.instant`)."""
+
+    def step_time_s(
+        self,
+        prefill: Sequence[PrefillChunk] = (),
+        decode_batch: int = 0,
+        decode_context_tokens: int = 0,
+    ) -> float:
+        """Always 0.0."""
+        return 0.0
+
+
 # --------------------------------------------------------------------------------------------
 # Presets and derived limits
 # --------------------------------------------------------------------------------------------

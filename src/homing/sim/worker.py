@@ -35,7 +35,13 @@ from homing.sim.metrics import WorkerSnapshot, worker_registry
 from homing.sim.scheduler import Scheduler, SchedulerConfig, StepTimer
 from homing.sim.servicer import ServedModel, SimSchedulerServicer
 from homing.sim.sidecar import Sidecar
-from homing.sim.timing import EngineLimits, JitteredTimer, TimingModel, resolve_limits
+from homing.sim.timing import (
+    EngineLimits,
+    InstantTimer,
+    JitteredTimer,
+    TimingModel,
+    resolve_limits,
+)
 
 SERVICE_NAME = "sglang.grpc.scheduler.SglangScheduler"
 """Full name of the served service (grpc.health.v1 reports it SERVING)."""
@@ -229,7 +235,11 @@ class SimWorker:
         assert self._served is not None and self._planner is not None
         cfg, timing, limits = self.config, self.timing, self.limits
         timer: StepTimer = (
-            JitteredTimer(timing, cfg.jitter, self._rng) if cfg.jitter > 0 else timing
+            InstantTimer()
+            if cfg.instant
+            else JitteredTimer(timing, cfg.jitter, self._rng)
+            if cfg.jitter > 0
+            else timing
         )
         scheduler = Scheduler(
             SchedulerConfig(
@@ -244,7 +254,7 @@ class SimWorker:
             ),
             timer,
         )
-        engine = EngineLoop(scheduler, speedup=cfg.speedup, faults=self.faults)
+        engine = EngineLoop(scheduler, speedup=cfg.speedup, faults=self.faults, instant=cfg.instant)
         hub = KvEventHub(
             engine.load,
             EngineMemoryInfo(
