@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers lint format clean redis-server native-deps apt-libxxhash
+.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers bench-overhead lint format clean redis-server wrk native-deps apt-libxxhash
 
 NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
 
@@ -63,6 +63,10 @@ apt-libxxhash:
 # The quota tests start their own redis-server on a free loopback port.
 redis-server:
 	$(call apt-install,command -v redis-server >/dev/null 2>&1,redis-server)
+
+# bench-overhead's load generator (HTTP, one thread, a Lua script per request).
+wrk:
+	$(call apt-install,command -v wrk >/dev/null 2>&1,wrk)
 
 # A real SGLang 0.5.23 worker on the CPU (deploy/sglang-cpu/README.md): its own virtual env,
 # pinned, with our `sgl_kernel` shim and the torchvision fix, and a tiny random-weight Llama
@@ -133,6 +137,13 @@ bench-routers: proto
 	$(PY) -m homing.bench.routers --trace ../shared/traces/mooncake/conversation_trace.jsonl \
 	    --limit 2000 --workers 8 --model llama-3.1-70b --gpu H100 --tp 8 --speedup 3 \
 	    --target-load 0.70 --json bench-out/routers.json
+
+## make bench-overhead: homing's and smg's CPU per request and per streamed token, requests/s,
+## added first-byte latency and peak RSS, side by side over 2 instant simulated workers, and
+## homing's gRPC API (3 interleaved rounds, ~3 min; bench-out/overhead.json)
+bench-overhead: proto wrk
+	mkdir -p bench-out
+	$(PY) -m homing.bench.overhead --rounds 3 --json bench-out/overhead.json
 
 lint: proto
 	$(VENV)/bin/ruff check src tests deploy
