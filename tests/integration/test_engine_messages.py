@@ -20,6 +20,7 @@ from homing.config import GatewaySettings, HomingConfig, ModelSettings, SimSetti
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TOKENS = 16
+LAST_DONE: list[dict[str, Any]] = []
 PROMPT = [{"role": "user", "content": "Count the stars over the harbour tonight"}]
 
 
@@ -42,7 +43,8 @@ async def gateway() -> AsyncIterator[App]:
 
 
 async def _chat(app: App, model: str, *, stream: bool, **extra: Any) -> tuple[str, int, int]:
-    """(text, content events, engine messages) of one chat request of TOKENS tokens."""
+    """(text, content events, engine messages) of one chat request of TOKENS tokens; the
+    request's `request_done` line is kept in `LAST_DONE`."""
     body = {
         "model": model,
         "messages": PROMPT,
@@ -60,6 +62,7 @@ async def _chat(app: App, model: str, *, stream: bool, **extra: Any) -> tuple[st
     done = [e for e in logs if e["event"] == "request_done"]
     assert len(done) == 1 and done[0]["outcome"] == "ok"
     assert done[0]["completion_tokens"] == TOKENS
+    LAST_DONE[:] = done
     messages = done[0]["engine_messages"]
     if not stream:
         return json.loads(raw)["choices"][0]["message"]["content"], 0, messages
@@ -77,6 +80,8 @@ async def test_a_non_streamed_answer_is_one_engine_message(gateway: App) -> None
     """Non-streamed, the worker sends the whole answer in its one `complete` message."""
     text, _, messages = await _chat(gateway, "every-token", stream=False)
     assert messages == 1
+    # Its first token is its whole answer; with no tokens over time there is no TPOT.
+    assert LAST_DONE[0]["ttft_ms"] is not None and LAST_DONE[0]["tpot_ms"] is None
     streamed, _, _ = await _chat(gateway, "every-token", stream=True)
     assert text == streamed
 
@@ -86,6 +91,7 @@ async def test_a_streamed_answer_is_a_message_per_token_and_the_complete(gateway
     _, events, messages = await _chat(gateway, "every-token", stream=True)
     assert messages == TOKENS + 1
     assert events > 1
+    assert LAST_DONE[0]["tpot_ms"] is not None
 
 
 async def test_stop_strings_keep_a_non_streamed_answer_streaming_from_the_engine(

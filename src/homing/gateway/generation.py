@@ -523,21 +523,24 @@ class Generation:
 
     @property
     def ttft_ms(self) -> float | None:
-        """Time to first token in ms, from `open` to the first token of any choice."""
+        """Time to first token in ms, from `open` to the first token of any choice (the
+        whole answer's arrival when the engine sent it as one message, `stream=false`)."""
         if self._first_token_at is None:
             return None
         return (self._first_token_at - self._started_at) * 1000.0
 
     @property
     def tpot_ms(self) -> float | None:
-        """Mean time per output token after the first, in ms (choice-summed tokens)."""
+        """Mean time per output token after the first, in ms (choice-summed tokens); None
+        when the tokens did not arrive over time (fewer than 2, or all in one message)."""
         tokens = sum(d.completion_tokens for d in self._decoders.values())
-        if self._first_token_at is None or self._last_token_at is None or tokens < 2:
+        first, last = self._first_token_at, self._last_token_at
+        if first is None or last is None or last == first or tokens < 2:
             return None
         per_choice = tokens / max(1, self.prepared.n)
         if per_choice < 2:
             return None
-        return (self._last_token_at - self._first_token_at) * 1000.0 / (per_choice - 1)
+        return (last - first) * 1000.0 / (per_choice - 1)
 
     def _log(self) -> None:
         usage = self.finalize_usage()
