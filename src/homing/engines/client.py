@@ -266,11 +266,22 @@ class EngineStream:
     received so far (what the stream cost the gateway: one gRPC message each).
     """
 
-    __slots__ = ("_call", "_client", "_cut", "_done", "_ended", "messages", "request_id")
+    __slots__ = (
+        "_call",
+        "_client",
+        "_cut",
+        "_done",
+        "_ended",
+        "_responses",
+        "messages",
+        "request_id",
+    )
 
     def __init__(self, client: EngineClient, call: Any, request_id: str) -> None:
         self._client = client
         self._call = call
+        # The call's own response iterator (grpc.aio's async-for path), not `call.read()`.
+        self._responses = call.__aiter__()
         self.request_id = request_id
         self._done = False  # the GenerateDone was returned
         self._ended = False  # nothing more will be read (done, aborted or failed)
@@ -287,8 +298,11 @@ class EngineStream:
             raise StopAsyncIteration
         try:
             while True:
-                resp = await self._call.read()
-                if resp is grpc.aio.EOF:
+                try:
+                    resp = await self._responses.__anext__()
+                except StopAsyncIteration:
+                    resp = None
+                if resp is None:
                     await self._end("stream ended without complete")
                     raise EngineError(
                         grpc.StatusCode.INTERNAL,
