@@ -9,7 +9,7 @@ import time
 import pytest
 
 from homing.clock import ManualClock, SystemClock
-from homing.obs.loop_busy import LoopBusySampler
+from homing.obs.loop_busy import SCHEDSTAT, LoopBusySampler, demand_seconds
 
 
 class CpuCounter:
@@ -99,8 +99,8 @@ def test_a_period_must_be_positive() -> None:
 
 
 async def test_the_real_loop_thread_cpu_time_is_sampled() -> None:
-    """On the running loop with `time.thread_time`: a callback that spends CPU on the loop
-    thread shows as a share above 0, and every share lies in [0, 1]."""
+    """On the running loop with the default `demand_seconds`: a callback that spends CPU on
+    the loop thread shows as a share above 0, and every share lies in [0, 1]."""
     got: list[float] = []
     arrived = asyncio.Event()
 
@@ -120,3 +120,15 @@ async def test_the_real_loop_thread_cpu_time_is_sampled() -> None:
         sampler.stop()
     assert got[0] > 0.0
     assert all(0.0 <= share <= 1.0 for share in got)
+
+
+def test_demand_seconds_count_the_threads_run_time_from_schedstat() -> None:
+    """Linux's per-thread schedstat is read (ran + waited on a run queue), so 30 ms of CPU
+    spent by this thread adds at least that much, less the reading's granularity."""
+    with open(SCHEDSTAT, "rb") as f:
+        assert len(f.read().split()) == 3
+    before = demand_seconds()
+    start = time.thread_time()
+    while time.thread_time() - start < 0.03:
+        pass
+    assert demand_seconds() - before >= 0.025

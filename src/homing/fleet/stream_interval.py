@@ -11,15 +11,15 @@ token is unchanged.
 - an int k >= 1: always k (1 is SGLang's own default: every token its own chunk);
 - "auto": start at 1 and double k, up to `maximum`, only while the gateway's event loop is
   the bottleneck; halve it back toward 1 once the loop is clearly idle. The loop's state
-  comes as periodic samples of its busy share (`observe`; CPU seconds of the loop thread
-  per wall second, in [0, 1]; see `homing.obs.loop_busy`).
+  comes as periodic samples of its busy share (`observe`; seconds the loop thread ran or
+  waited for a CPU per wall second, in [0, 1]; see `homing.obs.loop_busy`).
 
 Auto-mode constants (defaults):
 - `high` 0.85: a single-server queue's wait grows as rho / (1 - rho) times the service
   time (M/M/1), about 5.7x at 0.85 against 1x at 0.5: past it, a token's wait for the loop
-  is dominated by other callbacks. Also under 1.0 because `time.thread_time` leaves out the
-  time the loop thread waits for the GIL (grpc's poller threads hold it), so a saturated
-  loop reads somewhat below 1.
+  is dominated by other callbacks. Also under 1.0 because the share leaves out the time
+  the loop thread waits for the GIL (grpc's poller threads hold it), so a saturated loop
+  reads somewhat below 1 (0.94-1.0 measured under a saturating streamed load).
 - `low` 0.4: below `high` / 2. Halving k at most doubles the loop's work (the per-chunk part
   doubles, the per-request part is unchanged), so a share under 0.4 becomes at most 0.8
   after a halving, still under `high`: at a steady load a step down never triggers a step

@@ -62,7 +62,8 @@ class GatewayMetrics:
         )
         self.loop_busy = Gauge(
             "homing_event_loop_busy_ratio",
-            "CPU seconds of the event loop's thread per wall second, over the last sample.",
+            "Seconds the event loop's thread ran or waited for a CPU per wall second, over the"
+            " last sample.",
             registry=self.registry,
         )
 

@@ -1,17 +1,18 @@
 """The event loop's busy share, sampled periodically and handed to whoever needs it.
 
 `LoopBusySampler` runs a timer callback on the event loop every `period_s` seconds of its
-`Clock`. Each run reads the loop thread's CPU time (`time.thread_time`, which counts only
-the calling thread, and timer callbacks run on the loop's thread) and the clock, and hands
-`busy = CPU seconds / wall seconds` since the previous run, clamped to [0, 1], to each sink
-(for example `StreamIntervalPolicy.observe`). The cost is one timer and two clock reads per
-period (default 1 s), nothing on the request path.
+`Clock`. Each run reads how long the loop thread has wanted a CPU (`demand_seconds`: the
+time it ran plus the time it was runnable and waiting on a run queue, from Linux's
+per-thread schedstat; timer callbacks run on the loop's thread) and the clock, and hands
+`busy = demand seconds / wall seconds` since the previous run, clamped to [0, 1], to each
+sink (for example `StreamIntervalPolicy.observe`). The cost is one timer, one small file
+read and a clock read per period (default 1 s), nothing on the request path.
 
-`thread_time` leaves out the time the loop thread waits for the GIL while another thread
-(grpc's poller) holds it, so a loop starved that way reads under 1 though it does no other
-work meanwhile. Samples are taken
-late when the loop is busy (the timer waits its turn), which stretches a sample's wall time
-but not its share.
+Run time alone (`time.thread_time`) would read a saturated loop on a shared machine at the
+share of a CPU it gets (about 0.45 for a gateway beside its workers on 2 cores, measured),
+not at 1. Waiting for the GIL while another thread (grpc's poller) holds it is not counted
+either way. Samples are taken late when the loop is busy (the timer waits its turn), which
+stretches a sample's wall time but not its share.
 """
 
 from __future__ import annotations
@@ -25,8 +26,25 @@ from homing.clock import Clock, TimerHandle
 
 log = structlog.get_logger("homing.obs")
 
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def demand_seconds() -> float:
+    """Seconds the calling thread ran or was runnable waiting for a CPU: Linux's per-thread
+    schedstat (`/proc/thread-self/schedstat`: ns on a CPU, ns waiting on a run queue); on a
+    machine shared with other processes the waiting counts too, so a loop that would use the
+    whole CPU reads near 1 even when it gets half of it. `time.thread_time` where schedstat
+    cannot be read."""
+    try:
+        with open(SCHEDSTAT, "rb") as f:
+            ran, waited = f.read().split()[:2]
+    except (OSError, ValueError):
+        return time.thread_time()
+    return (int(ran) + int(waited)) / 1e9
+
+
 BusySink = Callable[[float], object]
-"""Receives each sample: the loop thread's CPU seconds per wall second, in [0, 1]."""
+"""Receives each sample: the loop thread's demand seconds per wall second, in [0, 1]."""
 
 
 class LoopBusySampler:
@@ -36,7 +54,7 @@ class LoopBusySampler:
     the running loop); `stop()` cancels the next sample. Both are idempotent. A sink that
     raises is logged (`loop_busy_sink_failed`) and keeps receiving later samples; it does
     not stop the other sinks or the sampler.
-    `cpu_time`: seconds of CPU of the calling thread (default `time.thread_time`).
+    `cpu_time`: the calling thread's busy seconds so far (default `demand_seconds`).
     Raises ValueError on a period <= 0.
     """
 
@@ -46,7 +64,7 @@ class LoopBusySampler:
         sinks: list[BusySink] | None = None,
         *,
         period_s: float = 1.0,
-        cpu_time: Callable[[], float] = time.thread_time,
+        cpu_time: Callable[[], float] = demand_seconds,
     ) -> None:
         if not period_s > 0:
             raise ValueError(f"sampling period must be > 0 seconds, got {period_s}")
