@@ -372,6 +372,7 @@ class App:
     async def stop(self) -> None:
         """Drain and stop; safe to call more than once and after a failed start."""
         self._stopping = True
+        self.loop_busy.stop()
         drain = self.config.gateway.drain_timeout_s
         if self.admin is not None:
             await self.admin.stop()  # no worker operation may race the shutdown
@@ -415,7 +416,6 @@ class App:
         await asyncio.gather(*(pool.stop() for pool in pools))
         launchers, self.launchers = self.launchers, []
         await asyncio.gather(*(launcher.stop() for launcher in launchers))
-        self.loop_busy.stop()
 
     async def run_until_signal(self) -> None:
         """Serve until SIGINT or SIGTERM, then stop gracefully."""

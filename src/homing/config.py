@@ -135,7 +135,8 @@ class EngineSettings(_Section):
     health_timeout_s: float = Field(default=2.0, gt=0)
     unhealthy_threshold: int = Field(default=3, ge=1)
     healthy_threshold: int = Field(default=2, ge=1)
-    # The served model's stream interval (as `[[models]]` `stream_interval`).
+    # The single model's stream interval (as `[[models]]` `stream_interval`; with
+    # `[[models]]` each model has its own and these are not used).
     stream_interval: StreamInterval = 1
     max_stream_interval: MaxStreamInterval = 8
 
@@ -208,7 +209,8 @@ class ModelSettings(_Section):
     version label of its workers. `policy` and `weights`: routing overrides for this model
     (default `router.policy` and `router.weights`). `tokenizer_path`: a local tokenizer
     directory (default: the workers' GetTokenizer bundle). `stream_interval`: tokens per
-    streamed chunk the engine sends (SGLang's `stream_interval`; 1 = every token at once),
+    streamed chunk asked of the engine (SGLang's `stream_interval`; 1 asks nothing, so the
+    workers' own `--stream-interval` applies, 1 by default),
     or "auto": from 1 up to `max_stream_interval` while the gateway's event loop is the
     bottleneck (homing.fleet.stream_interval); larger chunks cost the gateway less per
     token and make the client see tokens in bursts. The first token is never held back.

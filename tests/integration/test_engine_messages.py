@@ -61,7 +61,7 @@ async def _chat(app: App, model: str, *, stream: bool, **extra: Any) -> tuple[st
             raw = (await resp.read()).decode()
     done = [e for e in logs if e["event"] == "request_done"]
     assert len(done) == 1 and done[0]["outcome"] == "ok"
-    assert done[0]["completion_tokens"] == TOKENS
+    assert done[0]["completion_tokens"] == TOKENS * body.get("n", 1)
     LAST_DONE[:] = done
     messages = done[0]["engine_messages"]
     if not stream:
@@ -120,3 +120,20 @@ async def test_the_stream_interval_gauge_reports_each_models_setting(gateway: Ap
     metrics = gateway.gateway_metrics
     assert metrics.value("homing_stream_interval_tokens", model="every-token") == 1
     assert metrics.value("homing_stream_interval_tokens", model="by-four") == 4
+
+
+async def test_stop_strings_keep_every_token_its_own_chunk(gateway: App) -> None:
+    """With stop strings a model's stream_interval is not asked for: the stop is matched
+    here, and chunks would count (and charge) the tokens after it."""
+    text, _, messages = await _chat(gateway, "by-four", stream=True, stop=["\u2603\u2603"])
+    assert messages == TOKENS + 1
+    whole, _, _ = await _chat(gateway, "by-four", stream=False)
+    assert text == whole
+
+
+async def test_a_non_streamed_answer_of_several_choices_has_no_tpot(gateway: App) -> None:
+    """n = 4 not streamed: one message per choice, and no TPOT made up from their arrival
+    times."""
+    _, _, messages = await _chat(gateway, "every-token", stream=False, n=4)
+    assert messages == 4
+    assert LAST_DONE[0]["tpot_ms"] is None

@@ -262,8 +262,10 @@ class EngineStream:
     On every end before the `GenerateDone` (`aclose`, `cut`, the consumer cancelled, the
     deadline, an RPC error, a stream that ends without `complete`) the call is cancelled and
     `Abort(request_id)` is sent once; after a normal end nothing is sent. Raises
-    `EngineError` for RPC failures and `StreamCut` after `cut`. `messages`: responses
-    received so far (what the stream cost the gateway: one gRPC message each).
+    `EngineError` for RPC failures and `StreamCut` after `cut`. A consumer that stops
+    before the end must call `aclose` (dropping the stream does not abort the call).
+    `messages`: responses received so far (what the stream cost the gateway: one gRPC
+    message each).
     """
 
     __slots__ = (
@@ -318,6 +320,9 @@ class EngineStream:
                     self._done = self._ended = True
                 return item
         except grpc.aio.AioRpcError as err:
+            if self._cut is not None:  # our own cancel, whatever grpc reports it as
+                await self._end(self._cut)
+                raise StreamCut(self._cut) from None
             await self._end(f"rpc error {err.code().name}")
             raise self._client._error(err) from err
         except asyncio.CancelledError:
@@ -329,8 +334,9 @@ class EngineStream:
             raise
 
     def cut(self, reason: str) -> None:
-        """End the stream from outside its reader: a pending or later read raises
-        `StreamCut(reason)`, and Abort is sent (unless it already completed)."""
+        """End the stream from outside its reader: the call is cancelled now; a pending or
+        later read raises `StreamCut(reason)` and sends Abort (so does `aclose`), unless the
+        stream already completed."""
         if self._ended or self._cut is not None:
             return
         self._cut = reason

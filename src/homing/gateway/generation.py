@@ -147,6 +147,9 @@ class Generation:
         self.finish_reasons: dict[int, str] = {}
         self.outcome = "ok"
         self.engine_messages = 0
+        # A non-streamed answer is one engine message per choice, unless stop strings
+        # (matched here) need the tokens as they come, to end the choice at its stop.
+        self._engine_streams = prepared.stream or bool(prepared.stop_set)
         self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self._room = asyncio.Event()  # set while the queue is below MAX_PENDING_EVENTS
         self._room.set()
@@ -404,10 +407,10 @@ class Generation:
             logit_bias=p.logit_bias,
             json_schema=p.json_schema,
             skip_special_tokens=p.skip_special_tokens,
-            # A non-streamed answer is one engine message, unless stop strings (matched
-            # here) need the tokens as they come, to end the choice at its stop.
-            stream=p.stream or bool(p.stop_set),
-            stream_interval=p.model.stream_interval() if p.stream else None,
+            stream=self._engine_streams,
+            # Stop strings are matched here, so chunks of several tokens would count and
+            # charge the tokens after a stop, and see it late.
+            stream_interval=p.model.stream_interval() if p.stream and not p.stop_set else None,
         )
         # The whole request (admission wait included) stays within the timeout.
         waited_s = time.monotonic() - self._started_at
@@ -532,10 +535,11 @@ class Generation:
     @property
     def tpot_ms(self) -> float | None:
         """Mean time per output token after the first, in ms (choice-summed tokens); None
-        when the tokens did not arrive over time (fewer than 2, or all in one message)."""
+        when the tokens did not arrive over time (fewer than 2, or each choice's in one
+        message: the engine did not stream)."""
         tokens = sum(d.completion_tokens for d in self._decoders.values())
         first, last = self._first_token_at, self._last_token_at
-        if first is None or last is None or last == first or tokens < 2:
+        if not self._engine_streams or first is None or last is None or tokens < 2:
             return None
         per_choice = tokens / max(1, self.prepared.n)
         if per_choice < 2:
@@ -662,7 +666,8 @@ def _round(value: float | None) -> float | None:
 
 
 def _outcome_of(err: BaseException) -> str:
-    # A gRPC client that cancels closes the servicer's async generator: GeneratorExit.
+    # A cancelled call or a client gone cancels the handler; a generator closed early
+    # (an iterator over a Generation) sees GeneratorExit.
     if isinstance(err, (asyncio.CancelledError, GeneratorExit)):
         return "client_closed"
     if isinstance(err, APIError):

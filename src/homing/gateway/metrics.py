@@ -56,7 +56,8 @@ class GatewayMetrics:
 
         self.stream_interval = Gauge(
             "homing_stream_interval_tokens",
-            "Tokens per streamed engine chunk asked of the model's workers (1: every token).",
+            "Tokens per streamed engine chunk asked of the model's workers (1: none asked, the"
+            " workers' own --stream-interval applies).",
             ["model"],
             registry=self.registry,
         )
