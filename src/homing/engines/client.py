@@ -251,18 +251,14 @@ def convert_response(resp: pb.GenerateResponse) -> TokenChunk | GenerateDone | N
     return None
 
 
-class StreamCut(Exception):
-    """The stream was ended by `EngineStream.cut` (the gateway's decision, not a failure)."""
-
-
 class EngineStream:
     """One Generate call's messages as plain data: an async iterator of `TokenChunk`s and
     exactly one `GenerateDone`, then StopAsyncIteration.
 
-    On every end before the `GenerateDone` (`aclose`, `cut`, the consumer cancelled, the
+    On every end before the `GenerateDone` (`aclose`, the consumer cancelled, the
     deadline, an RPC error, a stream that ends without `complete`) the call is cancelled and
     `Abort(request_id)` is sent once; after a normal end nothing is sent. Raises
-    `EngineError` for RPC failures and `StreamCut` after `cut`. A consumer that stops
+    `EngineError` for RPC failures. A consumer that stops
     before the end must call `aclose` (dropping the stream does not abort the call).
     `messages`: responses received so far (what the stream cost the gateway: one gRPC
     message each).
@@ -271,7 +267,6 @@ class EngineStream:
     __slots__ = (
         "_call",
         "_client",
-        "_cut",
         "_done",
         "_ended",
         "_responses",
@@ -287,7 +282,6 @@ class EngineStream:
         self.request_id = request_id
         self._done = False  # the GenerateDone was returned
         self._ended = False  # nothing more will be read (done, aborted or failed)
-        self._cut: str | None = None
         self.messages = 0
 
     def __aiter__(self) -> EngineStream:
@@ -295,8 +289,6 @@ class EngineStream:
 
     async def __anext__(self) -> TokenChunk | GenerateDone:
         if self._ended:
-            if self._cut is not None and not self._done:
-                raise StreamCut(self._cut)
             raise StopAsyncIteration
         try:
             while True:
@@ -320,27 +312,11 @@ class EngineStream:
                     self._done = self._ended = True
                 return item
         except grpc.aio.AioRpcError as err:
-            if self._cut is not None:  # our own cancel, whatever grpc reports it as
-                await self._end(self._cut)
-                raise StreamCut(self._cut) from None
             await self._end(f"rpc error {err.code().name}")
             raise self._client._error(err) from err
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self._cut is not None and (task is None or task.cancelling() == 0):
-                await self._end(self._cut)  # our own call.cancel(), not the task's
-                raise StreamCut(self._cut) from None
             await self._end("cancelled")
             raise
-
-    def cut(self, reason: str) -> None:
-        """End the stream from outside its reader: the call is cancelled now; a pending or
-        later read raises `StreamCut(reason)` and sends Abort (so does `aclose`), unless the
-        stream already completed."""
-        if self._ended or self._cut is not None:
-            return
-        self._cut = reason
-        self._call.cancel()
 
     async def aclose(self) -> None:
         """Stop reading; sends Abort unless the stream completed. Idempotent."""

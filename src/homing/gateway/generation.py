@@ -39,7 +39,6 @@ from homing.engines.client import (
     EngineError,
     EngineStream,
     GenerateParams,
-    StreamCut,
 )
 from homing.fleet import Lease
 from homing.gateway.decoding import ChoiceDecoder
@@ -153,10 +152,10 @@ class Generation:
         self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self._room = asyncio.Event()  # set while the queue is below MAX_PENDING_EVENTS
         self._room.set()
-        self._tasks: list[asyncio.Task[None]] = []  # one per choice when n > 1
+        # One task per choice reads its engine stream ahead of the consumer, so events that
+        # pile up meanwhile go out together.
+        self._tasks: list[asyncio.Task[None]] = []
         self._choices: list[_Choice] = []  # those tasks' choices
-        # n = 1: the one choice is read by the consumer itself, no task or queue between.
-        self._inline: _Choice | None = None
         # Items taken from the streams but not yet by the consumer, in order.
         self._pending: deque[Event | BaseException] = deque()
         self._tried: list[str] = []  # workers routed to, in order
@@ -212,10 +211,7 @@ class Generation:
         consumer gets `error` (raised from entering or iterating), the log `outcome`."""
         if self._interrupt is None:
             self._interrupt = _Interrupt(error, outcome)
-            if self._inline is not None:
-                self._inline.cut(outcome)  # its reader then takes the interrupt
-            else:
-                self._queue.put_nowait(self._interrupt)
+            self._queue.put_nowait(self._interrupt)
 
     async def _start(self) -> None:
         """Charge the quota, wait for admission, then route, start the engine streams and
@@ -263,9 +259,6 @@ class Generation:
         self._lease = lease
         self._tried.append(lease.worker_id)
         self.worker_id = lease.worker_id
-        if self.prepared.n == 1:
-            self._inline = self._open_choice(0, lease)
-            return
         for index in range(self.prepared.n):
             choice = self._open_choice(index, lease)
             self._choices.append(choice)
@@ -303,9 +296,6 @@ class Generation:
 
     async def _cancel_tasks(self) -> None:
         try:
-            inline, self._inline = self._inline, None
-            if inline is not None:
-                await inline.close()
             for task in self._tasks:
                 task.cancel()
             if self._tasks:
@@ -436,25 +426,16 @@ class Generation:
             await choice.close()
 
     async def _next_item(self) -> Event | BaseException:
-        """The next event or failure: from the queue (n > 1), else read inline."""
+        """The next event or failure, from the choices' queue."""
         if self._pending:
             return self._pending.popleft()
-        choice = self._inline
-        if choice is None:
-            return await self._take_next()
-        while not self._pending:
-            if self._interrupt is not None:
-                return self._interrupt
-            if choice.ended:  # cannot happen while a choice is open: a bug of ours
-                return RuntimeError("the choice's stream ended without a finish")
-            self._pending.extend(await choice.step())
-        return self._pending.popleft()
+        return await self._take_next()
 
     def _ready_item(self) -> Event | BaseException | None:
         """The next item if one is there without waiting, else None."""
         if self._pending:
             return self._pending.popleft()
-        if self._inline is None and not self._queue.empty():
+        if not self._queue.empty():
             item = self._queue.get_nowait()
             if self._queue.qsize() < MAX_PENDING_EVENTS:
                 self._room.set()
@@ -626,10 +607,6 @@ class _Choice:
         except EngineError as err:
             self.ended = True
             return [self._failed(err)]
-        except StreamCut:
-            self.ended = True
-            assert g._interrupt is not None
-            return [g._interrupt]
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
@@ -644,10 +621,6 @@ class _Choice:
         if err.code in RETRYABLE_CODES:
             return _Retry(self.worker_id, err)
         return err
-
-    def cut(self, reason: str) -> None:
-        """End the stream now from outside (an interrupt): its next step returns it."""
-        self.stream.cut(reason)
 
     async def close(self) -> None:
         """Stop the engine stream (Abort unless it completed); count its messages. Only
