@@ -258,8 +258,8 @@ class EngineStream:
     On every end before the `GenerateDone` (`aclose`, the consumer cancelled, the
     deadline, an RPC error, a stream that ends without `complete`) the call is cancelled and
     `Abort(request_id)` is sent once; after a normal end nothing is sent. Raises
-    `EngineError` for RPC failures. A consumer that stops
-    before the end must call `aclose` (dropping the stream does not abort the call).
+    `EngineError` for RPC failures. A consumer that stops before the end must call `aclose`
+    (dropping the stream does not abort the call).
     `messages`: responses received so far (what the stream cost the gateway: one gRPC
     message each).
     """
@@ -295,15 +295,13 @@ class EngineStream:
                 try:
                     resp = await self._responses.__anext__()
                 except StopAsyncIteration:
-                    resp = None
-                if resp is None:
                     await self._end("stream ended without complete")
                     raise EngineError(
                         grpc.StatusCode.INTERNAL,
                         f"Generate stream for {self.request_id} ended without a complete message",
                         transport=True,
                         worker_id=self._client.worker_id,
-                    )
+                    ) from None
                 self.messages += 1
                 item = convert_response(resp)
                 if item is None:

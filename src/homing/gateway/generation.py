@@ -37,7 +37,6 @@ import structlog
 
 from homing.engines.client import (
     EngineError,
-    EngineStream,
     GenerateParams,
 )
 from homing.fleet import Lease
@@ -155,7 +154,6 @@ class Generation:
         # One task per choice reads its engine stream ahead of the consumer, so events that
         # pile up meanwhile go out together.
         self._tasks: list[asyncio.Task[None]] = []
-        self._choices: list[_Choice] = []  # those tasks' choices
         # Items taken from the streams but not yet by the consumer, in order.
         self._pending: deque[Event | BaseException] = deque()
         self._tried: list[str] = []  # workers routed to, in order
@@ -260,9 +258,7 @@ class Generation:
         self._tried.append(lease.worker_id)
         self.worker_id = lease.worker_id
         for index in range(self.prepared.n):
-            choice = self._open_choice(index, lease)
-            self._choices.append(choice)
-            self._tasks.append(asyncio.create_task(self._run_choice(choice)))
+            self._tasks.append(asyncio.create_task(self._run_choice(index, lease)))
 
     def _on_cut(self, reason: str) -> None:
         """The fleet took the replica away (a drain that timed out, a forced removal)."""
@@ -301,9 +297,6 @@ class Generation:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             self._tasks.clear()
-            choices, self._choices = self._choices, []
-            for choice in choices:  # a task cancelled before it ran never closed its own
-                await choice.close()
         finally:
             if self._lease is not None:
                 self._lease.release()
@@ -379,8 +372,18 @@ class Generation:
 
     # -- the choices' engine streams --
 
-    def _open_choice(self, index: int, lease: Lease) -> _Choice:
+    async def _run_choice(self, index: int, lease: Lease) -> None:
+        """Task body of choice `index`: its engine stream's events into the shared queue,
+        then its `ChoiceFinished` or the failure (`EngineError`, `_Retry`, or an unexpected
+        exception, which the client sees as a 500)."""
         p = self.prepared
+        worker_id = lease.worker_id
+        decoder = self._decoders[index] = ChoiceDecoder(
+            p.model.tokenizer,
+            stop_set=p.stop_set,
+            hidden_stop_ids=self._hidden_stop_ids,
+            skip_special_tokens=p.skip_special_tokens,
+        )
         params = GenerateParams(
             request_id=engine_request_id(self._engine_id, index, p.n),
             input_ids=p.prompt_ids,
@@ -405,25 +408,48 @@ class Generation:
         # The whole request (admission wait included) stays within the timeout.
         waited_s = time.monotonic() - self._started_at
         remaining_s = max(0.001, self.service.request_timeout_s - waited_s)
-        decoder = self._decoders[index] = ChoiceDecoder(
-            p.model.tokenizer,
-            stop_set=p.stop_set,
-            hidden_stop_ids=self._hidden_stop_ids,
-            skip_special_tokens=p.skip_special_tokens,
-        )
         stream = lease.client.generate(params, timeout_s=remaining_s)
-        return _Choice(self, index, lease.worker_id, stream, decoder)
-
-    async def _run_choice(self, choice: _Choice) -> None:
-        """Task body of one choice when n > 1: its events into the shared queue."""
         try:
-            while not choice.ended:
+            async for item in stream:
                 if self._queue.qsize() >= MAX_PENDING_EVENTS:
                     await self._wait_for_room()
-                for item in await choice.step():
-                    self._queue.put_nowait(item)
+                step = decoder.push(item)
+                if step.new_tokens:
+                    self._note_tokens()
+                for text in step.texts:
+                    self._queue.put_nowait(TextDelta(index, text))
+                if step.finish == "abort":
+                    # The worker ended the request itself (flush, restart, its own limits).
+                    raise EngineError(
+                        code=grpc.StatusCode.ABORTED,
+                        message="the worker aborted the request",
+                        transport=False,
+                    )
+                if step.finish is not None:
+                    self._queue.put_nowait(ChoiceFinished(index, step.finish))
+                    return
+            # `generate` raises this itself; here it keeps a broken client from hanging us.
+            raise EngineError(
+                code=grpc.StatusCode.INTERNAL,
+                message="worker stream ended without a complete message",
+                transport=True,
+            )
+        except EngineError as err:
+            # Our own whole-request deadline says nothing about the worker's health.
+            if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                p.model.report_failure(worker_id, err)
+            retryable = err.code in RETRYABLE_CODES
+            self._queue.put_nowait(_Retry(worker_id, err) if retryable else err)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
+            log.exception("choice_failed", request_id=p.request_id, worker=worker_id)
+            self._queue.put_nowait(err)
         finally:
-            await choice.close()
+            try:
+                await stream.aclose()  # Abort unless it completed
+            finally:
+                self.engine_messages += stream.messages
 
     async def _next_item(self) -> Event | BaseException:
         """The next event or failure, from the choices' queue."""
@@ -548,90 +574,6 @@ class Generation:
             engine_messages=self.engine_messages,
             outcome=self.outcome,
         )
-
-
-class _Choice:
-    """One choice's engine stream on one replica: its messages in, its events out."""
-
-    __slots__ = ("closed", "decoder", "ended", "generation", "index", "stream", "worker_id")
-
-    def __init__(
-        self,
-        generation: Generation,
-        index: int,
-        worker_id: str,
-        stream: EngineStream,
-        decoder: ChoiceDecoder,
-    ) -> None:
-        self.generation = generation
-        self.index = index
-        self.worker_id = worker_id
-        self.stream = stream
-        self.decoder = decoder
-        self.ended = False  # the last step returned its finish or failure
-        self.closed = False
-
-    async def step(self) -> list[Event | BaseException]:
-        """The events of the next engine message, in order; once the choice ends, the list
-        ends with its `ChoiceFinished` or the failure (`EngineError`, `_Retry`, `_Interrupt`,
-        or an unexpected exception, which the client sees as a 500)."""
-        g = self.generation
-        p = g.prepared
-        try:
-            item = await anext(self.stream)
-            step = self.decoder.push(item)
-            if step.new_tokens:
-                g._note_tokens()
-            out: list[Event | BaseException] = [TextDelta(self.index, t) for t in step.texts]
-            if step.finish == "abort":
-                # The worker ended the request itself (flush, restart, its own limits).
-                self.ended = True
-                aborted = EngineError(
-                    code=grpc.StatusCode.ABORTED,
-                    message="the worker aborted the request",
-                    transport=False,
-                )
-                out.append(self._failed(aborted))
-            elif step.finish is not None:
-                out.append(ChoiceFinished(self.index, step.finish))
-                self.ended = True
-            return out
-        except StopAsyncIteration:  # `generate` raises first; this keeps a bug from hanging us
-            err = EngineError(
-                code=grpc.StatusCode.INTERNAL,
-                message="worker stream ended without a complete message",
-                transport=True,
-            )
-            self.ended = True
-            return [self._failed(err)]
-        except EngineError as err:
-            self.ended = True
-            return [self._failed(err)]
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
-            log.exception("choice_failed", request_id=p.request_id, worker=self.worker_id)
-            self.ended = True
-            return [err]
-
-    def _failed(self, err: EngineError) -> BaseException:
-        # Our own whole-request deadline says nothing about the worker's health.
-        if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
-            self.generation.prepared.model.report_failure(self.worker_id, err)
-        if err.code in RETRYABLE_CODES:
-            return _Retry(self.worker_id, err)
-        return err
-
-    async def close(self) -> None:
-        """Stop the engine stream (Abort unless it completed); count its messages. Only
-        the first call counts."""
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            await self.stream.aclose()
-        finally:
-            self.generation.engine_messages += self.stream.messages
 
 
 def _round(value: float | None) -> float | None:
