@@ -219,3 +219,34 @@ async def test_a_client_that_disconnects_frees_the_engine_within_a_second(
     assert [await _running(fleet, u) for u in fleet.urls] == [0, 0]
     assert gateway.pool is not None
     assert await eventually(lambda: all(w.in_flight == 0 for w in gateway.pool.workers()), 1.0)
+
+
+async def test_a_per_request_stream_interval_packs_tokens_and_sends_the_first_alone(
+    fleet: Fleet,
+) -> None:
+    """`SamplingParams.stream_interval` 4 (what homing sends for a model's `stream_interval`)
+    on both engines: the first token comes alone, the rest in chunks of 4 (a handler that fell
+    behind may join some), and the tokens are the engine's greedy answer."""
+    prompt = list(range(100, 124))
+    reference = await _engine_greedy(fleet, prompt, MAX_TOKENS)
+    client = EngineClient(fleet.urls[0], worker_id="direct")
+    try:
+        params = GenerateParams(
+            request_id=f"interval-{uuid.uuid4().hex}",
+            input_ids=prompt,
+            max_new_tokens=MAX_TOKENS,
+            temperature=0.0,
+            ignore_eos=True,
+            stream_interval=4,
+        )
+        stream = client.generate(params)
+        items = [item async for item in stream]
+    finally:
+        await client.close()
+    chunks = [item.token_ids for item in items if not isinstance(item, GenerateDone)]
+    sizes = [len(c) for c in chunks if c]
+    assert sizes[0] == 1
+    assert len(sizes) <= 1 + -(-(MAX_TOKENS - 1) // 4)  # 1 + ceil(11 / 4) = 4, not 12
+    streamed = [t for c in chunks for t in c]
+    assert streamed == list(reference.token_ids)
+    assert stream.messages == len(items)
