@@ -25,7 +25,13 @@ from aiohttp import web
 from homing.admin.server import AdminServer, prepare_socket
 from homing.aio import gather_or_cancel
 from homing.clock import SystemClock
-from homing.config import HomingConfig, ModelSettings, RouterModelSettings, RouterSettings
+from homing.config import (
+    HomingConfig,
+    ModelSettings,
+    RouterModelSettings,
+    RouterSettings,
+    SloSettings,
+)
 from homing.embedded import SglangLauncher, SimLauncher
 from homing.engines.lifecycle import Action, Phase
 from homing.engines.pool import PoolConfig, WorkerPool, WorkerSpec, WorkerState
@@ -44,6 +50,8 @@ from homing.gateway.service import InferenceService
 from homing.gateway.tls import read_pem_pair, server_ssl_context
 from homing.obs.loop_busy import LoopBusySampler
 from homing.obs.metrics import FleetMetrics, RouterMetrics
+from homing.obs.requests import RequestMetrics, RequestRecorder
+from homing.obs.slo import Slo
 from homing.router import Router
 from homing.router.settings import apply_model_settings, policy_configs, router_from_settings
 from homing.text.tokenizer import TextTokenizer
@@ -87,6 +95,19 @@ class App:
         self._clock = SystemClock()
         # The loop's busy share, sampled once a second: the gauge, and auto stream intervals.
         self.loop_busy = LoopBusySampler(self._clock, [self.gateway_metrics.loop_busy.set])
+        registry = self.gateway_metrics.registry
+        obs = config.obs
+        # Every request's end: its log line, metrics, SLO verdict and worker records.
+        self.recorder = RequestRecorder(
+            now=self._clock.now,
+            metrics=(
+                RequestMetrics(registry, tenant_labels=obs.tenant_labels)
+                if obs.request_metrics
+                else None
+            ),
+            default_slo=slo_of(config.slo),
+            registry=registry,
+        )
 
     @property
     def model(self) -> ModelDispatch | None:
@@ -205,6 +226,8 @@ class App:
             # The first join comes after discovery, so the pool knows its model by then.
             model = holder[0] if holder else _model_name(pool, spec)
             self.fleet_metrics.on_transition(model, action.value, before.value, w.phase.value)
+            if w.phase is Phase.GONE:  # no labelled series outlives the worker
+                self.recorder.forget_worker(model, w.worker_id)
             self._on_health_change(w)  # a cordon or drain may leave no worker to serve
 
         pool = WorkerPool(
@@ -261,6 +284,9 @@ class App:
             streams=lambda: {w.worker_id: w.kv_stream for w in pool.workers()},
         ).attach()
         self.fleet_metrics.watch(model_id, lambda: [w.phase.value for w in pool.workers()])
+        if spec.slo is not None:
+            self.recorder.set_slo(model_id, slo_of(spec.slo))
+        self.recorder.watch(model_id, pool.workers)
         return dispatch
 
     def _admission(self, model: ModelDispatch, router: RouterSettings) -> AdmissionController:
@@ -293,6 +319,7 @@ class App:
             max_messages=gw.max_messages,
             quotas=self.quotas,
             admissions=self.admissions,
+            recorder=self.recorder,
         )
         self.http = HttpApi(
             self.service,
@@ -440,6 +467,17 @@ def ignore_sighup() -> None:
         log.info("sighup_ignored", reason="reloading the configuration is not supported yet")
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, logged)
+
+
+def slo_of(settings: SloSettings) -> Slo:
+    """The SLO a config section describes."""
+    return Slo(
+        ttft_p95_s=settings.ttft_p95_s,
+        tpot_p95_s=settings.tpot_p95_s,
+        ttft_s=settings.request_ttft_s,
+        tpot_s=settings.request_tpot_s,
+        objective=settings.objective,
+    )
 
 
 def _model_name(pool: WorkerPool, spec: ModelSettings) -> str:

@@ -199,6 +199,30 @@ class WorkerEntry(_Section):
         return check_worker_url(url)
 
 
+class SloSettings(_Section):
+    """A model's SLO (`[slo]` for every model, `[[models]] slo` for one): p95 targets for
+    TTFT and TPOT (seconds; the seed's 500 ms and 50 ms), the per-request rule a request
+    must meet to count as goodput (`request_ttft_s` / `request_tpot_s`, default the p95
+    targets) and the objective: the fraction of requests that must meet it (its error
+    budget is 1 - objective)."""
+
+    ttft_p95_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    tpot_p95_s: float = Field(default=0.05, gt=0, allow_inf_nan=False)
+    request_ttft_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    request_tpot_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    objective: float = Field(default=0.95, gt=0, lt=1)
+
+
+class ObsSettings(_Section):
+    """Observability (`[obs]`). `request_metrics`: the per-request series on `/metrics`
+    (off: the log line, SLO gauges and worker snapshots only). `tenant_labels`: add a
+    `tenant` label to the request series (off by default: one series set per worker,
+    whatever the number of tenants)."""
+
+    request_metrics: bool = True
+    tenant_labels: bool = False
+
+
 class ModelSettings(_Section):
     """One served model (`[[models]]`): its pool of workers and how requests are routed.
 
@@ -225,6 +249,7 @@ class ModelSettings(_Section):
     tokenizer_path: str | None = None
     stream_interval: StreamInterval = 1
     max_stream_interval: MaxStreamInterval = 8
+    slo: SloSettings | None = None
 
     @field_validator("workers")
     @classmethod
@@ -445,6 +470,9 @@ class HomingConfig(_Section):
     # Several served models; empty: one model from `engines` / `sim` / `sglang`.
     models: list[ModelSettings] = Field(default_factory=list)
     admin: AdminSettings = Field(default_factory=AdminSettings)
+    # The SLO of every model without its own (`[[models]] slo`).
+    slo: SloSettings = Field(default_factory=SloSettings)
+    obs: ObsSettings = Field(default_factory=ObsSettings)
 
     @model_validator(mode="after")
     def _models(self) -> HomingConfig:

@@ -187,7 +187,10 @@ async def test_requests_quota_is_429_with_retry_after_over_http(app: App) -> Non
         "param": None,
         "code": "rate_limit_exceeded",
     }
-    assert app.gateway_metrics.value("homing_rate_limited_total", quota="requests") >= 1
+    assert (
+        app.gateway_metrics.value("homing_rate_limited_total", quota="requests", tenant="rpm-http")
+        == 1
+    )
 
 
 def _channel(app: App) -> grpc.aio.Channel:

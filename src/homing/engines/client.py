@@ -368,13 +368,23 @@ class EngineClient:
     def _error(self, err: grpc.aio.AioRpcError) -> EngineError:
         return EngineError.from_rpc(err, worker_id=self.worker_id)
 
-    def generate(self, params: GenerateParams, *, timeout_s: float | None = None) -> EngineStream:
+    def generate(
+        self,
+        params: GenerateParams,
+        *,
+        timeout_s: float | None = None,
+        traceparent: str | None = None,
+    ) -> EngineStream:
         """Start a Generate call: an `EngineStream` of `TokenChunk`s then one `GenerateDone`.
 
         `timeout_s`: deadline for the whole generation (None: none); past it the stream
-        fails with EngineError(DEADLINE_EXCEEDED, transport=True).
+        fails with EngineError(DEADLINE_EXCEEDED, transport=True). `traceparent`: a W3C
+        trace context sent as the call's `traceparent` metadata.
         """
-        call = self._get_stub().Generate(build_generate_request(params), timeout=timeout_s)
+        metadata = (("traceparent", traceparent),) if traceparent else None
+        call = self._get_stub().Generate(
+            build_generate_request(params), timeout=timeout_s, metadata=metadata
+        )
         return EngineStream(self, call, params.request_id)
 
     async def _abort_in_background(self, request_id: str, reason: str) -> None:

@@ -44,12 +44,14 @@ class NoReplica(Exception):
 @dataclass(eq=False)
 class Lease:
     """`slots` requests of one routing decision, counted in flight on `worker_id` until
-    `release` (idempotent). `on_cut(reason)`: called once if the fleet cuts the lease."""
+    `release` (idempotent). `on_cut(reason)`: called once if the fleet cuts the lease.
+    `version`: the worker's version label."""
 
     worker_id: str
     client: EngineClient
     slots: int
     _release: Callable[[Lease], None]
+    version: str = ""
     on_cut: Callable[[str], None] | None = None
     released: bool = False
     cut_reason: str | None = None
@@ -150,7 +152,8 @@ class ModelDispatch:
                     del self._leases[lease.worker_id]
             slots_cm.close()  # the holder wakes admission when its request ends (`wake`)
 
-        lease = Lease(worker_id, self.pool.client(worker_id), slots, release)
+        version = self.pool.state(worker_id).version
+        lease = Lease(worker_id, self.pool.client(worker_id), slots, release, version=version)
         self._leases.setdefault(worker_id, set()).add(lease)
         return lease
 

@@ -50,6 +50,7 @@ from homing.gateway.errors import (
 )
 from homing.gateway.prepare import PreparedRequest
 from homing.gateway.quotas.guard import QuotaTicket
+from homing.obs.requests import RequestDone
 
 if TYPE_CHECKING:
     from homing.gateway.service import InferenceService
@@ -132,8 +133,9 @@ class _Restarted:
 class Generation:
     """One routed request with `n` choices; an async context manager and event iterator.
 
-    Attributes after entering: `worker_id` (the replica serving it); after the end:
-    `usage`, `finish_reasons`, `ttft_ms`, `tpot_ms`, `outcome` and `engine_messages` (gRPC
+    Attributes after entering: `worker_id` (the replica serving it) and `version` (its
+    version label); after the end: `usage`, `finish_reasons`, `ttft_ms`, `tpot_ms`,
+    `outcome`, `slo` (the SLO verdict, `homing.obs.slo`) and `engine_messages` (gRPC
     messages received from workers, every choice and attempt together).
     """
 
@@ -141,6 +143,8 @@ class Generation:
         self.service = service
         self.prepared = prepared
         self.worker_id: str | None = None
+        self.version = ""
+        self.slo: str | None = None
         self.usage = Usage(prompt_tokens=len(prepared.prompt_ids))
         self.finish_reasons: dict[int, str] = {}
         self.outcome = "ok"
@@ -164,6 +168,8 @@ class Generation:
         self._decoders: dict[int, ChoiceDecoder] = {}
         self._interrupt: _Interrupt | None = None
         self._started_at = time.monotonic()
+        self._routed_at: float | None = None
+        self._refusal: APIError | None = None  # the error the client got, if any
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._open_choices = prepared.n
@@ -183,6 +189,8 @@ class Generation:
             if self._failure is None and self._interrupt is not None:
                 self._failure = self._interrupt.outcome  # e.g. refused while queued
             self.outcome = self._failure or _outcome_of(err)
+            if isinstance(err, APIError):
+                self._refusal = err
             await self._close()
             raise
         return self
@@ -239,7 +247,7 @@ class Generation:
                 continue
             if isinstance(first, BaseException):
                 self._failure = self._failure_outcome(first)
-                raise self._api_error(first)
+                raise self._refuse(first)
             self._pending.appendleft(first)
             return
 
@@ -257,6 +265,9 @@ class Generation:
         self._lease = lease
         self._tried.append(lease.worker_id)
         self.worker_id = lease.worker_id
+        self.version = lease.version
+        if self._routed_at is None:
+            self._routed_at = time.monotonic()
         for index in range(self.prepared.n):
             self._tasks.append(asyncio.create_task(self._run_choice(index, lease)))
 
@@ -347,7 +358,7 @@ class Generation:
                 continue
             if isinstance(item, BaseException):
                 self._failure = self._failure_outcome(item)
-                raise self._api_error(item)
+                raise self._refuse(item)
             batch = [self._take(item)]
             while self._open_choices > 0:
                 more = self._ready_item()
@@ -408,7 +419,8 @@ class Generation:
         # The whole request (admission wait included) stays within the timeout.
         waited_s = time.monotonic() - self._started_at
         remaining_s = max(0.001, self.service.request_timeout_s - waited_s)
-        stream = lease.client.generate(params, timeout_s=remaining_s)
+        trace = p.trace.header if p.trace is not None else None
+        stream = lease.client.generate(params, timeout_s=remaining_s, traceparent=trace)
         try:
             async for item in stream:
                 if self._queue.qsize() >= MAX_PENDING_EVENTS:
@@ -474,6 +486,11 @@ class Generation:
             self._first_token_at = now
         self._last_token_at = now
 
+    def _refuse(self, item: BaseException) -> APIError:
+        """`_api_error(item)`, kept as the error the client got."""
+        self._refusal = self._api_error(item)
+        return self._refusal
+
     def _api_error(self, item: BaseException) -> APIError:
         """The error the client sees for what a choice task (or `interrupt`) queued."""
         if isinstance(item, _Retry):
@@ -533,11 +550,12 @@ class Generation:
 
     @property
     def ttft_ms(self) -> float | None:
-        """Time to first token in ms, from `open` to the first token of any choice (the
-        whole answer's arrival when the engine sent it as one message, `stream=false`)."""
+        """Time to first token in ms, from the request's arrival to the first token of any
+        choice (the whole answer's arrival when the engine sent it as one message,
+        `stream=false`)."""
         if self._first_token_at is None:
             return None
-        return (self._first_token_at - self._started_at) * 1000.0
+        return (self._first_token_at - self.prepared.arrived_at) * 1000.0
 
     @property
     def tpot_ms(self) -> float | None:
@@ -556,28 +574,42 @@ class Generation:
     def _log(self) -> None:
         usage = self.finalize_usage()
         p = self.prepared
-        log.info(
-            "request_done",
-            request_id=p.request_id,
-            tenant=p.tenant,
-            api_key=p.principal.key_id if p.principal is not None else None,
-            model=p.model.model_id,
-            kind=p.kind,
-            worker=self.worker_id,
-            n=p.n,
-            prompt_tokens=usage.prompt_tokens,
-            cached_tokens=usage.cached_tokens,
-            completion_tokens=usage.completion_tokens,
-            ttft_ms=_round(self.ttft_ms),
-            tpot_ms=_round(self.tpot_ms),
-            finish_reasons=[self.finish_reasons.get(i) for i in range(p.n)],
-            engine_messages=self.engine_messages,
-            outcome=self.outcome,
+        now = time.monotonic()
+        reasons = [self.finish_reasons.get(i) for i in range(p.n)]
+        refused = self._refusal if self.outcome.startswith("error_") else None
+        ttft, tpot = self.ttft_ms, self.tpot_ms
+        fields: dict[str, object] = {
+            "api_key": p.principal.key_id if p.principal is not None else None,
+            "kind": p.kind,
+            "n": p.n,
+            "finish_reasons": reasons,
+            "engine_messages": self.engine_messages,
+            "engine_request_id": self._engine_id if self.worker_id else None,
+        }
+        if p.trace is not None:
+            fields["trace_id"] = p.trace.trace_id
+            fields["parent_span_id"] = p.trace.span_id
+        self.slo = self.service.recorder.done(
+            RequestDone(
+                request_id=p.request_id,
+                outcome=self.outcome,
+                model=p.model.model_id,
+                version=self.version,
+                worker=self.worker_id or "",
+                tenant=p.tenant,
+                status=refused.status if refused is not None else None,
+                error_code=refused.code if refused is not None else None,
+                ttft_s=None if ttft is None else ttft / 1000.0,
+                tpot_s=None if tpot is None else tpot / 1000.0,
+                e2e_s=now - p.arrived_at,
+                queue_s=None if self._routed_at is None else self._routed_at - p.arrived_at,
+                prompt_tokens=usage.prompt_tokens,
+                cached_tokens=usage.cached_tokens,
+                completion_tokens=usage.completion_tokens,
+                finish_reason="length" if "length" in reasons else "stop",
+                fields=fields,
+            )
         )
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
 
 
 def _outcome_of(err: BaseException) -> str:

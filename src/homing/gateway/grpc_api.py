@@ -11,7 +11,9 @@ standard health service are enabled; health is SERVING while a worker is healthy
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,7 +26,7 @@ from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError, invalid
 from homing.gateway.generation import ChoiceFinished, Generation, TextDelta
 from homing.gateway.prepare import PreparedRequest
-from homing.gateway.request_log import log_cancelled, log_rejection, new_request_id
+from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import loads_json, parse_chat, parse_completion
 from homing.gateway.service import InferenceService
 from homing.v1 import inference_pb2 as pb
@@ -163,15 +165,19 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         context: grpc.aio.ServicerContext,
     ) -> None:
         request_id = _request_id(context)
+        request_log = self.service.request_log
+        arrived_at = time.monotonic()
         try:
             prepared = await prepare(request_id, self._principal(context))
         except APIError as err:
-            log_rejection(request_id, err, api="grpc")
+            request_log.rejected(request_id, err, started_at=arrived_at, api="grpc")
             await _abort(context, err, request_id)
             return
         except asyncio.CancelledError:
-            log_cancelled(request_id, api="grpc")
+            request_log.cancelled(request_id, api="grpc")
             raise
+        trace = parse_traceparent(_metadata_value(context, "traceparent"))
+        prepared = dataclasses.replace(prepared, arrived_at=arrived_at, trace=trace)
         await self._serve(prepared, context)
 
     async def _serve(self, prepared: PreparedRequest, context: grpc.aio.ServicerContext) -> None:
@@ -268,6 +274,14 @@ def _usage(generation: Generation) -> pb.Usage:
     )
 
 
+def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    """The call's metadata value of `key` (None when absent or binary)."""
+    for k, v in context.invocation_metadata() or ():
+        if k == key and isinstance(v, str):
+            return v
+    return None
+
+
 def _request_id(context: grpc.aio.ServicerContext) -> str:
     """The client's `x-request-id` when sane (see `new_request_id`), else a new one."""
     supplied = dict(context.invocation_metadata() or ()).get("x-request-id")
@@ -330,10 +344,12 @@ def _lenient(message_type: Any, max_bytes: int) -> Callable[[bytes], Any]:
     return parse
 
 
-async def _refuse(context: grpc.aio.ServicerContext, refused: _Refused) -> None:
+async def _refuse(
+    context: grpc.aio.ServicerContext, refused: _Refused, request_log: RequestLog
+) -> None:
     """End the call with the refusal's status and the `x-error-json` trailer (raises)."""
     request_id = _request_id(context)
-    log_rejection(request_id, refused.error, api="grpc")
+    request_log.rejected(request_id, refused.error, api="grpc")
     await _abort(context, refused.error, request_id)
 
 
@@ -346,7 +362,7 @@ def _add_inference_servicer(
     def unary(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if isinstance(request, _Refused):
-                await _refuse(context, request)
+                await _refuse(context, request, servicer.service.request_log)
             return await method(request, context)
 
         return handle
@@ -354,7 +370,7 @@ def _add_inference_servicer(
     def streaming(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> None:
             if isinstance(request, _Refused):
-                await _refuse(context, request)
+                await _refuse(context, request, servicer.service.request_log)
             await method(request, context)
 
         return handle

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,7 +45,7 @@ from homing.gateway.http_server import (
 )
 from homing.gateway.http_server import json_dumps as _json_dumps
 from homing.gateway.prepare import PreparedRequest
-from homing.gateway.request_log import log_cancelled, log_rejection, new_request_id
+from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import loads_json, parse_chat, parse_completion
 from homing.gateway.service import InferenceService
 
@@ -53,37 +54,51 @@ log = structlog.get_logger("homing.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REQUEST_ID = web.RequestKey("request_id", str)
+ARRIVED_AT = web.RequestKey("arrived_at", float)  # time.monotonic() when the handler began
 # Set once a request reaches a Generation, which writes its request_done line itself.
 SERVED = web.RequestKey("served", bool)
 LINGERING_S = 1.0
 
 
-@web.middleware
-async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = new_request_id(request.headers.get("x-request-id"))
-    request[REQUEST_ID] = request_id
-    try:
-        response = await handler(request)
-    except asyncio.CancelledError:  # the client went away (handler_cancellation)
-        if not request.get(SERVED, False):
-            log_cancelled(request_id, api="http", path=request.path)
-        raise
-    except APIError as err:
-        log_rejection(request_id, err, api="http", path=request.path)
-        return error_response(err, request_id)
-    except web.HTTPException as err:
-        if err.status < 400:
+def _errors_middleware(
+    request_log: RequestLog,
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Middleware: the request id, OpenAI-shaped errors, and the one report of a request
+    that ended before it reached a `Generation` (`request_log`)."""
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        request_id = new_request_id(request.headers.get("x-request-id"))
+        request[REQUEST_ID] = request_id
+        request[ARRIVED_AT] = arrived_at = time.monotonic()
+        try:
+            response = await handler(request)
+        except asyncio.CancelledError:  # the client went away (handler_cancellation)
+            if not request.get(SERVED, False):
+                request_log.cancelled(request_id, api="http", path=request.path)
             raise
-        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status, "invalid_request")
-        api_err = APIError(err.status, err.reason, code=code)
-        log_rejection(request_id, api_err, api="http", path=request.path)
-        return error_response(api_err, request_id)
-    except Exception:
-        log.exception("internal_error", request_id=request_id, path=request.path)
-        return error_response(internal_error(), request_id)
-    if not response.prepared:
-        response.headers["x-request-id"] = request_id
-    return response
+        except APIError as err:
+            request_log.rejected(
+                request_id, err, started_at=arrived_at, api="http", path=request.path
+            )
+            return error_response(err, request_id)
+        except web.HTTPException as err:
+            if err.status < 400:
+                raise
+            code = {404: "not_found", 405: "method_not_allowed"}.get(err.status, "invalid_request")
+            api_err = APIError(err.status, err.reason, code=code)
+            request_log.rejected(
+                request_id, api_err, started_at=arrived_at, api="http", path=request.path
+            )
+            return error_response(api_err, request_id)
+        except Exception:
+            log.exception("internal_error", request_id=request_id, path=request.path)
+            return error_response(internal_error(), request_id)
+        if not response.prepared:
+            response.headers["x-request-id"] = request_id
+        return response
+
+    return errors
 
 
 def _request_limits(limits: HttpLimits) -> Callable[[web.Request, Handler], Awaitable[Any]]:
@@ -218,7 +233,10 @@ class HttpApi:
         self.body_timeout_s = body_timeout_s
         self.app = web.Application(
             client_max_size=max_body_bytes,
-            middlewares=[_errors_middleware, _request_limits(self.limits)],
+            middlewares=[
+                _errors_middleware(service.request_log),
+                _request_limits(self.limits),
+            ],
         )
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_post("/v1/completions", self.completions)
@@ -238,6 +256,7 @@ class HttpApi:
             # After answering before a body was read in full (408, 413, auth errors), keep
             # draining it this long so the client sees the answer, then close.
             "lingering_time": LINGERING_S,
+            "request_log": self.service.request_log,
         }
 
     def _principal(self, request: web.Request) -> Principal | None:
@@ -300,6 +319,8 @@ class HttpApi:
             request_id=request[REQUEST_ID],
             session_key=_session_key(request),
             principal=principal,
+            arrived_at=request[ARRIVED_AT],
+            trace=parse_traceparent(request.headers.get("traceparent")),
         )
         return await self._serve(request, prepared)
 
@@ -312,6 +333,8 @@ class HttpApi:
             request_id=request[REQUEST_ID],
             session_key=_session_key(request),
             principal=principal,
+            arrived_at=request[ARRIVED_AT],
+            trace=parse_traceparent(request.headers.get("traceparent")),
         )
         return await self._serve(request, prepared)
 

@@ -58,7 +58,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import MAX_MSG_QUEUE_SIZE, RequestHandler
 
 from homing.gateway.errors import APIError, internal_error
-from homing.gateway.request_log import log_rejection, new_request_id
+from homing.gateway.request_log import RequestLog, new_request_id
 
 if TYPE_CHECKING:
     from multidict import CIMultiDictProxy  # aiohttp's header mappings
@@ -476,7 +476,7 @@ class ParserGuard:
 class GatewayProtocol(RequestHandler):
     """aiohttp's HTTP/1.1 protocol with `ParserGuard` and JSON error responses."""
 
-    __slots__ = ("_limits",)
+    __slots__ = ("_limits", "_request_log")
 
     def __init__(
         self,
@@ -484,10 +484,12 @@ class GatewayProtocol(RequestHandler):
         *,
         loop: asyncio.AbstractEventLoop,
         limits: HttpLimits,
+        request_log: RequestLog | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(manager, loop=loop, **kwargs)
         self._limits = limits
+        self._request_log = request_log
         # private: see the module docstring (aiohttp's own parser is dropped unused)
         self._parser = request_parser(
             self, loop, limits, read_bufsize=kwargs.get("read_bufsize", DEFAULT_CHUNK_SIZE)
@@ -518,8 +520,8 @@ class GatewayProtocol(RequestHandler):
         else:
             log.error("internal_error", request_id=request_id, exc_info=exc)
             err = internal_error()
-        if err.status < 500:
-            log_rejection(request_id, err, api="http", stage="parser")
+        if err.status < 500 and self._request_log is not None:
+            self._request_log.rejected(request_id, err, api="http", stage="parser")
         if request.writer.output_size > 0:  # a response already began: nothing more to say
             raise ConnectionError("response already started")
         response = error_response(err, request_id)
@@ -530,7 +532,9 @@ class GatewayProtocol(RequestHandler):
 class _GatewayServer(web.Server):
     """`web.Server` whose connections use `GatewayProtocol`."""
 
-    def __init__(self, base: web.Server, limits: HttpLimits) -> None:
+    def __init__(
+        self, base: web.Server, limits: HttpLimits, request_log: RequestLog | None
+    ) -> None:
         kwargs = dict(base._kwargs)  # private: the handler settings AppRunner collected
         super().__init__(
             base.request_handler,
@@ -541,20 +545,34 @@ class _GatewayServer(web.Server):
         self._protocol_kwargs = kwargs
         self._protocol_loop = asyncio.get_running_loop()
         self._limits = limits
+        self._request_log = request_log
 
     def __call__(self) -> RequestHandler:
         return GatewayProtocol(
-            self, loop=self._protocol_loop, limits=self._limits, **self._protocol_kwargs
+            self,
+            loop=self._protocol_loop,
+            limits=self._limits,
+            request_log=self._request_log,
+            **self._protocol_kwargs,
         )
 
 
 class GatewayRunner(web.AppRunner):
     """`web.AppRunner` serving `app` with `limits` on the parser and `GatewayProtocol`;
-    other keyword arguments are aiohttp's (`keepalive_timeout`, `lingering_time`, ...)."""
+    `request_log` reports the requests the parser refuses. Other keyword arguments are
+    aiohttp's (`keepalive_timeout`, `lingering_time`, ...)."""
 
-    def __init__(self, app: web.Application, *, limits: HttpLimits, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        limits: HttpLimits,
+        request_log: RequestLog | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs, **limits.parser_kwargs())
         self.limits = limits
+        self.request_log = request_log
 
     async def _make_server(self) -> web.Server:  # private: see the module docstring
-        return _GatewayServer(await super()._make_server(), self.limits)
+        return _GatewayServer(await super()._make_server(), self.limits, self.request_log)

@@ -24,8 +24,8 @@ class GatewayMetrics:
         )
         self.rate_limited = Counter(
             "homing_rate_limited_total",
-            "Requests refused with 429 by a quota.",
-            ["quota"],
+            "Requests refused with 429 by a quota, by quota kind and tenant (configured names).",
+            ["quota", "tenant"],
             registry=self.registry,
         )
         self.quota_store_errors = Counter(

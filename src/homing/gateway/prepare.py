@@ -16,6 +16,7 @@ from typing import Literal
 from homing.fleet import Fleet, ModelDispatch, UnknownModel
 from homing.gateway.auth import Principal, check_model
 from homing.gateway.errors import APIError, invalid, model_not_found
+from homing.gateway.request_log import TraceContext
 from homing.gateway.requests import ChatMessage, ChatRequest, CompletionRequest, shown
 from homing.text.stops import StopSet
 from homing.text.tokenizer import ChatTemplateError
@@ -61,6 +62,9 @@ class PreparedRequest:
     tenant: str | None = None
     principal: Principal | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    # `time.monotonic()` when the request arrived (TTFT and end-to-end time count from it).
+    arrived_at: float = field(default_factory=time.monotonic)
+    trace: TraceContext | None = None  # the client's W3C traceparent
 
 
 class Preparer:
@@ -106,6 +110,8 @@ class Preparer:
         request_id: str,
         session_key: str | None = None,
         principal: Principal | None = None,
+        arrived_at: float | None = None,
+        trace: TraceContext | None = None,
     ) -> PreparedRequest:
         """Apply the chat template and tokenize, message content as plain text (a special
         token's text in it never becomes that token); raises `APIError` (404/403 model, 400
@@ -139,8 +145,9 @@ class Preparer:
 
         prompt_ids = await self._encode(encode, cost, "messages")
         return self._prepared(
-            "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal
-        )
+            "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal,
+            arrived_at, trace,
+        )  # fmt: skip
 
     async def completion(
         self,
@@ -149,6 +156,8 @@ class Preparer:
         request_id: str,
         session_key: str | None = None,
         principal: Principal | None = None,
+        arrived_at: float | None = None,
+        trace: TraceContext | None = None,
     ) -> PreparedRequest:
         """Tokenize a text prompt (special-token texts as plain text unless the request sets
         `allow_special_tokens`) or check a token-id prompt; raises `APIError` 400/403/404."""
@@ -163,8 +172,9 @@ class Preparer:
             prompt_ids = list(req.prompt)
             _check_ids(prompt_ids, model.tokenizer.vocab_size, "prompt")
         return self._prepared(
-            "text", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal
-        )
+            "text", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal,
+            arrived_at, trace,
+        )  # fmt: skip
 
     def _prepared(
         self,
@@ -176,6 +186,8 @@ class Preparer:
         request_id: str,
         session_key: str | None,
         principal: Principal | None = None,
+        arrived_at: float | None = None,
+        trace: TraceContext | None = None,
     ) -> PreparedRequest:
         limit = model.max_context_length
         longest = model.max_prompt_tokens
@@ -237,6 +249,8 @@ class Preparer:
             session_key=session_key or req.session_key,
             tenant=principal.tenant if principal is not None else None,
             principal=principal,
+            arrived_at=time.monotonic() if arrived_at is None else arrived_at,
+            trace=trace,
         )
 
 

@@ -1,35 +1,97 @@
-"""The request log: one `request_done` line per request, and request ids.
+"""The request log: one `request_done` report per request, request ids and trace context.
 
-Rule of the file: every request writes exactly one `request_done` line (structlog, logger
-`homing.request`): a `Generation` writes its own; a request refused or abandoned before it
-reached one writes it through `log_rejection` or `log_cancelled`.
+Rule of the file: every request reports its end exactly once, through the service's
+`RequestRecorder` (`homing.obs.requests`: the log line, the metrics and the SLO verdict): a
+`Generation` reports its own; a request refused or abandoned before it reached one reports
+through `RequestLog.rejected` or `RequestLog.cancelled`.
 """
 
 from __future__ import annotations
 
+import re
+import time
 import uuid
-
-import structlog
+from dataclasses import dataclass
 
 from homing.gateway.errors import APIError
+from homing.obs.requests import RequestDone, RequestRecorder
 
-log = structlog.get_logger("homing.request")
-
-
-def log_rejection(request_id: str, err: APIError, **fields: object) -> None:
-    """The one log line of a request refused before it reached a worker."""
-    log.info(
-        "request_done",
-        request_id=request_id,
-        outcome=f"error_{err.status}",
-        error_code=err.code,
-        **fields,
-    )
+# W3C Trace Context level 1, section 3.2: version 00, 32 and 16 lower-case hex digits (not
+# all zeros), 2 of flags. Other versions may append fields after a dash.
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
 
-def log_cancelled(request_id: str, **fields: object) -> None:
-    """The one log line of a request whose client went away before it reached a worker."""
-    log.info("request_done", request_id=request_id, outcome="client_closed", **fields)
+@dataclass(frozen=True)
+class TraceContext:
+    """A request's W3C `traceparent`: `header` as received, its `trace_id` and parent
+    `span_id` (lower-case hex)."""
+
+    header: str
+    trace_id: str
+    span_id: str
+
+
+def parse_traceparent(value: str | None) -> TraceContext | None:
+    """The trace context of a `traceparent` header value; None when absent or invalid (an
+    invalid one is ignored, as the W3C recommendation says, never refused)."""
+    if not value or len(value) > 512:
+        return None
+    m = _TRACEPARENT.match(value.strip())
+    if m is None:
+        return None
+    version, trace_id, span_id, _, rest = m.groups()
+    if version == "ff" or (version == "00" and rest) or set(trace_id) == {"0"}:
+        return None
+    if set(span_id) == {"0"}:
+        return None
+    return TraceContext(header=value.strip(), trace_id=trace_id, span_id=span_id)
+
+
+class RequestLog:
+    """Reports the requests that never reached a `Generation` to `recorder`."""
+
+    def __init__(self, recorder: RequestRecorder) -> None:
+        self.recorder = recorder
+
+    def rejected(
+        self,
+        request_id: str,
+        err: APIError,
+        *,
+        model: str = "",
+        tenant: str | None = None,
+        started_at: float | None = None,
+        **fields: object,
+    ) -> None:
+        """The one report of a request refused before it reached a worker. `model`: the
+        served model it named, when it named one ("" otherwise: never a client's string);
+        `started_at`: `time.monotonic()` at its arrival, for its end-to-end time."""
+        self.recorder.done(
+            RequestDone(
+                request_id=request_id,
+                outcome=f"error_{err.status}",
+                model=model,
+                tenant=tenant,
+                status=err.status,
+                error_code=err.code,
+                e2e_s=None if started_at is None else time.monotonic() - started_at,
+                fields=dict(fields),
+            )
+        )
+
+    def cancelled(
+        self, request_id: str, *, model: str = "", tenant: str | None = None, **fields: object
+    ) -> None:
+        """The one report of a request whose client went away before it reached a worker."""
+        self.recorder.done(
+            RequestDone(
+                request_id=request_id,
+                outcome="client_closed",
+                model=model,
+                tenant=tenant,
+                fields=dict(fields),
+            )
+        )
 
 
 def new_request_id(supplied: str | None = None) -> str:

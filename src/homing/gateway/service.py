@@ -15,6 +15,7 @@ call this module, so they share semantics and validation. A request's life:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 
 from homing.fleet import Fleet, Lease, NoReplica
@@ -23,6 +24,8 @@ from homing.gateway.errors import APIError, no_capacity, shutting_down
 from homing.gateway.generation import Generation
 from homing.gateway.prepare import PreparedRequest, Preparer
 from homing.gateway.quotas.guard import QuotaGuard
+from homing.gateway.request_log import RequestLog
+from homing.obs.requests import RequestRecorder
 
 
 class InferenceService:
@@ -30,7 +33,8 @@ class InferenceService:
 
     `in_flight` counts open `Generation`s (gateway requests between `open` and the end of
     their `async with` block). `admissions`: every model's admission queue, refused
-    together when the gateway drains.
+    together when the gateway drains. `recorder`: where every request reports its end (log
+    line, metrics, SLO; default: log lines and SLO bookkeeping, no metrics).
     """
 
     def __init__(
@@ -41,8 +45,11 @@ class InferenceService:
         max_messages: int | None = None,
         quotas: QuotaGuard | None = None,
         admissions: Sequence[AdmissionController] = (),
+        recorder: RequestRecorder | None = None,
     ) -> None:
         self.fleet = fleet
+        self.recorder = recorder or RequestRecorder(now=time.monotonic, metrics=None)
+        self.request_log = RequestLog(self.recorder)
         self.request_timeout_s = request_timeout_s
         self.prepare = Preparer(fleet, max_messages=max_messages)
         # Quotas are charged and admission waited for when a Generation is entered.
@@ -98,11 +105,13 @@ class InferenceService:
         return len(self._open)
 
     def _enter(self, generation: Generation) -> None:
+        self.recorder.started(generation.prepared.model.model_id)
         self.in_flight += 1
         self._open.add(generation)
         self._idle.clear()
 
     def _leave(self, generation: Generation) -> None:
+        self.recorder.ended(generation.prepared.model.model_id)
         self.in_flight -= 1
         self._open.discard(generation)
         if self.in_flight == 0:

@@ -25,7 +25,8 @@ Router series (labels in braces; `model` on all):
 - `homing_router_kv_event_batches_total{worker}`, `homing_router_kv_events_total{worker, kind}`.
 - `homing_router_kv_gaps_total{worker}`: sequence gaps.
 - `homing_router_kv_resyncs_total{worker, reason}`: index flushes by reason ("subscribe",
-  "gap", "restart", "stream_error", "stream_end", "cleared", "removed", "exact_mode").
+  "gap", "restart", "stream_error", "stream_end", "cleared", "exact_mode"). A worker that
+  leaves the pool (the router's "removed" flush) leaves none of its `worker` series behind.
 - `homing_router_kv_event_lag_seconds`: histogram of batch publish-to-apply delay.
 - `homing_router_kv_stream_up{worker}`: 1 while the worker's KV-event subscription is open.
 
@@ -187,7 +188,11 @@ class RouterMetrics:
             self._lag.observe(lag_s)
 
     def on_flush(self, worker_id: str, reason: str) -> None:
-        """Count a flush; a "gap" also counts in the gaps series."""
+        """Count a flush; a "gap" also counts in the gaps series. "removed" (the worker left
+        the pool) removes the worker's series instead (`forget_worker`)."""
+        if reason == "removed":
+            self.forget_worker(worker_id)
+            return
         key = (worker_id, reason)
         child = self._flush_children.get(key)
         if child is None:
@@ -195,6 +200,16 @@ class RouterMetrics:
         child.inc()
         if reason == "gap":
             self.gaps.labels(self.model, worker_id).inc()
+
+    def forget_worker(self, worker_id: str) -> None:
+        """Remove every counter series of `worker_id` (it left the pool)."""
+        self._batch_children.pop(worker_id, None)
+        for key in [k for k in self._flush_children if k[0] == worker_id]:
+            del self._flush_children[key]
+        for family in (self.batches, self.events, self.gaps, self.resyncs):
+            for labels in list(family._metrics):  # prometheus-client's children by labels
+                if labels[0] == self.model and labels[1] == worker_id:
+                    family.remove(*labels)
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of sample `name` with `labels` (0 when absent); for tests."""

@@ -207,7 +207,7 @@ class QuotaGuard:
                 return None
             raise store_unavailable() from None
         if denial is not None:
-            self.metrics.rate_limited.labels(quota=denial.kind).inc()
+            self.metrics.rate_limited.labels(quota=denial.kind, tenant=principal.tenant).inc()
             raise rate_limit_error(
                 denial,
                 principal,
