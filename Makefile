@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers bench-overhead lint format clean redis-server wrk native-deps apt-libxxhash
+.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers bench-overhead lint format clean redis-server prometheus tmux wrk native-deps apt-libxxhash
 
 NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
 
@@ -64,6 +64,15 @@ apt-libxxhash:
 redis-server:
 	$(call apt-install,command -v redis-server >/dev/null 2>&1,redis-server)
 
+# The rule tests run promtool, and the dashboard test a real Prometheus server (Debian's
+# prometheus package; the tests start their own server on a free loopback port).
+prometheus:
+	$(call apt-install,command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1,prometheus)
+
+# `homing top` is tested as a person sees it, in a tmux pane.
+tmux:
+	$(call apt-install,command -v tmux >/dev/null 2>&1,tmux)
+
 # bench-overhead's load generator (HTTP, one thread, a Lua script per request).
 wrk:
 	$(call apt-install,command -v wrk >/dev/null 2>&1,wrk)
@@ -94,14 +103,16 @@ sglang-cpu: $(TINY_MODEL)/.built
 
 ## make test: the whole suite (unit + integration over loopback, against simulated and real
 ## SGLang workers; builds the SGLang CPU env and installs redis-server if missing)
-test: proto redis-server sglang-cpu
+test: proto redis-server prometheus tmux sglang-cpu
 	$(SGLANG_PY) -m pytest -q -p no:cacheprovider $(SGLANG_DIR)/sgl_kernel/tests
-	HOMING_REQUIRE_SGLANG=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	HOMING_REQUIRE_SGLANG=1 HOMING_REQUIRE_PROMETHEUS=1 HOMING_REQUIRE_TMUX=1 \
+	    $(PY) -m pytest -q $(PYTEST_ARGS)
 
-## make bench: replay 300 Mooncake requests against a running gateway (start `make run` first)
+## make bench: replay 300 Mooncake requests against a running gateway (start `make run` first);
+## the summary in bench-out/bench.json, its plots in bench-out/plots/
 bench: proto
 	$(VENV)/bin/homing bench --trace ../shared/traces/mooncake/conversation_trace.jsonl \
-	    --limit 300 --speed 20 --json bench-out/bench.json
+	    --limit 300 --speed 20 --json bench-out/bench.json --plot bench-out/plots
 
 ## make bench-sim: largest --speedup at which one process of 8 simulated 70B TP8 workers keeps
 ## up with the Mooncake trace (from 8x, x1.25 per trial until one falls behind; ~70 s a trial)
@@ -136,7 +147,7 @@ bench-routers: proto
 	mkdir -p bench-out
 	$(PY) -m homing.bench.routers --trace ../shared/traces/mooncake/conversation_trace.jsonl \
 	    --limit 2000 --workers 8 --model llama-3.1-70b --gpu H100 --tp 8 --speedup 3 \
-	    --target-load 0.70 --json bench-out/routers.json
+	    --target-load 0.70 --json bench-out/routers.json --plot bench-out/routers-plots
 
 ## make bench-overhead: homing's and smg's CPU per request and per streamed token, requests/s,
 ## added first-byte latency and peak RSS, side by side over 2 instant simulated workers, and
