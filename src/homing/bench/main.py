@@ -1,10 +1,11 @@
 """`homing bench`: replay a trace against a running gateway and report TTFT, TPOT, goodput.
 
 Rule of this file: the command-line edge. It checks arguments (exit 2 with a clear message),
-loads the trace, runs the load generator under uvloop, prints the summary table to stdout and
-writes `--json OUT`. Exit codes: 0 when the run finished (even if requests failed; the table
-lists them), 1 when the gateway cannot be reached, 2 for bad arguments or an unreadable trace,
-130 when interrupted (SIGINT/SIGTERM; the partial summary is still printed and written).
+loads the trace, runs the load generator under uvloop, prints the summary table to stdout,
+writes `--json OUT` and, with `--plot DIR`, the PNGs of `homing.bench.plots`. Exit codes: 0
+when the run finished (even if requests failed; the table lists them), 1 when the gateway
+cannot be reached, 2 for bad arguments, an unreadable trace or an unwritable output, 130 when
+interrupted (SIGINT/SIGTERM; the partial summary is still printed and written).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import uvloop
 
 from homing.bench.loadgen import GatewayError, LoadConfig, fetch_model_id, run_load
+from homing.bench.records import RequestRecord
 from homing.bench.report import (
     DEFAULT_SLO_TPOT_MS,
     DEFAULT_SLO_TTFT_MS,
@@ -91,6 +93,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", default=None, metavar="OUT", help="write the summary as JSON to OUT"
     )
     parser.add_argument(
+        "--plot",
+        default=None,
+        metavar="DIR",
+        help=(
+            "write TTFT/TPOT CDFs, throughput and goodput, per-worker load and cache hit rate "
+            "over time as PNGs into DIR (created)"
+        ),
+    )
+    parser.add_argument(
         "--timeout-s",
         type=float,
         default=600.0,
@@ -133,6 +144,9 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
         value = getattr(args, name)
         if not (math.isfinite(value) and value > 0):
             problems.append(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}")
+    plot = getattr(args, "plot", None)
+    if plot is not None and Path(plot).exists() and not Path(plot).is_dir():
+        problems.append(f"--plot must name a directory, {plot} is a file")
     if args.vocab_limit <= DEFAULT_VOCAB_LOW:
         problems.append(f"--vocab-limit must be > {DEFAULT_VOCAB_LOW}, got {args.vocab_limit}")
     return problems
@@ -140,8 +154,9 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
 
 async def bench(
     args: argparse.Namespace, requests: Sequence[TraceRequest], builder: PromptBuilder
-) -> dict[str, Any]:
-    """Run the replay described by `args` and return the summary (see `report.summarize`).
+) -> tuple[dict[str, Any], list[RequestRecord]]:
+    """Run the replay described by `args`; return the summary (see `report.summarize`) and the
+    records it was computed from.
 
     SIGINT/SIGTERM stop it early (`interrupted: true`). Raises GatewayError when `--model` is
     not given and `GET /v1/models` fails.
@@ -184,9 +199,8 @@ async def bench(
         "interrupted": stop.is_set(),
         "trace_requests": len(requests),
     }
-    return summarize(
-        records, slo=Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms), meta=meta
-    )
+    slo = Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
+    return summarize(records, slo=slo, meta=meta), records
 
 
 def write_json(summary: dict[str, Any], out: str | Path) -> None:
@@ -213,7 +227,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     builder = PromptBuilder(vocab_limit=args.vocab_limit)
     try:
-        summary = uvloop.run(bench(args, requests, builder))
+        summary, records = uvloop.run(bench(args, requests, builder))
     except GatewayError as e:
         print(f"homing bench: error: {e}", file=sys.stderr)
         return EXIT_GATEWAY
@@ -225,6 +239,18 @@ def run_bench(args: argparse.Namespace) -> int:
             print(f"homing bench: error: cannot write {args.json}: {e}", file=sys.stderr)
             return EXIT_USAGE
         print(f"wrote {args.json}", file=sys.stderr)
+    if getattr(args, "plot", None):
+        from homing.bench.plots import write_plots  # matplotlib only when asked for
+
+        slo = Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
+        title = f"homing bench {Path(args.trace).name} ({summary['model']}, speed {args.speed:g})"
+        try:
+            paths = write_plots(records, args.plot, slo, title=title)
+        except OSError as e:
+            print(f"homing bench: error: cannot write plots to {args.plot}: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        for path in paths:
+            print(f"wrote {path}", file=sys.stderr)
     return EXIT_INTERRUPTED if summary["interrupted"] else EXIT_OK
 
 

@@ -17,7 +17,8 @@ figures. One invocation:
    (FlushCache), starts the gateway as its own process, replays the trace open loop at
    `speed * speedup` wall speed (`speed` in trace time), stops the gateway;
 5. prints one table, writes `bench-out/routers.json` (one object per run) and the markdown
-   table for docs/benchmarks.md.
+   table for docs/benchmarks.md; with `--plot DIR`, the five `homing.bench.plots` PNGs with
+   the runs side by side, in simulated time.
 
 Time base: the sims run `speedup` times faster than the wall clock, so every duration the
 client measures (TTFT, TPOT, run length) is multiplied by `speedup` to report simulated
@@ -504,6 +505,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     worker_ids = [f"w{i}" for i in range(len(fleet.urls))]
     url_to_id = dict(zip(fleet.urls, worker_ids, strict=True))
     rows: list[dict[str, Any]] = []
+    plotted: dict[str, list[RequestRecord]] = {}
     try:
         for name in args.runs:
             await fleet.flush()
@@ -528,6 +530,9 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                         f.write(json.dumps({k: getattr(r, k) for k in RequestRecord.__slots__}))
                         f.write("\n")
             row = run_summary(name, records, args, bound, worker_ids)
+            if args.plot:
+                label = "smg cache_aware" if name == "smg" else f"homing {name}"
+                plotted[label] = scaled(records, args.speedup)
             row["wall_s"] = round(time.monotonic() - started, 1)
             row["branches"] = branches
             for key, sample in (
@@ -548,6 +553,13 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         await fleet.stop()
     table = format_table(rows, bound)
     print(table, flush=True)
+    if plotted:
+        from homing.bench.plots import write_comparison_plots  # matplotlib only when asked for
+
+        slo = Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
+        title = f"bench-routers, {len(requests):,} requests (simulated time)"
+        for path in write_comparison_plots(plotted, args.plot, slo, title=title):
+            print(f"wrote {path}", file=sys.stderr)
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python -m homing.bench.routers", *sys.argv[1:]]),
@@ -592,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default="bench-out/routers.json")
     p.add_argument(
         "--dump-records", action="store_true", help="also write records-<run>.jsonl per run"
+    )
+    p.add_argument(
+        "--plot", default=None, metavar="DIR", help="write the runs' PNGs side by side into DIR"
     )
     return p
 

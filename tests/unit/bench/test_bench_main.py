@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from homing.bench.main import add_bench_arguments, run_bench
+from homing.bench.plots import PLOT_FILES
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -37,6 +38,7 @@ def test_defaults_follow_the_contract(trace: Path) -> None:
     assert args.url == "http://127.0.0.1:8080" and args.model is None
     assert (args.speed, args.limit, args.concurrency) == (1.0, None, 256)
     assert (args.slo_ttft_ms, args.slo_tpot_ms, args.timeout_s) == (2000.0, 50.0, 600.0)
+    assert args.json is None and args.plot is None
 
 
 def test_missing_trace_file_exits_2_with_a_clear_message(
@@ -64,6 +66,16 @@ def test_bad_numbers_exit_2(
     """Out-of-range options are rejected before anything is sent."""
     assert run_bench(_args("--trace", str(trace), *extra)) == 2
     assert message in capsys.readouterr().err
+
+
+def test_plot_path_that_is_a_file_exits_2(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--plot` must name a directory (new or existing); an existing file is refused."""
+    taken = tmp_path / "taken.png"
+    taken.write_bytes(b"x")
+    assert run_bench(_args("--trace", str(trace), "--plot", str(taken))) == 2
+    assert "--plot must name a directory" in capsys.readouterr().err
 
 
 def test_unknown_extension_and_bad_rows_exit_2(
@@ -114,3 +126,23 @@ def test_whole_run_prints_a_table_and_writes_json(
     assert summary["duration_s"] > 0 and summary["started_at"]
     assert sum(w["requests"] for w in summary["per_worker"].values()) == 2
     assert len(gateway.bodies) == 2
+
+
+def test_whole_run_with_plot_writes_the_five_pngs(
+    threaded_gateway: Any, trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--plot DIR` creates DIR after the run, writes the PNGs there and names each on stderr."""
+    _, url = threaded_gateway
+    out = tmp_path / "deep" / "plots"
+    code = run_bench(
+        _args(
+            "--trace", str(trace), "--url", url, "--speed", "10", "--limit", "2",
+            "--plot", str(out), "--no-progress",
+        )
+    )  # fmt: skip
+    assert code == 0
+    err = capsys.readouterr().err
+    for name in PLOT_FILES:
+        path = out / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"wrote {path}" in err
