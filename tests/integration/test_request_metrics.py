@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 import pytest_asyncio
 from structlog.testing import capture_logs
@@ -28,6 +29,7 @@ from homing.config import (
     ModelSettings,
     RouterSettings,
     SimSettings,
+    SloSettings,
 )
 from homing.engines.pool import WorkerState
 
@@ -45,7 +47,7 @@ async def app() -> AsyncIterator[App]:
         engines=EngineSettings(health_interval_s=0.2),
         router=RouterSettings(policy="consistent_hash"),
         sim=SimSettings(workers=2, speedup=10.0),
-        models=[ModelSettings(version=VERSION)],
+        models=[ModelSettings(version=VERSION, slo=SloSettings(objective=0.9))],
     )
     async with App(config) as running:
         yield running
@@ -195,6 +197,12 @@ async def test_metrics_match_a_known_mix_of_requests_exactly(app: App) -> None:
     assert v("homing_slo_goodput_tokens_total", **slo) == probes + met_tokens
     judged = probes + 7 + 2 + 1
     assert v("homing_slo_attainment_ratio", model=MODEL) == pytest.approx((probes + 7) / judged)
+    assert v("homing_slo_objective", model=MODEL) == 0.9  # the model's own SLO
+    assert v("homing_slo_ttft_seconds", model=MODEL) == 0.5
+    assert v("homing_slo_tpot_seconds", model=MODEL) == 0.05
+    burn = (2 + 1) / judged / (1 - 0.9)
+    assert v("homing_slo_burn_rate", model=MODEL, window="5m") == pytest.approx(burn)
+    assert v("homing_slo_burn_rate", model=MODEL, window="6h") == pytest.approx(burn)
     # histograms: one observation per request that reached the point measured
     routed = probes + 7 + 1 + 2 + 1
     count = lambda name, labels: v(f"{name}_count", **labels)  # noqa: E731
@@ -225,6 +233,39 @@ async def test_metrics_match_a_known_mix_of_requests_exactly(app: App) -> None:
     snapshots = {s.worker_id: s for s in app.recorder.snapshots(MODEL)}
     assert snapshots[fast].error_ratio == 0.0
     assert snapshots[slow].error_ratio is not None and snapshots[slow].error_ratio > 0
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def test_a_traceparent_reaches_the_log_line_with_the_engine_request_id(app: App) -> None:
+    """Over HTTP and gRPC; an invalid one is ignored (the request is served, no trace id)."""
+    from homing.v1 import inference_pb2 as pb
+    from homing.v1 import inference_pb2_grpc as pb_grpc
+
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
+    with capture_logs() as logs:
+        async with aiohttp.ClientSession() as http:
+            for value in (TRACEPARENT, "00-00000000000000000000000000000000-00f067aa0ba902b7-01"):
+                async with http.post(
+                    _url(app, "/v1/completions"), json=body, headers={"traceparent": value}
+                ) as resp:
+                    assert resp.status == 200
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+            call = pb_grpc.InferenceStub(channel).Completion(
+                pb.CompletionRequest(
+                    model=MODEL, text=PROMPT, sampling=pb.SamplingOptions(max_tokens=2)
+                ),
+                metadata=(("traceparent", TRACEPARENT),),
+            )
+            assert [c async for c in call]
+    done = [e for e in logs if e["event"] == "request_done"]
+    assert [e.get("trace_id") for e in done] == [
+        "4bf92f3577b34da6a3ce929d0e0e4736", None, "4bf92f3577b34da6a3ce929d0e0e4736"
+    ]  # fmt: skip
+    assert done[0]["parent_span_id"] == "00f067aa0ba902b7"
+    assert all(len(e["engine_request_id"]) == 32 for e in done)
+    assert len({e["engine_request_id"] for e in done}) == 3
 
 
 async def test_a_removed_worker_leaves_no_labelled_series(app: App) -> None:

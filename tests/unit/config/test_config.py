@@ -152,3 +152,60 @@ def test_max_stream_interval_is_an_integer_of_at_least_one(
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert str(err.value) == f"{path}: engines.max_stream_interval: {message}"
+
+
+def test_the_slo_defaults_to_the_seeds_targets() -> None:
+    """p95 TTFT 500 ms, p95 TPOT 50 ms, the per-request rule the same, objective 0.95; the
+    request metrics on, tenant labels off."""
+    config = load_config(None)
+    slo = config.slo
+    assert (slo.ttft_p95_s, slo.tpot_p95_s, slo.request_ttft_s, slo.request_tpot_s) == (
+        0.5, 0.05, None, None
+    )  # fmt: skip
+    assert slo.objective == 0.95
+    assert (config.obs.request_metrics, config.obs.tenant_labels) == (True, False)
+    [model] = config.served_models()
+    assert model.slo is None  # the [slo] section applies
+
+
+def test_a_model_may_have_its_own_slo(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        "[slo]\nttft_p95_s = 1.0\n\n"
+        '[[models]]\nname = "a"\nslo = { ttft_p95_s = 2.0, request_tpot_s = 0.1 }\n\n'
+        '[[models]]\nname = "b"\n'
+    )
+    config = load_config(path)
+    a, b = config.served_models()
+    assert a.slo is not None and (a.slo.ttft_p95_s, a.slo.request_tpot_s) == (2.0, 0.1)
+    assert b.slo is None and config.slo.ttft_p95_s == 1.0
+
+
+@pytest.mark.parametrize(
+    ("toml", "where", "message"),
+    [
+        ("[slo]\nobjective = 1\n", "slo.objective", "Input should be less than 1"),
+        ("[slo]\nobjective = 0\n", "slo.objective", "Input should be greater than 0"),
+        ("[slo]\nttft_p95_s = -0.5\n", "slo.ttft_p95_s", "Input should be greater than 0"),
+        ("[slo]\ntpot_p95_s = nan\n", "slo.tpot_p95_s", "Input should be a finite number"),
+        ("[slo]\nttft_ms = 500\n", "slo.ttft_ms", "Extra inputs are not permitted"),
+        (
+            '[[models]]\nname = "m"\nslo = { request_ttft_s = 0 }\n',
+            "models.0.slo.request_ttft_s",
+            "Input should be greater than 0",
+        ),
+        (
+            "[obs]\ntenant_labels = 3\n",
+            "obs.tenant_labels",
+            "Input should be a valid boolean, unable to interpret input",
+        ),
+    ],
+)
+def test_a_bad_slo_or_obs_setting_names_the_key(
+    tmp_path: Path, toml: str, where: str, message: str
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: {where}: {message}"
