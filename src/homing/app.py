@@ -18,6 +18,7 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable
+from typing import get_args
 
 import structlog
 from aiohttp import web
@@ -46,6 +47,7 @@ from homing.gateway.http import HttpApi
 from homing.gateway.http_server import GatewayRunner
 from homing.gateway.metrics import GatewayMetrics
 from homing.gateway.quotas import QuotaGuard, QuotaStoreError, build_store
+from homing.gateway.quotas.types import QuotaKind
 from homing.gateway.service import InferenceService
 from homing.gateway.tls import read_pem_pair, server_ssl_context
 from homing.obs.loop_busy import LoopBusySampler
@@ -308,6 +310,7 @@ class App:
         cfg = self.config
         gw = cfg.gateway
         metrics = self.gateway_metrics
+        metrics.start_at_zero((t.name for t in cfg.tenants), get_args(QuotaKind))
         keyring = KeyRing(cfg.tenants, metrics)
         if cfg.tenants:
             self.quotas = QuotaGuard(build_store(cfg.quotas), settings=cfg.quotas, metrics=metrics)

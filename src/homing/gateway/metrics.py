@@ -8,7 +8,12 @@ base units: seconds).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: `homing_admission_rejected_total` reasons (`homing.gateway.admission`).
+ADMISSION_REASONS = ("queue_full", "tenant_full", "displaced", "timeout")
 
 
 class GatewayMetrics:
@@ -67,6 +72,17 @@ class GatewayMetrics:
             " last sample.",
             registry=self.registry,
         )
+
+    def start_at_zero(self, tenants: Iterable[str], quotas: Iterable[str]) -> None:
+        """Create the refusal series every configured tenant, quota kind and admission
+        reason can take, at 0, so `rate()` sees their first increase (a counter first
+        exported above 0 shows none)."""
+        kinds = tuple(quotas)
+        for tenant in tenants:
+            for quota in kinds:
+                self.rate_limited.labels(quota=quota, tenant=tenant)
+        for reason in ADMISSION_REASONS:
+            self.admission_rejected.labels(reason=reason)
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of sample `name` with `labels` (0 when absent); for tests."""

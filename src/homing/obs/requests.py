@@ -421,6 +421,7 @@ class RequestRecorder(Collector):
             f["tpot"].add_metric([model], slo.rule_tpot_s)
             for s in self.snapshots(model):
                 labels = [model, s.worker_id]
+                f["w_info"].add_metric([*labels, s.version, s.phase, s.state], 1.0)
                 f["w_in_flight"].add_metric(labels, s.in_flight)
                 f["w_healthy"].add_metric(labels, 1.0 if s.state == "ready" else 0.0)
                 for name, value in (
@@ -491,6 +492,12 @@ def _scrape_families() -> dict[str, GaugeMetricFamily]:
         ),
         "tpot": GaugeMetricFamily(
             "homing_slo_tpot_seconds", "The SLO's per-request TPOT limit.", labels=m
+        ),
+        "w_info": GaugeMetricFamily(
+            "homing_worker_info",
+            "1 per worker, its version label, lifecycle phase and state (ready, unhealthy, or"
+            " the phase that keeps it from taking requests).",
+            labels=[*w, "version", "phase", "state"],
         ),
         "w_in_flight": GaugeMetricFamily(
             "homing_worker_requests_in_flight", "Requests dispatched to the worker.", labels=w
