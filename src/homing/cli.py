@@ -6,7 +6,8 @@ its Unix socket); with `--engine sglang --model PATH` the child processes are re
 workers. `homing sim` runs simulated workers in this process; `homing worker` runs one real
 SGLang worker; `homing bench` replays a trace against a running gateway.
 `homing workers | models | tenants | stats` talk to a running gateway's admin API
-(`homing.admin.commands`); `homing completion bash|zsh` prints a completion script.
+(`homing.admin.commands`); `homing top` is a live view of its `/metrics` (`homing.top`);
+`homing completion bash|zsh` prints a completion script.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_arguments(sub.add_parser("worker", help="run one real SGLang worker"))
     add_bench_arguments(sub.add_parser("bench", help="replay a trace against a gateway"))
     add_admin_commands(sub)
+    _add_top(sub)
     completion = sub.add_parser(
         "completion",
         help="print a shell completion script",
@@ -196,8 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from homing.top.main import add_top_arguments
+
+    text = "live view of a running gateway's models and workers, from its /metrics"
+    add_top_arguments(sub.add_parser("top", help=text, description=text))
+
+
 #: Sub-commands parsed by `admin_parser`: clients of a running gateway.
-ADMIN_COMMANDS = frozenset({"workers", "models", "tenants", "stats"})
+ADMIN_COMMANDS = frozenset({"workers", "models", "tenants", "stats", "top"})
 
 
 def admin_parser() -> argparse.ArgumentParser:
@@ -208,6 +217,7 @@ def admin_parser() -> argparse.ArgumentParser:
 
     parser, sub = _parser()
     add_admin_commands(sub)
+    _add_top(sub)
     return parser
 
 
@@ -228,6 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "serve":
         return _serve(args)
+    if args.command == "top":
+        from homing.top.main import run_top
+
+        return run_top(args)
     if args.command == "sim":
         from homing.sim.main import run_sim
 

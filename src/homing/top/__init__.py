@@ -1,0 +1,8 @@
+"""`homing top`: a live terminal view of a running gateway's models and workers, read from its
+`GET /metrics`.
+
+Modules: `frame` (pure: parse a scrape, keep a sliding window of scrapes, compute the per-model
+and per-worker rows of a frame), `view` (rich tables of a frame), `main` (arguments, scraping,
+the refresh loop). Like the admin verbs it is a client of a running gateway; it imports nothing
+of the gateway.
+"""

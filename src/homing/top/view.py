@@ -1,0 +1,164 @@
+"""rich tables of a `homing top` frame: one row per model, one per worker; "-" for a figure
+the gateway does not export (or, for rates and quantiles, before the window has two scrapes
+or without requests in it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from homing.top.frame import Frame, ModelRow, WorkerRow
+
+MODEL_COLUMNS = (
+    "MODEL",
+    "WORKERS",
+    "REQ/S",
+    "TOK/S",
+    "IN-FLIGHT",
+    "QUEUED",
+    "TTFT p50",
+    "TTFT p95",
+    "TPOT p95",
+    "GOODPUT/S",
+    "ATTAIN",
+    "SLO",
+    "BURN 1h",
+    "BURN 5m",
+    "ALERTS",
+)
+WORKER_COLUMNS = (
+    "MODEL",
+    "WORKER",
+    "STATE",
+    "PHASE",
+    "REQ/S",
+    "TTFT p95",
+    "IN-FLIGHT",
+    "RUNNING",
+    "WAITING",
+    "KV",
+    "HIT",
+)
+
+
+def _or_dash(value: float | None, fmt: Callable[[float], str]) -> str:
+    return "-" if value is None else fmt(value)
+
+
+def seconds(value: float | None) -> str:
+    """A latency in seconds as "1.25 s", "350 ms" (from 0.1 s) or "12.5 ms"; "-" for None."""
+
+    def fmt(v: float) -> str:
+        if v >= 1.0:
+            return f"{v:.2f} s"
+        return f"{v * 1000:.0f} ms" if v >= 0.1 else f"{v * 1000:.1f} ms"
+
+    return _or_dash(value, fmt)
+
+
+def rate(value: float | None) -> str:
+    """A per-second rate with one decimal ("2.5"); "-" for None."""
+    return _or_dash(value, lambda v: f"{v:.1f}")
+
+
+def count(value: float | None) -> str:
+    """A gauge of requests as an integer ("3"); "-" for None."""
+    return _or_dash(value, lambda v: f"{v:.0f}")
+
+
+def percent(value: float | None) -> str:
+    """A 0..1 ratio as a percentage ("42.0%"); "-" for None."""
+    return _or_dash(value, lambda v: f"{v * 100:.1f}%")
+
+
+def burn(value: float | None) -> str:
+    """A burn rate with two decimals ("0.40"); "-" for None."""
+    return _or_dash(value, lambda v: f"{v:.2f}")
+
+
+def _slo(row: ModelRow) -> str:
+    if row.slo_ttft_s is None and row.slo_tpot_s is None:
+        return "-"
+    return f"ttft<={seconds(row.slo_ttft_s)} tpot<={seconds(row.slo_tpot_s)}"
+
+
+def _workers(row: ModelRow) -> str:
+    if row.workers is None:
+        return "-"
+    return " ".join(f"{n} {phase}" for phase, n in row.workers.items()) or "0"
+
+
+def _alerts(row: ModelRow) -> Text:
+    if row.alerts is None:
+        return Text("-")
+    if not row.alerts:
+        return Text("none")
+    return Text(",".join(row.alerts), style="bold red")
+
+
+def model_cells(row: ModelRow) -> list[str | Text]:
+    """The cells of `row` under `MODEL_COLUMNS`."""
+    return [
+        row.model,
+        _workers(row),
+        rate(row.requests_per_second),
+        rate(row.output_tokens_per_second),
+        count(row.in_flight),
+        count(row.queued),
+        seconds(row.ttft_p50_s),
+        seconds(row.ttft_p95_s),
+        seconds(row.tpot_p95_s),
+        rate(row.goodput_requests_per_second),
+        percent(row.attainment_ratio),
+        _slo(row),
+        burn(row.burn_rate_1h),
+        burn(row.burn_rate_5m),
+        _alerts(row),
+    ]
+
+
+def worker_cells(row: WorkerRow) -> list[str | Text]:
+    """The cells of `row` under `WORKER_COLUMNS`."""
+    state: str | Text = row.state or "-"
+    if row.state == "unhealthy":
+        state = Text(row.state, style="bold red")
+    return [
+        row.model,
+        row.worker,
+        state,
+        row.phase or "-",
+        rate(row.requests_per_second),
+        seconds(row.ttft_p95_s),
+        count(row.in_flight),
+        count(row.running),
+        count(row.waiting),
+        percent(row.kv_usage_ratio),
+        percent(row.cache_hit_ratio),
+    ]
+
+
+def _table(title: str, headers: tuple[str, ...], rows: list[list[str | Text]]) -> Table:
+    # Plain columns like `homing workers ls`: easy to read and to grep in a captured pane.
+    table = Table(*headers, title=title, box=None, pad_edge=False, title_justify="left")
+    for cells in rows:
+        table.add_row(*cells)
+    return table
+
+
+def render(frame: Frame, source: str, status: str | None = None) -> RenderableType:
+    """The frame as a header line (`source`, the window, and `status` in red when given: a
+    failed scrape), the models table and the workers table."""
+    window = "-" if frame.window_s is None else f"{frame.window_s:.0f} s"
+    header = Text(f"homing top  {source}  window {window} ({frame.scrapes} scrapes)", style="bold")
+    if status:
+        header.append(f"  {status}", style="bold red")
+    return Group(
+        header,
+        Text(""),
+        _table("models", MODEL_COLUMNS, [model_cells(m) for m in frame.models]),
+        Text(""),
+        _table("workers", WORKER_COLUMNS, [worker_cells(w) for w in frame.workers]),
+    )

@@ -1,0 +1,214 @@
+"""`homing top`'s shell: the /metrics URL it derives, its one-line errors (against real
+loopback servers: a closed port, a 404, a page that is not metrics) and `--once` end to end
+through `homing.cli.main` against a server whose counters grow per scrape; and the tables the
+view draws."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from rich.console import Console
+
+from homing.cli import main
+from homing.top.frame import compute_frame, parse_scrape
+from homing.top.main import ScrapeError, metrics_url, scrape
+from homing.top.view import percent, render, seconds
+
+Reply = tuple[int, str]
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, Callable[[Callable[[int], Reply]], None]]]:
+    """A loopback HTTP server: (its base URL, set the function from the request's number,
+    0 first, to the (status, body) it answers)."""
+    answer: list[Callable[[int], Reply]] = [lambda n: (404, "")]
+    served = [0]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = answer[0](served[0])
+            served[0] += 1
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+
+    def set_answer(fn: Callable[[int], Reply]) -> None:
+        answer[0] = fn
+
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", set_answer
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize(
+    ("given", "url"),
+    [
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080/metrics"),
+        ("http://127.0.0.1:8080/", "http://127.0.0.1:8080/metrics"),
+        ("127.0.0.1:9000", "http://127.0.0.1:9000/metrics"),
+        ("https://gw.example/metrics", "https://gw.example/metrics"),
+        ("http://gw.example/prefix/", "http://gw.example/prefix/metrics"),
+    ],
+)
+def test_metrics_url_appends_metrics_unless_there(given: str, url: str) -> None:
+    assert metrics_url(given) == url
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unreachable_gateway_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    port = _closed_port()
+    assert main(["top", "--url", f"http://127.0.0.1:{port}", "--once"]) == 1
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        "",
+        f"homing: cannot reach http://127.0.0.1:{port}/metrics: Connection refused\n",
+    )
+
+
+def test_a_status_other_than_200_is_one_line_and_exit_1(
+    server: tuple[str, Callable[[Callable[[int], Reply]], None]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base, answer = server
+    answer(lambda n: (404, "no"))
+    assert main(["top", "--url", base, "--once"]) == 1
+    assert capsys.readouterr() == ("", f"homing: {base}/metrics answered HTTP 404 Not Found\n")
+
+
+def test_a_page_that_is_not_metrics_is_one_line_and_exit_1(
+    server: tuple[str, Callable[[Callable[[int], Reply]], None]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base, answer = server
+    answer(lambda n: (200, "node_load1 0.5\n"))
+    assert main(["top", "--url", base, "--once"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"homing: {base}/metrics did not return a homing gateway's metrics: "
+        "no homing metrics in it\n"
+    )
+    with pytest.raises(ScrapeError, match="not Prometheus metrics text"):
+        answer(lambda n: (200, "<html><body>hi</body></html>"))
+        scrape(f"{base}/metrics")
+
+
+def _growing(n: int) -> Reply:
+    """Scrape n: 10 * n requests of model m on w0, w0 at KV use 0.5."""
+    return 200, (
+        "# TYPE homing_requests_total counter\n"
+        f'homing_requests_total{{model="m",worker="w0",outcome="ok"}} {10 * n}\n'
+        'homing_worker_kv_usage_ratio{model="m",worker="w0"} 0.5\n'
+        'homing_worker_requests_in_flight{model="m",worker="w0"} 2\n'
+    )
+
+
+def test_once_json_prints_one_frame_over_two_scrapes(
+    server: tuple[str, Callable[[Callable[[int], Reply]], None]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base, answer = server
+    answer(_growing)
+    assert main(["top", "--url", base, "--once", "--interval", "0.05", "--output", "json"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert err == ""
+    assert data["scrapes"] == 2 and data["window_s"] > 0
+    (model,) = data["models"]
+    assert model["model"] == "m"
+    assert model["requests_per_second"] == pytest.approx(10 / data["window_s"])
+    (worker,) = data["workers"]
+    assert (worker["worker"], worker["kv_usage_ratio"], worker["in_flight"]) == ("w0", 0.5, 2.0)
+    assert worker["ttft_p95_s"] is None
+
+
+def test_once_table_prints_the_model_and_worker_rows(
+    server: tuple[str, Callable[[Callable[[int], Reply]], None]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base, answer = server
+    answer(_growing)
+    assert main(["top", "--url", base, "--once", "--interval", "0.05"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"homing top  {base}/metrics  window ")
+    worker = next(line for line in lines if line.startswith("m ") and " w0 " in line).split()
+    assert float(worker[4]) > 0  # REQ/S
+    assert worker[:4] + worker[5:] == ["m", "w0", "-", "-", "-", "2", "-", "-", "50.0%", "-"]
+
+
+def test_view_draws_dashes_for_missing_figures_and_units_for_the_rest() -> None:
+    text = (
+        'homing_workers{model="m",phase="ready"} 2\n'
+        'homing_worker_kv_usage_ratio{model="m",worker="w0"} 0.125\n'
+        'homing_slo_ttft_seconds{model="m"} 0.5\n'
+        'homing_slo_tpot_seconds{model="m"} 0.05\n'
+    )
+    console = Console(width=200, record=True)
+    console.print(render(compute_frame([parse_scrape(text, 1.0)]), "SRC", status="oops"))
+    lines = console.export_text().splitlines()
+    assert lines[0] == "homing top  SRC  window - (1 scrapes)  oops"
+    model = next(line for line in lines if line.startswith("m "))
+    slo = ["ttft<=500", "ms", "tpot<=50.0", "ms"]
+    assert model.split() == ["m", "2", "ready", *["-"] * 9, *slo, "-", "-", "-"]
+    assert [seconds(v) for v in (0.0125, 0.35, 1.5, None)] == ["12.5 ms", "350 ms", "1.50 s", "-"]
+    assert (percent(0.125), percent(None)) == ("12.5%", "-")
+
+
+def _flaky(n: int) -> Reply:
+    """Scrapes 2 and 3 fail with a 500; the others grow like `_growing`."""
+    return (500, "down") if n in (2, 3) else _growing(n)
+
+
+def test_live_json_streams_frames_survives_a_failed_scrape_and_exits_0_on_sigint(
+    server: tuple[str, Callable[[Callable[[int], Reply]], None]],
+) -> None:
+    """One JSON frame per line; a scrape answered 500 is a stderr line and the next frame
+    still comes; SIGINT (Ctrl-C) ends it with status 0 and no traceback."""
+    base, answer = server
+    answer(_flaky)
+    command = [sys.executable, "-m", "homing", "top", "--url", base, "--interval", "0.05"]
+    proc = subprocess.Popen(
+        [*command, "--output", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        frames = [json.loads(proc.stdout.readline()) for _ in range(3)]  # scrapes 0, 1, 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert [f["scrapes"] for f in frames] == [1, 2, 3]
+    assert frames[0]["models"][0]["requests_per_second"] is None
+    assert frames[2]["models"][0]["requests_per_second"] > 0
+    lines = err.splitlines()
+    assert (
+        lines[:2]
+        == [f"homing: last scrape failed: {base}/metrics answered HTTP 500 Internal Server Error"]
+        * 2
+    )
+    assert "Traceback" not in err
