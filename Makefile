@@ -123,7 +123,8 @@ bench-sim: proto
 	    --duration-s 60 --warmup-s 10 --json bench-out/bench-sim.json
 
 ## make bench-gateway: latency auth + Redis quotas add per request (p50/p99 and the ratio to
-## the same requests without tenants), 2000 requests each; starts its own worker and redis-server
+## the same requests without tenants), and the CPU and latency the request metrics add (ratio
+## to `[obs] request_metrics = false`), 2000 requests each; starts its own worker and redis-server
 bench-gateway: proto redis-server
 	mkdir -p bench-out
 	$(PY) -m homing.bench.gateway_overhead --requests 2000 --json bench-out/bench-gateway.json
@@ -151,7 +152,8 @@ bench-routers: proto
 
 ## make bench-overhead: homing's and smg's CPU per request and per streamed token, requests/s,
 ## added first-byte latency and peak RSS, side by side over 2 instant simulated workers, and
-## homing's gRPC API (3 interleaved rounds, ~3 min; bench-out/overhead.json)
+## homing's gRPC API and homing without request metrics (3 interleaved rounds, ~5 min;
+## bench-out/overhead.json)
 bench-overhead: proto wrk
 	mkdir -p bench-out
 	$(PY) -m homing.bench.overhead --rounds 3 --json bench-out/overhead.json

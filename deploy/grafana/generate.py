@@ -261,11 +261,12 @@ def build() -> dict[str, Any]:
         _series(
             ids,
             "TTFT p50 / p95 / p99",
-            "Time to first token by model; the dashed line is the SLO's per-request TTFT rule.",
+            "Time to first token by model (streamed requests); the dashed line is the SLO's"
+            " p95 TTFT target.",
             "s",
             [
                 *_quantiles("homing_request_ttft_seconds"),
-                (f"max by (model) (homing_slo_ttft_seconds{{{M}}})", "SLO {{model}}"),
+                (f"max by (model) (homing_slo_ttft_p95_seconds{{{M}}})", "SLO p95 {{model}}"),
             ],
             width=12,
             dashed="^SLO ",
@@ -276,11 +277,11 @@ def build() -> dict[str, Any]:
             ids,
             "TPOT p50 / p95 / p99",
             "Mean time per output token after the first (requests with >= 2 tokens); the "
-            "dashed line is the SLO's TPOT rule.",
+            "dashed line is the SLO's p95 TPOT target.",
             "s",
             [
                 *_quantiles("homing_request_tpot_seconds"),
-                (f"max by (model) (homing_slo_tpot_seconds{{{M}}})", "SLO {{model}}"),
+                (f"max by (model) (homing_slo_tpot_p95_seconds{{{M}}})", "SLO p95 {{model}}"),
             ],
             width=12,
             dashed="^SLO ",

@@ -168,9 +168,13 @@ async def test_metrics_match_a_known_mix_of_requests_exactly(app: App) -> None:
                 assert resp.status == 404
 
     done = [e for e in logs if e["event"] == "request_done"]
+    # The cancelled one is outside the SLO unless it had already waited past the TTFT rule.
+    gave_up = "missed" if done[7]["e2e_ms"] > 500 else None
     assert [e["slo"] for e in done] == (
-        ["met"] * 7 + [None] + ["missed"] * 2 + ["failed"] + [None, None]
+        ["met"] * 7 + [gave_up] + ["missed"] * 2 + ["failed"] + [None, None]
     )
+    # A whole (non-streamed) answer has no TTFT or TPOT: judged on its end-to-end time.
+    assert [e["ttft_ms"] is None for e in done[:7]] == [True] * 4 + [False] * 3
     assert [e["outcome"] for e in done][7:] == [
         "client_closed", "ok", "ok", "engine_error", "error_400", "error_404"
     ]  # fmt: skip
@@ -190,17 +194,19 @@ async def test_metrics_match_a_known_mix_of_requests_exactly(app: App) -> None:
     # SLO verdicts and goodput (the probes met it too: one token each, at once)
     slo = {"model": MODEL, "version": VERSION}
     assert v("homing_slo_requests_total", **slo, verdict="met") == probes + 7
-    assert v("homing_slo_requests_total", **slo, verdict="missed") == 2
+    assert v("homing_slo_requests_total", **slo, verdict="missed") == 2 + (gave_up is not None)
     assert v("homing_slo_requests_total", **slo, verdict="failed") == 1
     met_tokens = sum(r["usage"]["completion_tokens"] for r in met)
     assert met_tokens == 7 * 8
     assert v("homing_slo_goodput_tokens_total", **slo) == probes + met_tokens
-    judged = probes + 7 + 2 + 1
+    judged = probes + 7 + 2 + 1 + (gave_up is not None)
     assert v("homing_slo_attainment_ratio", model=MODEL) == pytest.approx((probes + 7) / judged)
     assert v("homing_slo_objective", model=MODEL) == 0.9  # the model's own SLO
     assert v("homing_slo_ttft_seconds", model=MODEL) == 0.5
     assert v("homing_slo_tpot_seconds", model=MODEL) == 0.05
-    burn = (2 + 1) / judged / (1 - 0.9)
+    assert v("homing_slo_ttft_p95_seconds", model=MODEL) == 0.5
+    assert v("homing_slo_tpot_p95_seconds", model=MODEL) == 0.05
+    burn = (judged - probes - 7) / judged / (1 - 0.9)
     assert v("homing_slo_burn_rate", model=MODEL, window="5m") == pytest.approx(burn)
     assert v("homing_slo_burn_rate", model=MODEL, window="6h") == pytest.approx(burn)
     # histograms: one observation per request that reached the point measured
@@ -210,7 +216,9 @@ async def test_metrics_match_a_known_mix_of_requests_exactly(app: App) -> None:
     assert both("homing_request_e2e_seconds") == routed
     assert v("homing_request_e2e_seconds_count", model="", version="", worker="") == 2
     assert both("homing_request_queue_seconds") == routed
-    assert both("homing_request_ttft_seconds") == routed - 1  # the cancelled one had none
+    # streamed ones only (whole answers' first-token times are not known); the cancelled
+    # one had none
+    assert both("homing_request_ttft_seconds") == 3 + 2 + 1
     assert both("homing_request_tpot_seconds") == 3 + 2 + 1  # streamed, >= 2 tokens
     assert both("homing_request_prompt_tokens") == routed
     sums = lambda name: v(f"{name}_sum", **fl) + v(f"{name}_sum", **sl)  # noqa: E731
@@ -269,20 +277,42 @@ async def test_a_traceparent_reaches_the_log_line_with_the_engine_request_id(app
 
 
 async def test_a_removed_worker_leaves_no_labelled_series(app: App) -> None:
+    """Removed with a stream in flight: the stream ends (`worker_removed`, counted without
+    the worker's label) and no series names the worker afterwards."""
     assert app.pool is not None and app.fleet is not None
+    pool = app.pool
+    # the first test restarted a worker: both route again once healthy
+    await _until(lambda: all(w.routable and w.kv_stream == "open" for w in pool.workers()), 20)
+    states = {w.worker_id: w for w in pool.workers()}
     async with aiohttp.ClientSession() as http:
-        for i in range(8):  # both workers have served something
-            await _complete(http, app, f"r{i}", stream=True, max_tokens=2)
-    gone = app.pool.workers()[-1].worker_id
-    text = (await _scrape(app)).decode()
-    assert f'worker="{gone}"' in text
-    await app.fleet.remove(gone, force=True)
+        sessions = await _sessions(http, app)
+        for _i in range(4):  # both workers have served something
+            for session in sessions.values():
+                await _complete(http, app, session, stream=True, max_tokens=2)
+        gone = sorted(sessions)[-1]
+        await _fault(states[gone], {"slowdown": 200})
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True,
+                "stream": True}  # fmt: skip
+        with capture_logs() as logs:
+            async with http.post(
+                _url(app, "/v1/completions"), json=body, headers={"x-session-id": sessions[gone]}
+            ) as resp:
+                assert resp.status == 200
+                text = (await _scrape(app)).decode()
+                assert f'worker="{gone}"' in text
+                await app.fleet.remove(gone, force=True)
+                await resp.read()  # the cut stream ends
     await _until(lambda: all(w.worker_id != gone for w in app.pool.workers()))
+    [cut] = [e for e in logs if e["event"] == "request_done"]
+    assert cut["outcome"] == "worker_removed" and cut["slo"] == "failed"
     text = (await _scrape(app)).decode()
     assert f'worker="{gone}"' not in text, [
         line for line in text.splitlines() if f'worker="{gone}"' in line
     ]
     assert 'worker="' in text  # the other worker's series are still there
+    assert _value(app, "homing_requests_total", model=MODEL, version=VERSION, worker="",
+                  outcome="worker_removed", finish_reason="") == 1  # fmt: skip
+    assert _value(app, "homing_requests_in_flight", model=MODEL) == 0
 
 
 async def _scrape(app: App) -> bytes:

@@ -1,19 +1,31 @@
-"""What auth + quotas add to a request: the same requests through a gateway without tenants
-and through one with a tenant whose three quotas live in Redis, over the same worker.
+"""What auth + quotas and the per-request metrics add to a request: the same requests
+through a gateway without tenants, through one with a tenant whose three quotas live in
+Redis, and through one without tenants and without request metrics, over the same worker.
 
 Rule of this file: a measurement, not a test, and a client of the gateway: it reaches the
-gateway only through `homing.app.App` and `homing.config` (never `homing.gateway`). Three
+gateway only through `homing.app.App` and `homing.config` (never `homing.gateway`). Four
 gateways (`App`s) run in this process over one simulated worker (default timing,
 llama-3.1-8b on H100) and one local `redis-server` (started here on a free loopback port
-unless `--redis-url` is given): without tenants; with one tenant whose three quotas live in
-Redis; and with the same tenant and quotas kept in-process (`backend = "memory"`), so that
-Redis's share of the difference shows. Requests are sent one at a time on a keep-alive
-connection, rotating between the gateways in rounds so that drift (CPU frequency, caches)
-hits them alike. Each request is a non-streamed completion of a 16-token prompt with
-`max_tokens=1`, so the engine's share is small and the gateway's is visible. Also timed
-alone: the key check's work (SHA-256 of the presented key and a constant-time compare with
-the configured digest, as the gateway's auth rule states it) and two `EVALSHA` round trips
-to the same Redis (the floor under the gateway's two quota scripts, admission and settle).
+unless `--redis-url` is given): "off", without tenants; "on", with one tenant whose three
+quotas live in Redis; "memory", the same tenant and quotas kept in-process (`backend =
+"memory"`), so that Redis's share of the difference shows; "no_metrics", "off" with `[obs]
+request_metrics = false` (no per-request Prometheus series; the log line, SLO bookkeeping
+and worker snapshots stay). Requests are sent one at a time on a keep-alive connection,
+rotating between the gateways in rounds so that drift (CPU frequency, caches) hits them
+alike. Each request is a non-streamed completion of a 16-token prompt with `max_tokens=1`,
+so the engine's share is small and the gateway's is visible. Also timed alone: the key
+check's work (SHA-256 of the presented key and a constant-time compare with the configured
+digest, as the gateway's auth rule states it) and two `EVALSHA` round trips to the same
+Redis (the floor under the gateway's two quota scripts, admission and settle).
+
+CPU per request: this process's CPU time (`time.process_time()`, user + system, all
+threads) summed over a mode's timed batches, divided by its requests (µs). The worker and
+redis-server are child processes and not counted; the aiohttp client runs in this process
+and is counted, the same work in every mode, as are the four gateways' background tasks
+(health checks, samplers) that run during any batch. So the difference between modes is
+the gateway's, and a ratio is nearer 1 than the gateway's own: `metrics_cpu_ratio` = CPU
+per request of "off" (metrics on) / "no_metrics". After the warm-up, "off"'s `/metrics` must
+show the request series and "no_metrics"'s must not (RuntimeError otherwise).
 
     python -m homing.bench.gateway_overhead --requests 2000 --json bench-out/gateway.json
 """
@@ -48,6 +60,7 @@ from homing.config import (
     EngineSettings,
     GatewaySettings,
     HomingConfig,
+    ObsSettings,
     QuotaSettings,
     SimSettings,
     TenantSettings,
@@ -58,8 +71,11 @@ KEY = "sk-bench"
 KEY_SHA256 = hashlib.sha256(KEY.encode("utf-8")).hexdigest()
 """The key's digest as the config stores it (`printf %s "$KEY" | sha256sum`)."""
 PROMPT = list(range(1000, 1016))
-MODES = ("off", "memory", "on")
-"""Gateways: without tenants, tenant + in-process quotas, tenant + Redis quotas."""
+MODES = ("off", "memory", "on", "no_metrics")
+"""Gateways: without tenants, tenant + in-process quotas, tenant + Redis quotas, without
+tenants and without request metrics."""
+TENANT_MODES = frozenset({"memory", "on"})
+"""The modes whose requests carry the bench key."""
 
 
 def _free_port() -> int:
@@ -111,6 +127,34 @@ async def _time_requests(
                 raise RuntimeError(f"request failed with {resp.status}")
         out.append((time.perf_counter() - started) * 1000)
     return out
+
+
+def metrics_cost(
+    cpu_s: dict[str, float], requests: dict[str, int], on: dict[str, float], off: dict[str, float]
+) -> dict[str, float]:
+    """What the request metrics cost, from `cpu_s` (CPU seconds summed over each mode's
+    batches), `requests` (each mode's count) and the latency summaries with metrics `on`
+    ("off") and `off` ("no_metrics"): CPU µs per request of both, their ratio on/off
+    (`metrics_cpu_ratio`), the added µs, and the p50/p99 latency ratios on/off."""
+    on_us = cpu_s["off"] * 1e6 / requests["off"]
+    off_us = cpu_s["no_metrics"] * 1e6 / requests["no_metrics"]
+    return {
+        "cpu_us_per_request_metrics_on": round(on_us, 1),
+        "cpu_us_per_request_metrics_off": round(off_us, 1),
+        "metrics_cpu_ratio": round(on_us / off_us, 4),
+        "metrics_added_cpu_us": round(on_us - off_us, 1),
+        "metrics_ratio_p50": round(on["p50_ms"] / off["p50_ms"], 3),
+        "metrics_ratio_p99": round(on["p99_ms"] / off["p99_ms"], 3),
+    }
+
+
+async def _check_metrics(session: aiohttp.ClientSession, base: str, expected: bool) -> None:
+    """Raise RuntimeError unless `base`'s `/metrics` has the request series (after the
+    warm-up: `homing_request_e2e_seconds_count`) exactly when `expected`."""
+    async with session.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    if ("homing_request_e2e_seconds_count" in text) != expected:
+        raise RuntimeError(f"{base}/metrics: request series {'missing' if expected else 'there'}")
 
 
 async def _time_components(redis_url: str, count: int) -> dict[str, Any]:
@@ -174,8 +218,11 @@ async def run(requests: int, rounds: int, redis_url: str) -> dict[str, Any]:
                 update={"tenants": [_tenant()], "quotas": QuotaSettings(backend="memory")}
             ),
             "on": base.model_copy(update={"tenants": [_tenant()], "quotas": redis_quotas}),
+            "no_metrics": base.model_copy(update={"obs": ObsSettings(request_metrics=False)}),
         }
         samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+        cpu_s = dict.fromkeys(MODES, 0.0)
+        cpu_rounds: dict[str, list[float]] = {mode: [] for mode in MODES}  # us per request
         async with contextlib.AsyncExitStack() as stack:
             apps = {
                 mode: await stack.enter_async_context(App(config))
@@ -188,18 +235,27 @@ async def run(requests: int, rounds: int, redis_url: str) -> dict[str, Any]:
                 for mode, app in apps.items()
             }
             for mode, url in targets.items():  # warm-up: connections, caches, scripts
-                await _time_requests(session, url, model, 50, auth=mode != "off")
+                await _time_requests(session, url, model, 50, auth=mode in TENANT_MODES)
+            for mode in ("off", "no_metrics"):  # the switch does what the comparison assumes
+                base_url = targets[mode].removesuffix("/v1/completions")
+                await _check_metrics(session, base_url, expected=mode == "off")
             per_round = max(1, requests // rounds)
             for r in range(rounds):
                 order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
                 for mode in order:
+                    cpu0 = time.process_time()
                     samples[mode] += await _time_requests(
-                        session, targets[mode], model, per_round, auth=mode != "off"
+                        session, targets[mode], model, per_round, auth=mode in TENANT_MODES
                     )
+                    cpu = time.process_time() - cpu0
+                    cpu_s[mode] += cpu
+                    cpu_rounds[mode].append(round(cpu * 1e6 / per_round, 1))
         components = await _time_components(redis_url, requests)
+        components["recorder_done_us"] = _time_recorder(max(requests, 20000))
     finally:
         await sims.stop()
-    off_s, mem_s, on_s = (_summary(samples[mode]) for mode in MODES)
+    off_s, mem_s, on_s, nometrics_s = (_summary(samples[mode]) for mode in MODES)
+    counts = {mode: len(samples[mode]) for mode in MODES}
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": _machine(),
@@ -215,6 +271,12 @@ async def run(requests: int, rounds: int, redis_url: str) -> dict[str, Any]:
         "redis_share_p50_ms": round(on_s["p50_ms"] - mem_s["p50_ms"], 3),
         "redis_share_p99_ms": round(on_s["p99_ms"] - mem_s["p99_ms"], 3),
         "components": components,
+        "without_metrics": nometrics_s,
+        "cpu_us_per_request": {mode: round(cpu_s[mode] * 1e6 / counts[mode], 1) for mode in MODES},
+        "cpu_us_per_request_by_round": cpu_rounds,
+        "cpu_counts": "this process (time.process_time): gateways, their background tasks "
+        "and the aiohttp client alike in every mode; not the worker or redis-server",
+        **metrics_cost(cpu_s, counts, off_s, nometrics_s),
     }
 
 
@@ -230,6 +292,38 @@ def _machine() -> str:
         pass
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{model}, {os.cpu_count()} cores, {memory:.0f} GiB"
+
+
+def _time_recorder(count: int, rounds: int = 5) -> dict[str, float]:
+    """CPU us of one `RequestRecorder.done` (log line filtered out) with the request metrics
+    on and off: the median of `rounds` runs of `count` reports each, interleaved."""
+    import logging
+
+    import structlog
+    from prometheus_client import CollectorRegistry
+
+    from homing.obs.requests import RequestDone, RequestMetrics, RequestRecorder
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    runs: dict[str, list[float]] = {"metrics_on": [], "metrics_off": []}
+    for _ in range(rounds):
+        for mode in runs:
+            registry = CollectorRegistry()
+            metrics = RequestMetrics(registry) if mode == "metrics_on" else None
+            recorder = RequestRecorder(now=time.monotonic, metrics=metrics, registry=registry)
+            reports = [
+                RequestDone(request_id="r", outcome="ok", model="m", worker="w0", ttft_s=0.1,
+                            tpot_s=0.01, e2e_s=1.0, queue_s=0.001, prompt_tokens=1000,
+                            cached_tokens=500, completion_tokens=100, finish_reason="stop")
+                for _ in range(count)
+            ]  # fmt: skip
+            started = time.process_time()
+            for report in reports:
+                recorder.done(report)
+            runs[mode].append((time.process_time() - started) / count * 1e6)
+    out = {mode: round(statistics.median(v), 2) for mode, v in runs.items()}
+    out["added"] = round(out["metrics_on"] - out["metrics_off"], 2)
+    return out
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -250,6 +344,25 @@ def _table(result: dict[str, Any]) -> str:
         f"| 2 Redis EVALSHA round trips alone | {comp['redis_round_trips']['p50_ms']} | "
         f"{comp['redis_round_trips']['p99_ms']} | {comp['redis_round_trips']['mean_ms']} |",
     ]
+    cpu = result["cpu_us_per_request"]
+    nom = result["without_metrics"]
+    rows += [
+        "",
+        "| metrics on the request path | p50 ms | p99 ms | mean ms | CPU us/request |",
+        "|---|---:|---:|---:|---:|",
+        f"| metrics on (without tenants) | {off['p50_ms']} | {off['p99_ms']} | "
+        f"{off['mean_ms']} | {cpu['off']} |",
+        f"| metrics off (request_metrics = false) | {nom['p50_ms']} | {nom['p99_ms']} | "
+        f"{nom['mean_ms']} | {cpu['no_metrics']} |",
+        f"| added | | | | {result['metrics_added_cpu_us']} |",
+        f"| ratio on/off | {result['metrics_ratio_p50']} | {result['metrics_ratio_p99']} | | "
+        f"{result['metrics_cpu_ratio']} |",
+        "",
+        "CPU us/request: this process (client + gateways), not the worker; per mode: "
+        + ", ".join(f"{mode} {value}" for mode, value in cpu.items()),
+        "RequestRecorder.done alone (CPU us, log line filtered out): "
+        + ", ".join(f"{k} {v}" for k, v in comp["recorder_done_us"].items()),
+    ]
     return "\n".join(rows)
 
 
@@ -257,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: print the table, write `--json`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=2000, help="requests per gateway")
-    parser.add_argument("--rounds", type=int, default=10, help="alternations between the two")
+    parser.add_argument("--rounds", type=int, default=10, help="alternations between the gateways")
     parser.add_argument("--redis-url", help="use this Redis instead of starting one")
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args(argv)
@@ -276,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if redis is not None:
             redis.terminate()
             redis.wait()
+    print(f"{result['date']}, {result['machine']}, Python {result['python']}")
     print(_table(result))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -37,13 +37,17 @@ with two gateways smg goes first in odd rounds), medians over the rounds reporte
 - homing's own gRPC API (`homing.v1.Inference/ChatCompletion`): the same CPU per request, CPU
   per token and first-byte figures (smg has no such API).
 
-Three more targets, each in the same interleaved rounds (every phase's order of targets
+Four more targets, each in the same interleaved rounds (every phase's order of targets
 rotating by one each round):
 
 - "homing_before" (`--homing-before-src DIR`, the `src` directory of an older homing
   checkout with its native modules and generated stubs built): the same `homing serve`
   command with `PYTHONPATH=DIR`, so that gateway runs the old code over the same workers;
   every figure homing has, and the ratio after/before (homing / homing_before);
+- "homing_nometrics": the same `homing serve` with `[obs] request_metrics = false` (a TOML
+  file in the scratch directory): no per-request Prometheus series (the log line, SLO
+  bookkeeping and worker snapshots stay); every HTTP figure homing has, and the ratio
+  metrics on/off (homing / homing_nometrics);
 - "homing_si8": the same `homing serve` with `[engines] stream_interval = 8` (a TOML file in
   the scratch directory; the command-line flags override the rest of it): only the streamed
   CPU per token and the streamed first byte, set beside smg at stream_interval 1;
@@ -58,7 +62,8 @@ rotating by one each round):
 
 Written: `--json` (every round's raw figures, the medians, the ratios, command, date,
 machine) and a table on stdout: metric, homing, smg, homing/smg, homing_before,
-after/before, homing's gRPC API, grpc.aio client alone; then the stream_interval 8 rows.
+after/before, homing without request metrics, metrics on/off, homing's gRPC API, grpc.aio
+client alone; then the stream_interval 8 rows.
 
     python -m homing.bench.overhead --rounds 3 --json bench-out/overhead.json
 """
@@ -113,13 +118,16 @@ STREAMED_TOKENS = (64, 256)
 RPS_CONCURRENCY = 32
 HOMING, SMG, HOMING_GRPC, DIRECT = "homing", "smg", "homing_grpc", "direct"
 HOMING_BEFORE, HOMING_SI8, GRPC_FLOOR = "homing_before", "homing_si8", "grpc_aio"
-GATEWAYS = (HOMING, SMG, HOMING_BEFORE)
+HOMING_NOMETRICS = "homing_nometrics"
+GATEWAYS = (HOMING, SMG, HOMING_BEFORE, HOMING_NOMETRICS)
 """The HTTP gateways measured in every phase, requests/s included."""
-TARGETS = (HOMING, SMG, HOMING_BEFORE, HOMING_GRPC, HOMING_SI8, GRPC_FLOOR)
+TARGETS = (HOMING, SMG, HOMING_BEFORE, HOMING_NOMETRICS, HOMING_GRPC, HOMING_SI8, GRPC_FLOOR)
 """Every target `--targets` may name, in the table's order."""
 STREAMED_ONLY = frozenset({HOMING_SI8})
 """Targets measured only streamed (CPU per streamed request and token, streamed first byte)."""
 SI8_STREAM_INTERVAL = 8
+NOMETRICS_CONFIG = "[obs]\nrequest_metrics = false\n"
+"""HOMING_NOMETRICS's `--config` file: homing without its per-request series."""
 FLOOR_COMMAND = "_grpc-floor"
 """The hidden first argument that makes this module the grpc.aio floor's child process."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -222,6 +230,8 @@ class Stack:
             )
         si8_config = scratch / "homing-si8.toml"
         si8_config.write_text(f"[engines]\nstream_interval = {SI8_STREAM_INTERVAL}\n")
+        nometrics_config = scratch / "homing-nometrics.toml"
+        nometrics_config.write_text(NOMETRICS_CONFIG)
         async with asyncio.TaskGroup() as group:  # one failing stops the others' wait
             if self.targets & {HOMING, HOMING_GRPC}:
                 group.create_task(self._start_homing(HOMING, scratch))
@@ -231,6 +241,10 @@ class Stack:
                 group.create_task(self._start_homing(HOMING_BEFORE, scratch, env=pythonpath))
             if HOMING_SI8 in self.targets:
                 group.create_task(self._start_homing(HOMING_SI8, scratch, config=si8_config))
+            if HOMING_NOMETRICS in self.targets:
+                group.create_task(
+                    self._start_homing(HOMING_NOMETRICS, scratch, config=nometrics_config)
+                )
             if SMG in self.targets:
                 group.create_task(self._start_smg(scratch / "smg"))
         for url in self.worker_urls:
@@ -988,15 +1002,17 @@ def _ratio(top: float | None, bottom: float | None) -> float | None:
 
 def summarize(rounds: Sequence[dict[str, Any]], rss: dict[str, float]) -> dict[str, Any]:
     """Medians over the rounds per metric and target, the ratios (homing/smg, after/before =
-    homing/homing_before, homing_si8/smg), the direct gRPC baseline."""
+    homing/homing_before, metrics on/off = homing/homing_nometrics, homing_si8/smg), the
+    direct gRPC baseline."""
     medians: dict[str, dict[str, float | None]] = {}
     for _, key, path in METRICS:
         medians[key] = {t: _median(rounds, *(p.format(t=t) for p in path)) for t in TARGETS}
     medians["peak_rss_mib"] = {t: rss.get(t) for t in TARGETS}
-    ratios, after_before, si8 = {}, {}, {}
+    ratios, after_before, metrics, si8 = {}, {}, {}, {}
     for key, values in medians.items():
         ratios[key] = _ratio(values.get(HOMING), values.get(SMG))
         after_before[key] = _ratio(values.get(HOMING), values.get(HOMING_BEFORE))
+        metrics[key] = _ratio(values.get(HOMING), values.get(HOMING_NOMETRICS))
     for key, _ in SI8_METRICS:
         si8[key] = _ratio(medians[key].get(HOMING_SI8), medians[key].get(SMG))
     baseline = {
@@ -1008,6 +1024,7 @@ def summarize(rounds: Sequence[dict[str, Any]], rss: dict[str, float]) -> dict[s
         "medians": medians,
         "ratios": ratios,
         "ratios_after_before": after_before,
+        "ratios_metrics_on_off": metrics,
         "ratios_si8_to_smg_si1": si8,
         "direct_grpc_baseline": baseline,
     }
@@ -1069,6 +1086,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "homing_before_src": str(args.homing_before_src) if args.homing_before_src else None,
             "homing_before_commit": _git_commit(args.homing_before_src),
             "si8_stream_interval": SI8_STREAM_INTERVAL,
+            "nometrics_config": NOMETRICS_CONFIG,
             "cpu_requests": args.cpu_requests,
             "stream_requests_at_64": args.stream_requests,
             "concurrency": args.concurrency,
@@ -1119,12 +1137,14 @@ def print_table(result: dict[str, Any]) -> None:
         title_justify="left",
     )
     before = HOMING_BEFORE in targets
+    nometrics = HOMING_NOMETRICS in targets
     homing = bool(targets & {HOMING, HOMING_SI8})  # the si8 rows use its column
     before_name = f"homing before ({settings['homing_before_commit'] or 'old src'})"
     columns = [
         ("metric", True), ("homing", homing), ("smg", SMG in targets),
         ("homing/smg", homing and SMG in targets),
         (before_name, before), ("after/before", before),
+        ("homing, no request metrics", nometrics), ("metrics on/off", nometrics and homing),
         ("homing gRPC API", HOMING_GRPC in targets),
         ("grpc.aio client alone", GRPC_FLOOR in targets),
     ]  # fmt: skip
@@ -1137,8 +1157,9 @@ def print_table(result: dict[str, Any]) -> None:
     def add(cells: list[str]) -> None:
         table.add_row(*(c for c, present in zip(cells, shown, strict=True) if present))
 
-    medians, ratios, after_before = (
-        result["medians"], result["ratios"], result["ratios_after_before"]
+    medians, ratios, after_before, on_off = (
+        result["medians"], result["ratios"], result["ratios_after_before"],
+        result["ratios_metrics_on_off"],
     )  # fmt: skip
     labels = [(label, key) for label, key, _ in METRICS] + [("peak RSS (MiB)", "peak_rss_mib")]
     for label, key in labels:
@@ -1157,20 +1178,22 @@ def print_table(result: dict[str, Any]) -> None:
             cell(row.get(HOMING)) if gateway else "", cell(row.get(SMG)) if gateway else "",
             cell(ratios[key]) if gateway else "",
             cell(row.get(HOMING_BEFORE)) if gateway else "",
-            cell(after_before[key]) if gateway else "", grpc_cell, floor_cell,
+            cell(after_before[key]) if gateway else "",
+            cell(row.get(HOMING_NOMETRICS)) if gateway else "",
+            cell(on_off[key]) if gateway else "", grpc_cell, floor_cell,
         ])  # fmt: skip
     if HOMING_SI8 in targets:
         table.add_section()
         si8 = result["ratios_si8_to_smg_si1"]
         add([
             f"[i]homing at stream_interval {SI8_STREAM_INTERVAL} vs smg at stream_interval 1:[/i]",
-            "[i]homing si8[/i]", "[i]smg si1[/i]", "[i]si8/si1[/i]", "", "", "", "",
+            "[i]homing si8[/i]", "[i]smg si1[/i]", "[i]si8/si1[/i]", "", "", "", "", "", "",
         ])  # fmt: skip
         for key, label in SI8_METRICS:
             add([
                 label,
                 cell(medians[key].get(HOMING_SI8)), cell(medians[key].get(SMG)),
-                cell(si8[key]), "", "", "", "",
+                cell(si8[key]), "", "", "", "", "", "",
             ])  # fmt: skip
     console = Console()
     if not console.is_terminal:  # a log or a pipe: wide enough for one line a row
@@ -1207,7 +1230,7 @@ def _targets(text: str) -> frozenset[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command-line options (defaults: ~4 minutes on 2 cores, ~5 with homing_before)."""
+    """The command-line options (defaults: ~5 minutes on 2 cores, ~6 with homing_before)."""
     p = argparse.ArgumentParser(
         prog="python -m homing.bench.overhead",
         description=__doc__.splitlines()[0] if __doc__ else None,

@@ -510,8 +510,8 @@ class Generation:
         if isinstance(item, EngineError) and item.code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return "timeout"  # our own whole-request deadline (`request_timeout_s`)
         error = self._api_error(item)
-        if isinstance(item, (_Retry, EngineError)) and error.status >= 500:
-            return "engine_error"
+        if isinstance(item, (_Retry, EngineError)) and (error.status >= 500 or error.status == 429):
+            return "engine_error"  # the worker failed it, or had no room for it
         return "error" if error.status == 500 else f"error_{error.status}"
 
     async def _take_next(self) -> Event | BaseException:
@@ -551,9 +551,9 @@ class Generation:
     @property
     def ttft_ms(self) -> float | None:
         """Time to first token in ms, from the request's arrival to the first token of any
-        choice (the whole answer's arrival when the engine sent it as one message,
-        `stream=false`)."""
-        if self._first_token_at is None:
+        choice; None when none came, or when the engine sent each answer whole
+        (`stream=false`: its first token's time is not known)."""
+        if self._first_token_at is None or not self._engine_streams:
             return None
         return (self._first_token_at - self.prepared.arrived_at) * 1000.0
 
@@ -602,7 +602,13 @@ class Generation:
                 ttft_s=None if ttft is None else ttft / 1000.0,
                 tpot_s=None if tpot is None else tpot / 1000.0,
                 e2e_s=now - p.arrived_at,
-                queue_s=None if self._routed_at is None else self._routed_at - p.arrived_at,
+                queue_s=None if self._routed_at is None else self._routed_at - self._started_at,
+                routed_ttft_s=(
+                    None
+                    if ttft is None or self._routed_at is None or self._first_token_at is None
+                    else self._first_token_at - self._routed_at
+                ),
+                choices=p.n,
                 prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens,
                 completion_tokens=usage.completion_tokens,

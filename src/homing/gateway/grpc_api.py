@@ -18,12 +18,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+import structlog
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from homing.gateway.auth import KeyRing, Principal
-from homing.gateway.errors import APIError, invalid
+from homing.gateway.errors import APIError, internal_error, invalid
 from homing.gateway.generation import ChoiceFinished, Generation, TextDelta
 from homing.gateway.prepare import PreparedRequest
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
@@ -31,6 +32,8 @@ from homing.gateway.requests import loads_json, parse_chat, parse_completion
 from homing.gateway.service import InferenceService
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
+
+log = structlog.get_logger("homing.grpc")
 
 SERVICE_NAME = "homing.v1.Inference"
 
@@ -176,6 +179,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         except asyncio.CancelledError:
             request_log.cancelled(request_id, api="grpc")
             raise
+        except Exception:  # a fault of ours: reported and answered like any refusal
+            log.exception("internal_error", request_id=request_id)
+            err = internal_error()
+            request_log.rejected(request_id, err, started_at=arrived_at, api="grpc")
+            await _abort(context, err, request_id)
+            return
         trace = parse_traceparent(_metadata_value(context, "traceparent"))
         prepared = dataclasses.replace(prepared, arrived_at=arrived_at, trace=trace)
         await self._serve(prepared, context)

@@ -93,7 +93,12 @@ def _errors_middleware(
             return error_response(api_err, request_id)
         except Exception:
             log.exception("internal_error", request_id=request_id, path=request.path)
-            return error_response(internal_error(), request_id)
+            err = internal_error()
+            if not request.get(SERVED, False):  # a Generation reports its own end
+                request_log.rejected(
+                    request_id, err, started_at=arrived_at, api="http", path=request.path
+                )
+            return error_response(err, request_id)
         if not response.prepared:
             response.headers["x-request-id"] = request_id
         return response

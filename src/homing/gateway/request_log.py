@@ -23,12 +23,18 @@ _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-
 
 @dataclass(frozen=True)
 class TraceContext:
-    """A request's W3C `traceparent`: `header` as received, its `trace_id` and parent
-    `span_id` (lower-case hex)."""
+    """A request's W3C `traceparent`: its `trace_id`, parent `span_id` and `flags`
+    (lower-case hex)."""
 
-    header: str
     trace_id: str
     span_id: str
+    flags: str
+
+    @property
+    def header(self) -> str:
+        """The version-00 `traceparent` to pass on (a later version's extra fields are
+        dropped, as the recommendation says a version-00 participant does)."""
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
 
 
 def parse_traceparent(value: str | None) -> TraceContext | None:
@@ -39,12 +45,12 @@ def parse_traceparent(value: str | None) -> TraceContext | None:
     m = _TRACEPARENT.match(value.strip())
     if m is None:
         return None
-    version, trace_id, span_id, _, rest = m.groups()
+    version, trace_id, span_id, flags, rest = m.groups()
     if version == "ff" or (version == "00" and rest) or set(trace_id) == {"0"}:
         return None
     if set(span_id) == {"0"}:
         return None
-    return TraceContext(header=value.strip(), trace_id=trace_id, span_id=span_id)
+    return TraceContext(trace_id=trace_id, span_id=span_id, flags=flags)
 
 
 class RequestLog:

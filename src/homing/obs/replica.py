@@ -62,8 +62,9 @@ class ReplicaSnapshot:
     requests, `kv_usage` in [0, 1], `load_age_s` (seconds since the record). From the
     gateway: `in_flight` requests dispatched to it. Over its requests that ended in the last
     `RECENT_WINDOW_S` (None when none, or none with that figure): `requests`,
-    `cache_hit_ratio` (cached / prompt tokens), `ttft_per_uncached_token_s` (TTFT seconds
-    per prompt token not served from cache), `tpot_s` (seconds per output token after the
+    `cache_hit_ratio` (cached / prompt tokens), `ttft_per_uncached_token_s` (seconds from
+    routing to the first token per prompt token not served from cache: the worker's share
+    of TTFT), `tpot_s` (seconds per output token after the
     first), `error_ratio` (requests the worker failed / requests). `phase`: its lifecycle
     phase; `healthy`: its probes pass; `state` / `reason`: "ready", or why it takes no
     requests ("unhealthy: <last error>", its phase).
@@ -118,7 +119,8 @@ class ReplicaStats:
         tpot_s: float | None,
         completion_tokens: int,
     ) -> None:
-        """Count one request that ended on `worker_id` (`failed`: the worker failed it)."""
+        """Count one request that ended on `worker_id` (`failed`: the worker failed it;
+        `ttft_s`: from routing to its first token, seconds)."""
         sums = self._workers.get(worker_id)
         if sums is None:
             sums = self._workers[worker_id] = WindowedSums(

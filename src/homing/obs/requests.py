@@ -18,7 +18,6 @@ leaves is removed from every series (`forget_worker`).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,8 +60,10 @@ class RequestDone:
     """What one request reports when it ends (every path, refusals included).
 
     `model` / `version` / `worker`: "" when not known (refused before routing). Times in
-    seconds (None when not reached; `queue_s` is None exactly when it was never routed);
-    `status`: the HTTP status of a refusal (None
+    seconds (None when not reached or not known): `ttft_s` and `e2e_s` from its arrival,
+    `queue_s` from its start (quota, admission) to routing, None exactly when it was never
+    routed, `routed_ttft_s` from routing to the first token (the worker's share); `choices`:
+    `n`; `status`: the HTTP status of a refusal (None
     otherwise); `outcome`: "ok" or how it ended (`homing.gateway.generation`), or
     `error_<status>` with `error_code` for a refusal. `fields`: further log fields
     (API, path, finish reasons, engine ids, ...), logged as they are.
@@ -80,6 +81,8 @@ class RequestDone:
     tpot_s: float | None = None
     e2e_s: float | None = None
     queue_s: float | None = None
+    routed_ttft_s: float | None = None
+    choices: int = 1
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -142,7 +145,7 @@ class RequestMetrics:
         self.e2e = hist("homing_request_e2e_seconds", "Request arrival to its end.", E2E_BUCKETS)
         self.queue = hist(
             "homing_request_queue_seconds",
-            "Request arrival to its routing decision (quota and admission queue).",
+            "A parsed request's wait for its routing decision (quota and admission queue).",
             QUEUE_BUCKETS,
         )
         self.prompt_tokens = hist(
@@ -194,7 +197,17 @@ class RequestMetrics:
         )
         self._children: dict[tuple[str, ...], _Children] = {}
         self._by_worker: dict[tuple[str, str], set[tuple[str, ...]]] = {}
-        self._lock = threading.Lock()
+        self._versions: set[tuple[str, str]] = set()
+
+    def start_version(self, model: str, version: str) -> None:
+        """Create `model`/`version`'s SLO series at 0 (once), so `rate()` sees their first
+        increase."""
+        if (model, version) in self._versions or self.tenant_labels:
+            return
+        self._versions.add((model, version))
+        for verdict in ("met", "missed", "failed"):
+            self.slo_requests.labels(model, version, verdict)
+        self.goodput_tokens.labels(model, version)
 
     def children(self, key: tuple[str, ...]) -> _Children:
         """The series of `key` (model, version, worker[, tenant]), made on first use."""
@@ -207,8 +220,7 @@ class RequestMetrics:
 
     def forget_worker(self, model: str, worker: str) -> None:
         """Remove every series labelled with `worker` of `model`."""
-        with self._lock:
-            keys = self._by_worker.pop((model, worker), set())
+        keys = self._by_worker.pop((model, worker), set())
         for key in keys:
             self._children.pop(key, None)
             for family in (self.ttft, self.tpot, self.e2e, self.queue, self.prompt_tokens,
@@ -256,11 +268,10 @@ class RequestRecorder(Collector):
         self._trackers: dict[str, SloTracker] = {}
         self.replicas = ReplicaStats(now=now)
         self._watched: dict[str, Callable[[], Iterable[WorkerView]]] = {}
-        self._lock = threading.Lock()
         self._in_flight: dict[str, Any] = {}
         # Workers that left (insertion-ordered, the oldest dropped past `_GONE_KEPT`): a
         # request of theirs that ends later is counted without its worker label.
-        self._gone: dict[str, None] = {}
+        self._gone: dict[tuple[str, str], None] = {}
         if registry is not None:
             registry.register(self)
 
@@ -301,10 +312,18 @@ class RequestRecorder(Collector):
     def done(self, r: RequestDone) -> Verdict | None:
         """Log, count and judge one ended request; returns its SLO verdict."""
         verdict: Verdict | None = None
-        if r.worker in self._gone:
+        if (r.model, r.worker) in self._gone:
             r.worker = ""
         if r.model:
-            verdict = judge(self.slo(r.model), r.outcome, r.status, r.ttft_s, r.tpot_s)
+            verdict = judge(
+                self.slo(r.model),
+                r.outcome,
+                r.status,
+                r.ttft_s,
+                r.tpot_s,
+                e2e_s=r.e2e_s,
+                tokens_per_choice=r.completion_tokens / max(1, r.choices),
+            )
             if verdict is not None:
                 self.tracker(r.model).record(verdict, r.completion_tokens)
         if r.worker:
@@ -313,7 +332,7 @@ class RequestRecorder(Collector):
                 failed=r.outcome == "engine_error",
                 prompt_tokens=r.prompt_tokens,
                 cached_tokens=r.cached_tokens,
-                ttft_s=r.ttft_s,
+                ttft_s=r.routed_ttft_s,
                 tpot_s=r.tpot_s,
                 completion_tokens=r.completion_tokens,
             )
@@ -374,13 +393,12 @@ class RequestRecorder(Collector):
 
     def watch(self, model: str, workers: Callable[[], Iterable[WorkerView]]) -> None:
         """Export `model`'s per-worker snapshots from `workers()` at each scrape."""
-        with self._lock:
-            self._watched[model] = workers
+        self._watched[model] = workers
         self.tracker(model)  # its SLO gauges exist from the start
 
     def forget_worker(self, model: str, worker: str) -> None:
         """`worker` left `model`'s pool: drop its records and labelled series."""
-        self._gone[worker] = None
+        self._gone[(model, worker)] = None
         while len(self._gone) > _GONE_KEPT:
             del self._gone[next(iter(self._gone))]
         self.replicas.forget(worker)
@@ -389,8 +407,7 @@ class RequestRecorder(Collector):
 
     def snapshots(self, model: str) -> list[ReplicaSnapshot]:
         """The current snapshot of each of `model`'s watched workers."""
-        with self._lock:
-            workers = self._watched.get(model)
+        workers = self._watched.get(model)
         if workers is None:
             return []
         return [self.replicas.snapshot(model, w) for w in workers()]
@@ -404,8 +421,7 @@ class RequestRecorder(Collector):
     def collect(self) -> Iterator[Metric]:
         """SLO status per model and snapshot gauges per worker."""
         f = _scrape_families()
-        with self._lock:
-            models = sorted(set(self._trackers) | set(self._watched))
+        models = sorted(set(self._trackers) | set(self._watched))
         for model in models:
             slo = self.slo(model)
             status = self.tracker(model).status()
@@ -419,7 +435,11 @@ class RequestRecorder(Collector):
             f["objective"].add_metric([model], slo.objective)
             f["ttft"].add_metric([model], slo.rule_ttft_s)
             f["tpot"].add_metric([model], slo.rule_tpot_s)
+            f["ttft_p95"].add_metric([model], slo.ttft_p95_s)
+            f["tpot_p95"].add_metric([model], slo.tpot_p95_s)
             for s in self.snapshots(model):
+                if self.metrics is not None:
+                    self.metrics.start_version(model, s.version)
                 labels = [model, s.worker_id]
                 f["w_info"].add_metric([*labels, s.version, s.phase, s.state], 1.0)
                 f["w_in_flight"].add_metric(labels, s.in_flight)
@@ -493,6 +513,12 @@ def _scrape_families() -> dict[str, GaugeMetricFamily]:
         "tpot": GaugeMetricFamily(
             "homing_slo_tpot_seconds", "The SLO's per-request TPOT limit.", labels=m
         ),
+        "ttft_p95": GaugeMetricFamily(
+            "homing_slo_ttft_p95_seconds", "The SLO's target for the p95 TTFT.", labels=m
+        ),
+        "tpot_p95": GaugeMetricFamily(
+            "homing_slo_tpot_p95_seconds", "The SLO's target for the p95 TPOT.", labels=m
+        ),
         "w_info": GaugeMetricFamily(
             "homing_worker_info",
             "1 per worker, its version label, lifecycle phase and state (ready, unhealthy, or"
@@ -527,7 +553,7 @@ def _scrape_families() -> dict[str, GaugeMetricFamily]:
         ),
         "w_ttft": GaugeMetricFamily(
             "homing_worker_ttft_per_uncached_token_seconds",
-            "TTFT per prompt token not served from cache, over the last 60 s.",
+            "Routing to first token per prompt token not served from cache, over the last 60 s.",
             labels=w,
         ),
         "w_tpot": GaugeMetricFamily(

@@ -2,11 +2,13 @@
 
 Rule of this file: pure decisions over plain data on an injected clock. Definitions:
 - A request *meets* the SLO when it completed and its own TTFT <= `ttft_s` and its TPOT
-  <= `tpot_s` (a request whose engine did not stream has no TPOT and is judged on TTFT
-  alone); this per-request rule is DistServe's (Zhong et al., OSDI 2024).
-- It *misses* when it completed without meeting the rule, and it *failed* when the
-  service failed it (`FAILED_OUTCOMES`, and 5xx refusals such as no replica). Requests the
-  client ended or caused (client_closed, 4xx, 429) are outside the SLO.
+  <= `tpot_s`; this per-request rule is DistServe's (Zhong et al., OSDI 2024). A request
+  whose engine sent each answer whole has no TTFT or TPOT and is judged on its end-to-end
+  time against what the rule allows for its tokens (`judge`).
+- It *misses* when it completed without meeting the rule, or the client closed it after
+  the rule was already broken; it *failed* when the service failed it (`FAILED_OUTCOMES`,
+  and 5xx refusals such as no replica). Requests the client ended in time or caused
+  (client_closed, 4xx, 429 quota refusals) are outside the SLO.
 - Goodput: met requests/s and their completion tokens/s. Attainment: met / judged.
 - Burn rate over a window: (missed + failed) / judged, divided by the error budget
   `1 - objective`; 1.0 spends the budget exactly over the SLO period. The alert pairs are
@@ -82,15 +84,32 @@ class Slo:
 
 
 def judge(
-    slo: Slo, outcome: str, status: int | None, ttft_s: float | None, tpot_s: float | None
+    slo: Slo,
+    outcome: str,
+    status: int | None,
+    ttft_s: float | None,
+    tpot_s: float | None,
+    *,
+    e2e_s: float | None = None,
+    tokens_per_choice: float = 0.0,
 ) -> Verdict | None:
-    """The request's verdict, or None when it is outside the SLO (client's doing).
+    """The request's verdict, or None when it is outside the SLO (the client's doing).
 
     `outcome`: the request log's outcome ("ok" for a completed request); `status`: the
-    HTTP status of a refusal (None otherwise).
+    HTTP status of a refusal (None otherwise). Times in seconds. A completed request whose
+    tokens' times are unknown (its engine sent each answer whole: `ttft_s` None) is judged
+    on `e2e_s` against the time the rule allows for `tokens_per_choice` tokens:
+    `rule_ttft_s + rule_tpot_s * (tokens - 1)`. A request the client closed is missed when
+    it had already broken the rule (no first token within `rule_ttft_s` of its arrival,
+    or a TPOT over the limit so far), else outside the SLO.
     """
     if outcome == "ok":
-        if ttft_s is None or ttft_s > slo.rule_ttft_s:
+        if ttft_s is None:
+            if e2e_s is None:
+                return "missed"
+            allowed = slo.rule_ttft_s + slo.rule_tpot_s * max(0.0, tokens_per_choice - 1)
+            return "met" if e2e_s <= allowed else "missed"
+        if ttft_s > slo.rule_ttft_s:
             return "missed"
         if tpot_s is not None and tpot_s > slo.rule_tpot_s:
             return "missed"
@@ -99,6 +118,12 @@ def judge(
         return "failed"
     if status is not None and status >= 500:
         return "failed"
+    if outcome == "client_closed":
+        waited = ttft_s if ttft_s is not None else e2e_s
+        if waited is not None and waited > slo.rule_ttft_s:
+            return "missed"
+        if tpot_s is not None and tpot_s > slo.rule_tpot_s:
+            return "missed"
     return None
 
 
@@ -151,22 +176,26 @@ class SloTracker:
 
     def burn_rate(self, window_s: float) -> float:
         """(missed + failed) / judged over the last `window_s`, over the error budget."""
-        s = self._sums.sums(window_s)
+        return self._burn(self._sums.sums(window_s))
+
+    def _burn(self, s: dict[str, float]) -> float:
         judged = s["met"] + s["missed"] + s["failed"]
         if judged == 0 or self.slo.error_budget <= 0:
             return 0.0
         return (s["missed"] + s["failed"]) / judged / self.slo.error_budget
 
     def status(self) -> SloStatus:
-        """Burn rates, alerts, attainment and goodput now."""
-        burns = {name: self.burn_rate(seconds) for name, seconds in BURN_WINDOWS}
+        """Burn rates, alerts, attainment and goodput now (one pass over the buckets)."""
+        windows = [s for _, s in BURN_WINDOWS] + [ATTAINMENT_WINDOW_S, GOODPUT_WINDOW_S]
+        sums = self._sums.sums_many(windows)
+        burns = {name: self._burn(sums[seconds]) for name, seconds in BURN_WINDOWS}
         alerts = {
             severity: burns[long] > threshold and burns[short] > threshold
             for severity, long, short, threshold in BURN_ALERTS
         }
-        recent = self._sums.sums(ATTAINMENT_WINDOW_S)
+        recent = sums[ATTAINMENT_WINDOW_S]
         judged = recent["met"] + recent["missed"] + recent["failed"]
-        g = self._sums.sums(GOODPUT_WINDOW_S)
+        g = sums[GOODPUT_WINDOW_S]
         span = self._sums.span_s(GOODPUT_WINDOW_S)
         return SloStatus(
             burn_rates=burns,

@@ -66,6 +66,23 @@ class WindowedSums:
                 total[i] += v
         return dict(zip(self.fields, total, strict=True))
 
+    def sums_many(self, windows: list[float]) -> dict[float, dict[str, float]]:
+        """`sums(w)` for each of `windows`, in one pass over the buckets."""
+        now_slot = math.floor(self._now() / self.resolution_s)
+        self._expire(now_slot)
+        firsts = sorted(((self._first_slot(now_slot, w), w) for w in windows), reverse=True)
+        out: dict[float, dict[str, float]] = {}
+        total = [0.0] * len(self.fields)
+        buckets = reversed(self._buckets)
+        bucket = next(buckets, None)
+        for first, window in firsts:  # newest window first: the totals only grow
+            while bucket is not None and bucket[0] >= first:
+                for i, v in enumerate(bucket[1]):
+                    total[i] += v
+                bucket = next(buckets, None)
+            out[window] = dict(zip(self.fields, total, strict=True))
+        return out
+
     def span_s(self, window_s: float) -> float:
         """The seconds `sums(window_s)` covers, to divide a rate by: from the first bucket
         it sums (or from when this was made, if later) to now; at least one bucket."""

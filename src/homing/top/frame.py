@@ -19,8 +19,8 @@ Metric names are the gateway's (`homing.obs`). Anything missing is None, never a
 gauge or histogram with no series, a counter whose family the gateway does not declare, and
 every windowed figure until the window holds two scrapes. A counter family that is declared
 but has no series for the row (no request yet) gives a rate of 0. Workers are those with
-per-worker gauges in the newest scrape: a worker that left is not shown, though its counters
-and histograms stay on `/metrics`.
+per-worker gauges in the newest scrape: a worker that left is not shown (the gateway drops
+every series labelled with it).
 """
 
 from __future__ import annotations

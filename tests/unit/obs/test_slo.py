@@ -14,8 +14,25 @@ def test_a_completed_request_meets_the_slo_only_within_both_limits() -> None:
     assert judge(slo, "ok", None, 0.5, 0.05) == "met"
     assert judge(slo, "ok", None, 0.501, 0.01) == "missed"
     assert judge(slo, "ok", None, 0.1, 0.051) == "missed"
-    assert judge(slo, "ok", None, 0.1, None) == "met"  # not streamed: TTFT alone
-    assert judge(slo, "ok", None, None, None) == "missed"  # no token at all
+    assert judge(slo, "ok", None, 0.1, None) == "met"  # one token: TTFT alone
+    assert judge(slo, "ok", None, None, None) == "missed"  # no time known at all
+
+
+def test_a_whole_answer_is_judged_on_its_end_to_end_time_for_its_tokens() -> None:
+    """Its engine sent it whole (no TTFT, no TPOT): 61 tokens may take 0.5 + 60 x 0.05 s."""
+    slo = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
+    assert judge(slo, "ok", None, None, None, e2e_s=3.5, tokens_per_choice=61) == "met"
+    assert judge(slo, "ok", None, None, None, e2e_s=3.51, tokens_per_choice=61) == "missed"
+    assert judge(slo, "ok", None, None, None, e2e_s=0.4, tokens_per_choice=1) == "met"
+
+
+def test_a_client_that_gave_up_after_the_rule_was_broken_counts_as_missed() -> None:
+    slo = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
+    assert judge(slo, "client_closed", None, None, None, e2e_s=0.6) == "missed"  # no token
+    assert judge(slo, "client_closed", None, 0.7, None, e2e_s=0.8) == "missed"
+    assert judge(slo, "client_closed", None, 0.1, 0.2, e2e_s=2.0) == "missed"
+    assert judge(slo, "client_closed", None, 0.1, 0.01, e2e_s=2.0) is None  # in time
+    assert judge(slo, "client_closed", None, None, None, e2e_s=0.2) is None
 
 
 def test_the_per_request_rule_may_differ_from_the_p95_targets() -> None:
@@ -26,7 +43,8 @@ def test_the_per_request_rule_may_differ_from_the_p95_targets() -> None:
 
 def test_service_failures_count_against_the_slo_and_client_doings_do_not() -> None:
     slo = Slo()
-    for outcome in ("engine_error", "timeout", "drained", "worker_drained", "error"):
+    for outcome in ("engine_error", "timeout", "drained", "worker_drained", "worker_removed",
+                    "error"):  # fmt: skip
         assert judge(slo, outcome, None, None, None) == "failed"
     assert judge(slo, "error_503", 503, None, None) == "failed"  # no replica
     assert judge(slo, "error_429", 429, None, None) is None  # the tenant's quota
@@ -48,6 +66,16 @@ def test_windowed_sums_drop_what_falls_out_of_the_window() -> None:
     assert sums.sums(60.0) == {"a": 0.0}
     with pytest.raises(ValueError):
         WindowedSums(("a",), now=clock.now, horizon_s=1.0, resolution_s=5.0)
+
+
+def test_one_pass_over_several_windows_gives_each_windows_sums() -> None:
+    clock = ManualClock()
+    sums = WindowedSums(("a", "b"), now=clock.now, horizon_s=3600.0, resolution_s=5.0)
+    for i in range(3000):
+        sums.add((1, i))
+        clock.advance(1.0)
+    windows = [60.0, 300.0, 1800.0, 3600.0, 10.0]
+    assert sums.sums_many(windows) == {w: sums.sums(w) for w in windows}
 
 
 def test_zero_traffic_gives_no_burn_full_attainment_and_zero_goodput() -> None:

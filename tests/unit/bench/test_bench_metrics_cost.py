@@ -1,0 +1,65 @@
+"""The metrics-on/off comparison of bench-gateway and bench-overhead: target names and the
+ratio arithmetic, on hand-built figures."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from homing.bench.gateway_overhead import MODES, TENANT_MODES, metrics_cost
+from homing.bench.overhead import HOMING, HOMING_NOMETRICS, SMG, _targets, summarize
+
+
+def test_gateway_modes_include_no_metrics_without_the_tenant_key() -> None:
+    assert "no_metrics" in MODES
+    assert "no_metrics" not in TENANT_MODES
+
+
+def test_metrics_cost_is_cpu_per_request_on_over_off() -> None:
+    cpu_s = {"off": 0.210, "no_metrics": 0.200}  # 1,000 requests each
+    on = {"p50_ms": 13.0, "p99_ms": 30.0}
+    off = {"p50_ms": 12.5, "p99_ms": 24.0}
+    cost = metrics_cost(cpu_s, {"off": 1000, "no_metrics": 1000}, on, off)
+    assert cost == {
+        "cpu_us_per_request_metrics_on": 210.0,
+        "cpu_us_per_request_metrics_off": 200.0,
+        "metrics_cpu_ratio": 1.05,
+        "metrics_added_cpu_us": 10.0,
+        "metrics_ratio_p50": 1.04,
+        "metrics_ratio_p99": 1.25,
+    }
+
+
+def test_targets_accepts_homing_nometrics_with_a_dash() -> None:
+    assert _targets("homing,homing-nometrics") == frozenset({HOMING, HOMING_NOMETRICS})
+    with pytest.raises(argparse.ArgumentTypeError):
+        _targets("homing_no_metrics")
+
+
+def test_summarize_gives_metrics_on_off_as_homing_over_homing_nometrics() -> None:
+    rounds = [
+        {
+            "non_streamed": {
+                HOMING: {"gateway_cpu_ms": 2.2},
+                HOMING_NOMETRICS: {"gateway_cpu_ms": 2.0},
+            }
+        },
+        {
+            "non_streamed": {
+                HOMING: {"gateway_cpu_ms": 2.4},
+                HOMING_NOMETRICS: {"gateway_cpu_ms": 2.0},
+            }
+        },
+        {
+            "non_streamed": {
+                HOMING: {"gateway_cpu_ms": 2.1},
+                HOMING_NOMETRICS: {"gateway_cpu_ms": 2.0},
+            }
+        },
+    ]
+    summary = summarize(rounds, rss={})
+    assert summary["medians"]["cpu_ms_non_streamed"][HOMING_NOMETRICS] == 2.0
+    assert summary["ratios_metrics_on_off"]["cpu_ms_non_streamed"] == 1.1  # median 2.2 / 2.0
+    assert summary["ratios"]["cpu_ms_non_streamed"] is None  # no smg in these rounds
+    assert summary["medians"]["cpu_ms_non_streamed"][SMG] is None
