@@ -4,11 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from homing.app import App
+
+
+def free_port() -> int:
+    """A loopback TCP port free now (the OS's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str) -> tuple[int, bytes]:
+    """GET `url` (2 s timeout): (status, body), or (0, b"") when it cannot be reached."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, resp.read()
+    except OSError:
+        return 0, b""
 
 
 async def eventually(check: Callable[[], bool], within_s: float) -> bool:

@@ -6,33 +6,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status, resp.read()
-    except OSError:
-        return 0, b""
+from helpers import free_port, http_get
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], http: int) -> None:
     """Poll `/ready` until 200 (60 s at most); fail with its stderr if the process exits."""
     deadline = time.monotonic() + 60
-    while _get(f"http://127.0.0.1:{http}/ready")[0] != 200:
+    while http_get(f"http://127.0.0.1:{http}/ready")[0] != 200:
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
         assert time.monotonic() < deadline, "not ready within 60 s"
         time.sleep(0.2)
@@ -50,7 +36,7 @@ def _children(pid: int) -> list[int]:
 def test_serve_streams_chat_and_stops_cleanly_on_sigterm() -> None:
     """`homing serve` becomes ready, streams SSE ending in [DONE], and exits 0 on SIGTERM
     with its simulated workers gone."""
-    http, grpc_port = _free_port(), _free_port()
+    http, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -70,7 +56,7 @@ def test_serve_streams_chat_and_stops_cleanly_on_sigterm() -> None:
         _wait_ready(proc, http)
         children = _children(proc.pid)
         assert len(children) == 2
-        model = json.loads(_get(f"http://127.0.0.1:{http}/v1/models")[1])["data"][0]["id"]
+        model = json.loads(http_get(f"http://127.0.0.1:{http}/v1/models")[1])["data"][0]["id"]
         body = json.dumps(
             {
                 "model": model,
@@ -109,7 +95,7 @@ def _is_zombie(pid: int) -> bool:
 def test_serve_with_two_sim_models_serves_each_on_its_own_workers() -> None:
     """`homing serve --sim-model A=1 --sim-model B=2` lists both models and serves a
     request to each on a worker of that model (three children in all)."""
-    http, grpc_port = _free_port(), _free_port()
+    http, grpc_port = free_port(), free_port()
     command = [sys.executable, "-m", "homing", "serve", "--port", str(http)]
     command += ["--grpc-port", str(grpc_port), "--speedup", "10"]
     command += ["--sim-model", "llama-3.1-8b=1", "--sim-model", "llama-3.1-70b=2"]
@@ -122,8 +108,8 @@ def test_serve_with_two_sim_models_serves_each_on_its_own_workers() -> None:
     try:
         _wait_ready(proc, http)
         assert len(_children(proc.pid)) == 3
-        ready = json.loads(_get(f"http://127.0.0.1:{http}/ready")[1])
-        listed = json.loads(_get(f"http://127.0.0.1:{http}/v1/models")[1])["data"]
+        ready = json.loads(http_get(f"http://127.0.0.1:{http}/ready")[1])
+        listed = json.loads(http_get(f"http://127.0.0.1:{http}/v1/models")[1])["data"]
         workers = {}
         for model in ("llama-3.1-8b", "llama-3.1-70b"):
             body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4}).encode()

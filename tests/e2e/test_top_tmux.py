@@ -7,26 +7,28 @@ fails)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import free_port, http_get
 from openai import OpenAI
+
+from homing.top.frame import ModelRow, WorkerRow
 
 #: The console script beside this interpreter (`.venv/bin/homing`), else `python -m homing`.
 _SCRIPT = shutil.which("homing", path=os.path.dirname(sys.executable))
@@ -35,20 +37,6 @@ HOMING = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "homing"]
 WORKER_COLUMNS = ("MODEL", "WORKER", "STATE", "PHASE", "REQ/S", "TTFT p95", "IN-FLIGHT")
 WORKER_COLUMNS += ("RUNNING", "WAITING", "KV", "HIT")
 MODEL_COLUMNS = ("MODEL", "WORKERS", "REQ/S", "TOK/S", "IN-FLIGHT", "QUEUED", "TTFT p50")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status, resp.read()
-    except OSError:
-        return 0, b""
 
 
 @dataclass
@@ -69,17 +57,17 @@ def gateway() -> Iterator[Gateway]:
     """`homing serve` on free ports with its own state dir, once `/ready` is 200."""
     state = tempfile.mkdtemp(prefix="top-")
     env = {**os.environ, "HOMING_STATE_DIR": state, "PYTHONUNBUFFERED": "1"}
-    port = _free_port()
-    command = [*HOMING, "serve", "--port", str(port), "--grpc-port", str(_free_port())]
+    port = free_port()
+    command = [*HOMING, "serve", "--port", str(port), "--grpc-port", str(free_port())]
     command += ["--speedup", "10", "--log-level", "warning"]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         deadline = time.monotonic() + 60
-        while _get(f"http://127.0.0.1:{port}/ready")[0] != 200:
+        while http_get(f"http://127.0.0.1:{port}/ready")[0] != 200:
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             assert time.monotonic() < deadline, "not ready within 60 s"
             time.sleep(0.2)
-        models = json.loads(_get(f"http://127.0.0.1:{port}/v1/models")[1])["data"]
+        models = json.loads(http_get(f"http://127.0.0.1:{port}/v1/models")[1])["data"]
         yield Gateway(port=port, model=models[0]["id"], env=env)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -245,38 +233,10 @@ def test_top_in_tmux_shows_models_and_workers_and_exits_0_on_ctrl_c(
         subprocess.run(["tmux", "-S", tmux.socket, "kill-server"], capture_output=True, timeout=10)
 
 
-MODEL_KEYS = {
-    "model",
-    "workers",
-    "requests_per_second",
-    "output_tokens_per_second",
-    "in_flight",
-    "queued",
-    "ttft_p50_s",
-    "ttft_p95_s",
-    "tpot_p95_s",
-    "goodput_requests_per_second",
-    "attainment_ratio",
-    "slo_ttft_s",
-    "slo_tpot_s",
-    "slo_objective",
-    "burn_rate_1h",
-    "burn_rate_5m",
-    "alerts",
-}
-WORKER_KEYS = {
-    "model",
-    "worker",
-    "state",
-    "phase",
-    "requests_per_second",
-    "ttft_p95_s",
-    "in_flight",
-    "running",
-    "waiting",
-    "kv_usage_ratio",
-    "cache_hit_ratio",
-}
+# The JSON's keys are the rows' fields (`Frame.as_dict`; their order is checked in
+# tests/unit/top).
+MODEL_KEYS = {f.name for f in dataclasses.fields(ModelRow)}
+WORKER_KEYS = {f.name for f in dataclasses.fields(WorkerRow)}
 
 
 @pytest.mark.timeout(90)
