@@ -206,11 +206,11 @@ class SloSettings(_Section):
     targets) and the objective: the fraction of requests that must meet it (its error
     budget is 1 - objective)."""
 
-    ttft_p95_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
-    tpot_p95_s: float = Field(default=0.05, gt=0, allow_inf_nan=False)
-    request_ttft_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    request_tpot_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    objective: float = Field(default=0.95, gt=0, lt=1)
+    ttft_p95_s: float = Field(default=0.5, gt=0, allow_inf_nan=False, strict=True)
+    tpot_p95_s: float = Field(default=0.05, gt=0, allow_inf_nan=False, strict=True)
+    request_ttft_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    request_tpot_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    objective: float = Field(default=0.95, gt=0, lt=1, allow_inf_nan=False, strict=True)
 
 
 class ObsSettings(_Section):
@@ -219,8 +219,8 @@ class ObsSettings(_Section):
     `tenant` label to the request series (off by default: one series set per worker,
     whatever the number of tenants)."""
 
-    request_metrics: bool = True
-    tenant_labels: bool = False
+    request_metrics: bool = Field(default=True, strict=True)
+    tenant_labels: bool = Field(default=False, strict=True)
 
 
 class ModelSettings(_Section):

@@ -124,10 +124,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long, say
+        return False
+
+
 def _argument_problems(args: argparse.Namespace) -> list[str]:
     problems: list[str] = []
     trace = Path(args.trace)
-    if not trace.is_file():
+    if not _is_file(trace):
         problems.append(f"trace file not found: {args.trace}")
     else:
         try:
@@ -145,8 +152,11 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
         if not (math.isfinite(value) and value > 0):
             problems.append(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}")
     plot = getattr(args, "plot", None)
-    if plot is not None and Path(plot).exists() and not Path(plot).is_dir():
-        problems.append(f"--plot must name a directory, {plot} is a file")
+    if plot is not None:
+        try:
+            Path(plot).mkdir(parents=True, exist_ok=True)  # refused now, not after the run
+        except OSError as err:
+            problems.append(f"--plot {plot}: cannot make that directory ({err.strerror})")
     if args.vocab_limit <= DEFAULT_VOCAB_LOW:
         problems.append(f"--vocab-limit must be > {DEFAULT_VOCAB_LOW}, got {args.vocab_limit}")
     return problems

@@ -609,6 +609,7 @@ class Generation:
                     else self._first_token_at - self._routed_at
                 ),
                 choices=p.n,
+                streamed=self._engine_streams,
                 prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens,
                 completion_tokens=usage.completion_tokens,

@@ -118,8 +118,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         principal: Principal | None = None
         try:
             principal = self._principal(context)
-        except APIError as err:
-            await _abort(context, err, _request_id(context))  # raises
+        except APIError as err:  # reported as HTTP's GET /v1/models refusal is
+            request_id = _request_id(context)
+            self.service.request_log.rejected(request_id, err, api="grpc", path="ListModels")
+            await _abort(context, err, request_id)  # raises
         return pb.ListModelsResponse(
             models=[
                 pb.Model(

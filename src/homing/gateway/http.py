@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,6 +59,9 @@ ARRIVED_AT = web.RequestKey("arrived_at", float)  # time.monotonic() when the ha
 # Set once a request reaches a Generation, which writes its request_done line itself.
 SERVED = web.RequestKey("served", bool)
 LINGERING_S = 1.0
+#: Fresh `/metrics` expositions per second at most (a scraper per second or two, with
+#: room for a person's curl); a flood of scrapes gets the latest one.
+METRICS_PER_SECOND = 4
 
 
 def _errors_middleware(
@@ -250,6 +254,9 @@ class HttpApi:
         self.app.router.add_get("/ready", self.ready)
         # Prometheus exposition of this registry (set by the App; 404 while None).
         self.metrics_registry: CollectorRegistry | None = None
+        # (time.monotonic() of each of the last fresh expositions, the latest body)
+        self._expositions: deque[float] = deque(maxlen=METRICS_PER_SECOND)
+        self._exposition = b""
         self.app.router.add_get("/metrics", self.metrics)
 
     def runner_kwargs(self) -> dict[str, Any]:
@@ -290,10 +297,17 @@ class HttpApi:
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        """`GET /metrics`: Prometheus text format of `metrics_registry` (router, gateway)."""
+        """`GET /metrics`: Prometheus text format of `metrics_registry` (router, gateway).
+        At most `METRICS_PER_SECOND` expositions are built a second; a scrape past that gets
+        the latest one (the endpoint is open, and building one costs the event loop ms)."""
         if self.metrics_registry is None:
             raise web.HTTPNotFound()
-        body = generate_latest(self.metrics_registry)
+        now = time.monotonic()
+        done = self._expositions
+        if len(done) < METRICS_PER_SECOND or now - done[0] >= 1.0:
+            self._exposition = generate_latest(self.metrics_registry)
+            done.append(now)
+        body = self._exposition
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:

@@ -63,7 +63,8 @@ class RequestDone:
     seconds (None when not reached or not known): `ttft_s` and `e2e_s` from its arrival,
     `queue_s` from its start (quota, admission) to routing, None exactly when it was never
     routed, `routed_ttft_s` from routing to the first token (the worker's share); `choices`:
-    `n`; `status`: the HTTP status of a refusal (None
+    `n`; `streamed`: its engine sent tokens as they came (False: each answer whole);
+    `status`: the HTTP status of a refusal (None
     otherwise); `outcome`: "ok" or how it ended (`homing.gateway.generation`), or
     `error_<status>` with `error_code` for a refusal. `fields`: further log fields
     (API, path, finish reasons, engine ids, ...), logged as they are.
@@ -83,6 +84,7 @@ class RequestDone:
     queue_s: float | None = None
     routed_ttft_s: float | None = None
     choices: int = 1
+    streamed: bool = True
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -323,6 +325,7 @@ class RequestRecorder(Collector):
                 r.tpot_s,
                 e2e_s=r.e2e_s,
                 tokens_per_choice=r.completion_tokens / max(1, r.choices),
+                streamed=r.streamed,
             )
             if verdict is not None:
                 self.tracker(r.model).record(verdict, r.completion_tokens)

@@ -92,6 +92,7 @@ def judge(
     *,
     e2e_s: float | None = None,
     tokens_per_choice: float = 0.0,
+    streamed: bool = True,
 ) -> Verdict | None:
     """The request's verdict, or None when it is outside the SLO (the client's doing).
 
@@ -100,8 +101,9 @@ def judge(
     tokens' times are unknown (its engine sent each answer whole: `ttft_s` None) is judged
     on `e2e_s` against the time the rule allows for `tokens_per_choice` tokens:
     `rule_ttft_s + rule_tpot_s * (tokens - 1)`. A request the client closed is missed when
-    it had already broken the rule (no first token within `rule_ttft_s` of its arrival,
-    or a TPOT over the limit so far), else outside the SLO.
+    it had already broken the rule (no first token within `rule_ttft_s` of its arrival
+    while its engine `streamed`, or a TPOT over the limit so far), else outside the SLO: a
+    whole answer's allowance is not known until its length is.
     """
     if outcome == "ok":
         if ttft_s is None:
@@ -119,7 +121,7 @@ def judge(
     if status is not None and status >= 500:
         return "failed"
     if outcome == "client_closed":
-        waited = ttft_s if ttft_s is not None else e2e_s
+        waited = ttft_s if ttft_s is not None else (e2e_s if streamed else None)
         if waited is not None and waited > slo.rule_ttft_s:
             return "missed"
         if tpot_s is not None and tpot_s > slo.rule_tpot_s:

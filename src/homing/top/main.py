@@ -38,6 +38,9 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 #: Seconds a scrape may take before it counts as failed.
 SCRAPE_TIMEOUT_S = 5.0
+#: The largest `/metrics` body read (bytes); a gateway with thousands of workers stays far
+#: below it.
+MAX_BODY_BYTES = 64 * 1024 * 1024
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -117,7 +120,7 @@ def scrape(url: str, clock: Callable[[], float] = time.monotonic) -> Scrape:
     started = clock()
     try:
         with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
-            body = response.read()
+            body = _read_body(response, url, deadline=started + SCRAPE_TIMEOUT_S, clock=clock)
     except urllib.error.HTTPError as err:
         raise ScrapeError(f"{url} answered HTTP {err.code} {err.reason}") from None
     except urllib.error.URLError as err:
@@ -135,6 +138,23 @@ def scrape(url: str, clock: Callable[[], float] = time.monotonic) -> Scrape:
         return parse_scrape(body.decode("utf-8", errors="replace"), at)
     except MetricsTextError as err:
         raise ScrapeError(f"{url} did not return a homing gateway's metrics: {err}") from None
+
+
+def _read_body(
+    response: http.client.HTTPResponse, url: str, *, deadline: float, clock: Callable[[], float]
+) -> bytes:
+    """The whole body, within `deadline` (on `clock`) and `MAX_BODY_BYTES`; `ScrapeError`
+    past either (a server that trickles or never ends)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := response.read1(1 << 16):
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ScrapeError(f"{url} sent more than {MAX_BODY_BYTES >> 20} MiB of metrics")
+        if clock() > deadline:
+            raise ScrapeError(f"no whole answer from {url} within {SCRAPE_TIMEOUT_S:g} s")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _console() -> Console:

@@ -144,8 +144,16 @@ def _table(title: str, headers: tuple[str, ...], rows: list[list[str | Text]]) -
     # Plain columns like `homing workers ls`: easy to read and to grep in a captured pane.
     table = Table(*headers, title=title, box=None, pad_edge=False, title_justify="left")
     for cells in rows:
-        table.add_row(*cells)
+        table.add_row(*(literal(c) if isinstance(c, str) else c for c in cells))
     return table
+
+
+def literal(text: str) -> Text:
+    """`text` shown as it is: no rich markup read from it, control characters escaped (a
+    label value comes from the scraped server)."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return Text(text)
 
 
 def render(frame: Frame, source: str, status: str | None = None) -> RenderableType:

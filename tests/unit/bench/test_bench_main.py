@@ -75,7 +75,20 @@ def test_plot_path_that_is_a_file_exits_2(
     taken = tmp_path / "taken.png"
     taken.write_bytes(b"x")
     assert run_bench(_args("--trace", str(trace), "--plot", str(taken))) == 2
-    assert "--plot must name a directory" in capsys.readouterr().err
+    assert f"--plot {taken}: cannot make that directory (File exists)" in capsys.readouterr().err
+    under = taken / "sub"  # under a file: refused before the run, not after it
+    assert run_bench(_args("--trace", str(trace), "--plot", str(under))) == 2
+    assert f"--plot {under}: cannot make that directory" in capsys.readouterr().err
+
+
+def test_names_too_long_for_the_file_system_exit_2(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long = str(tmp_path / ("d" * 300))
+    assert run_bench(_args("--trace", long)) == 2
+    assert f"trace file not found: {long}" in capsys.readouterr().err
+    assert run_bench(_args("--trace", str(trace), "--plot", long)) == 2
+    assert "cannot make that directory (File name too long)" in capsys.readouterr().err
 
 
 def test_unknown_extension_and_bad_rows_exit_2(

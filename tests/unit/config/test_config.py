@@ -188,6 +188,7 @@ def test_a_model_may_have_its_own_slo(tmp_path: Path) -> None:
         ("[slo]\nobjective = 0\n", "slo.objective", "Input should be greater than 0"),
         ("[slo]\nttft_p95_s = -0.5\n", "slo.ttft_p95_s", "Input should be greater than 0"),
         ("[slo]\ntpot_p95_s = nan\n", "slo.tpot_p95_s", "Input should be a finite number"),
+        ("[slo]\nobjective = nan\n", "slo.objective", "Input should be a finite number"),
         ("[slo]\nttft_ms = 500\n", "slo.ttft_ms", "Extra inputs are not permitted"),
         (
             '[[models]]\nname = "m"\nslo = { request_ttft_s = 0 }\n',
@@ -197,8 +198,15 @@ def test_a_model_may_have_its_own_slo(tmp_path: Path) -> None:
         (
             "[obs]\ntenant_labels = 3\n",
             "obs.tenant_labels",
-            "Input should be a valid boolean, unable to interpret input",
+            "Input should be a valid boolean",
         ),
+        (
+            '[obs]\nrequest_metrics = "yes"\n',
+            "obs.request_metrics",
+            "Input should be a valid boolean",
+        ),
+        ('[slo]\nobjective = "0.9"\n', "slo.objective", "Input should be a valid number"),
+        ("[slo]\nttft_p95_s = true\n", "slo.ttft_p95_s", "Input should be a valid number"),
     ],
 )
 def test_a_bad_slo_or_obs_setting_names_the_key(

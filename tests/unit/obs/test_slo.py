@@ -33,6 +33,8 @@ def test_a_client_that_gave_up_after_the_rule_was_broken_counts_as_missed() -> N
     assert judge(slo, "client_closed", None, 0.1, 0.2, e2e_s=2.0) == "missed"
     assert judge(slo, "client_closed", None, 0.1, 0.01, e2e_s=2.0) is None  # in time
     assert judge(slo, "client_closed", None, None, None, e2e_s=0.2) is None
+    # a whole answer's allowance is unknown until its length is: no verdict
+    assert judge(slo, "client_closed", None, None, None, e2e_s=9.0, streamed=False) is None
 
 
 def test_the_per_request_rule_may_differ_from_the_p95_targets() -> None:

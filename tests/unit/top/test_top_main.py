@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -20,7 +21,7 @@ from rich.console import Console
 from homing.cli import main
 from homing.top.frame import compute_frame, parse_scrape
 from homing.top.main import ScrapeError, metrics_url, scrape
-from homing.top.view import percent, render, seconds
+from homing.top.view import literal, percent, render, seconds
 
 Reply = tuple[int, str]
 
@@ -212,3 +213,82 @@ def test_live_json_streams_frames_survives_a_failed_scrape_and_exits_0_on_sigint
         * 2
     )
     assert "Traceback" not in err
+
+
+def _odd_server(body: Callable[[BaseHTTPRequestHandler], None]) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/plain")
+            self.end_headers()
+            try:
+                body(self)
+            except OSError:  # the scraper gave up
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    return httpd
+
+
+def test_a_scrape_that_never_ends_is_refused_past_its_size_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import homing.top.main as top_main
+
+    monkeypatch.setattr(top_main, "MAX_BODY_BYTES", 1 << 20)
+
+    def endless(handler: BaseHTTPRequestHandler) -> None:
+        while True:
+            handler.wfile.write(b"homing_x 1\n" * 4096)
+
+    httpd = _odd_server(endless)
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+        with pytest.raises(ScrapeError, match="sent more than 1 MiB of metrics"):
+            scrape(url)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_trickling_scrape_is_refused_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    import homing.top.main as top_main
+
+    now = [0.0]
+    monkeypatch.setattr(top_main, "SCRAPE_TIMEOUT_S", 5.0)
+
+    def trickle(handler: BaseHTTPRequestHandler) -> None:
+        for _ in range(200):
+            handler.wfile.write(b"h")
+            handler.wfile.flush()
+            now[0] += 1.0  # the virtual clock moves a second per byte sent
+            time.sleep(0.01)
+
+    httpd = _odd_server(trickle)
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+        with pytest.raises(ScrapeError, match=r"no whole answer .* within 5 s"):
+            scrape(url, clock=lambda: now[0])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_label_values_are_shown_literally_not_as_markup() -> None:
+    text = (
+        "# TYPE homing_requests_total counter\n"
+        'homing_requests_total{model="x[/]",version="",worker="w0",outcome="ok",'
+        'finish_reason="stop"} 1\n'
+        'homing_worker_kv_usage_ratio{model="x[/]",worker="w0"} 0.5\n'
+    )
+    frame = compute_frame([parse_scrape(text, 0.0), parse_scrape(text, 1.0)])
+    console = Console(width=200, record=True)
+    console.print(render(frame, "test"))
+    shown = console.export_text()
+    assert "x[/]" in shown
+    assert literal("w\x1b[31m0").plain == "w\\x1b[31m0"  # control characters escaped
