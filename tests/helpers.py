@@ -29,6 +29,16 @@ def http_get(url: str) -> tuple[int, bytes]:
         return 0, b""
 
 
+async def post_fault(worker_url: str, body: dict[str, object]) -> None:
+    """POST a fault to a simulated worker's sidecar (its gRPC port + 1); asserts it took."""
+    import aiohttp
+
+    port = int(worker_url.rsplit(":", 1)[1]) + 1
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://127.0.0.1:{port}/fault", json=body) as resp:
+            assert resp.status in (200, 202), await resp.text()
+
+
 async def eventually(check: Callable[[], bool], within_s: float) -> bool:
     """Poll `check` every 10 ms until it holds or `within_s` passes; its last value."""
     loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
+from helpers import post_fault
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -66,10 +67,7 @@ def _labels(worker: str) -> dict[str, str]:
 
 
 async def _fault(worker: WorkerState, body: dict[str, Any]) -> None:
-    port = int(worker.url.rsplit(":", 1)[1]) + 1
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"http://127.0.0.1:{port}/fault", json=body) as resp:
-            assert resp.status in (200, 202), await resp.text()
+    await post_fault(worker.url, body)
 
 
 async def _complete(

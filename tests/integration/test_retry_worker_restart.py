@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually
+from helpers import eventually, post_fault
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -56,11 +56,7 @@ async def _worker_of(app: App, session_key: str) -> WorkerState:
 
 
 async def _fault(worker: WorkerState, body: dict[str, Any]) -> None:
-    """POST a fault to the worker's sidecar (its gRPC port + 1)."""
-    port = int(worker.url.rsplit(":", 1)[1]) + 1
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"http://127.0.0.1:{port}/fault", json=body) as resp:
-            assert resp.status in (200, 202), await resp.text()
+    await post_fault(worker.url, body)
 
 
 async def _generated(worker: WorkerState) -> float:

@@ -230,7 +230,7 @@ class RequestMetrics:
                            self.tokens_out):  # fmt: skip
                 _remove(family, key)
         n = len(self._base)
-        for labels in list(_label_sets(self.requests)):
+        for labels in _label_sets(self.requests):
             if labels[0] == model and labels[2] == worker and len(labels) == n + 2:
                 _remove(self.requests, labels)
 

@@ -53,18 +53,8 @@ class WindowedSums:
 
     def sums(self, window_s: float) -> dict[str, float]:
         """Each field's sum over the buckets that cover the last `window_s` seconds (capped
-        at the horizon): the current, partial one and those before it, from
-        `window_start(window_s)` on."""
-        now_slot = math.floor(self._now() / self.resolution_s)
-        self._expire(now_slot)
-        first = self._first_slot(now_slot, window_s)
-        total = [0.0] * len(self.fields)
-        for slot, values in reversed(self._buckets):
-            if slot < first:
-                break
-            for i, v in enumerate(values):
-                total[i] += v
-        return dict(zip(self.fields, total, strict=True))
+        at the horizon): the current, partial one and those before it."""
+        return self.sums_many([window_s])[window_s]
 
     def sums_many(self, windows: list[float]) -> dict[float, dict[str, float]]:
         """`sums(w)` for each of `windows`, in one pass over the buckets."""
