@@ -250,3 +250,21 @@ async def test_a_per_request_stream_interval_packs_tokens_and_sends_the_first_al
     streamed = [t for c in chunks for t in c]
     assert streamed == list(reference.token_ids)
     assert stream.messages == len(items)
+
+
+async def test_a_traceparent_passed_to_the_engine_changes_nothing_in_the_answer(
+    gateway: App, fleet: Fleet
+) -> None:
+    """The engine accepts the `traceparent` metadata homing sends on Generate: the answer
+    is still exactly its greedy tokens."""
+    prompt = _prompt(gateway, "tracing")
+    expected = _decode(gateway, (await _engine_greedy(fleet, prompt, MAX_TOKENS)).token_ids)
+    answer = await _client(gateway).completions.create(
+        model=_model(gateway),
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        extra_headers={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+    )
+    assert answer.choices[0].text == expected
