@@ -119,13 +119,84 @@ class RouterSettings(_Section):
     index_budget_mb: float = Field(default=160.0, gt=0)
     approx_ttl_s: float = Field(default=120.0, gt=0)
     booking_ttl_s: float | None = Field(default=None, gt=0)
+    # Retries of a failed worker call before the client's first byte, each on a worker the
+    # request has not tried (homing.gateway.retry_budget): at most `max_retries` per request,
+    # and per model only while retries over the last `retry_window_s` seconds stay within
+    # `retry_budget_ratio` of its requests plus `retry_min_per_s` a second (Finagle's retry
+    # budget: 0.2 of requests, 10 s window). Two retries by default, so a request still
+    # reaches a third worker while two fail at once (Envoy's default is one; gRPC's retry
+    # policy allows up to four). `migrate_streams`: a stream whose worker fails
+    # after the client got its first byte resumes on another worker (once, in the same
+    # budget) instead of ending with an error event.
+    max_retries: int = Field(default=2, ge=0, le=10, strict=True)
+    retry_budget_ratio: float = Field(default=0.2, ge=0, le=1, allow_inf_nan=False, strict=True)
+    retry_min_per_s: float = Field(default=3.0, ge=0, le=10_000, allow_inf_nan=False, strict=True)
+    retry_window_s: float = Field(default=10.0, ge=1, le=60, allow_inf_nan=False, strict=True)
+    migrate_streams: bool = Field(default=False, strict=True)
     models: dict[str, RouterModelSettings] = Field(default_factory=dict)
+
+
+_Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+
+
+class OutlierSettings(_Section):
+    """Outlier ejection (`[engines.outliers]`; homing.engines.outliers has the rule and each
+    default's source). Every `interval_s` a ready worker with at least `min_requests`
+    requests in the last `window_s` seconds whose TPOT or TTFT per uncached prompt token is
+    over `factor` x the other workers' median (TTFT only where requests average at least
+    `min_uncached_tokens` uncached prompt tokens), or whose error ratio is at least
+    `error_ratio` and over `factor` x theirs, for `consecutive` intervals is ejected for
+    `base_ejection_s` doubling per ejection up to `max_ejection_s`; at most
+    `max_ejected_fraction` of the pool at once (at least one of two), never its last ready
+    worker. After its time it is probed (a short generation, `probe_timeout_s` at most)
+    beside a ready peer and returns when its TPOT is within `factor` x the peer's."""
+
+    enabled: bool = Field(default=True, strict=True)
+    interval_s: _Seconds = 5.0
+    window_s: _Seconds = 15.0
+    factor: float = Field(default=3.0, gt=1, allow_inf_nan=False, strict=True)
+    consecutive: int = Field(default=2, ge=1, strict=True)
+    min_requests: int = Field(default=5, ge=1, strict=True)
+    min_uncached_tokens: int = Field(default=256, ge=0, strict=True)
+    error_ratio: float = Field(default=0.5, gt=0, le=1, strict=True)
+    base_ejection_s: _Seconds = 10.0
+    max_ejection_s: _Seconds = 300.0
+    max_ejected_fraction: float = Field(default=0.5, gt=0, le=1, strict=True)
+    probe_timeout_s: _Seconds = 10.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> OutlierSettings:
+        if self.max_ejection_s < self.base_ejection_s:
+            raise ValueError("max_ejection_s must be at least base_ejection_s")
+        if self.window_s > 60.0:
+            raise ValueError("window_s must be at most 60 (the request records kept)")
+        return self
+
+
+class BreakerSettings(_Section):
+    """The per-worker circuit breaker (`[engines.breaker]`; homing.engines.breaker):
+    `consecutive` transport failures of requests open it; after `open_s` (doubling on each
+    re-open, up to `max_open_s`) one trial request is let through, whose success closes it."""
+
+    enabled: bool = Field(default=True, strict=True)
+    consecutive: int = Field(default=5, ge=1, strict=True)
+    open_s: _Seconds = 1.0
+    max_open_s: _Seconds = 30.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BreakerSettings:
+        if self.max_open_s < self.open_s:
+            raise ValueError("max_open_s must be at least open_s")
+        return self
 
 
 class EngineSettings(_Section):
     """The SGLang workers to serve and how to probe them. With `workers` empty, homing
     starts its own: simulated ones (`launch = "sim"`, section `sim`) or real SGLang ones
-    (`launch = "sglang"`, section `sglang`)."""
+    (`launch = "sglang"`, section `sglang`). `progress_window_s`: a probe that times out on
+    a busy worker whose KV-event stream showed engine work in the last that many seconds is
+    not counted against it (homing.engines.health). `outliers`, `breaker`: the sections
+    above."""
 
     workers: list[str] = Field(default_factory=list)
     launch: Literal["sim", "sglang"] = "sim"
@@ -139,6 +210,9 @@ class EngineSettings(_Section):
     # `[[models]]` each model has its own and these are not used).
     stream_interval: StreamInterval = 1
     max_stream_interval: MaxStreamInterval = 8
+    progress_window_s: _Seconds = 5.0
+    outliers: OutlierSettings = Field(default_factory=OutlierSettings)
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
 
     @field_validator("workers")
     @classmethod
@@ -420,7 +494,9 @@ class QuotaSettings(_Section):
 class AdmissionSettings(_Section):
     """The per-model admission queue used when every healthy replica is overloaded.
 
-    A replica is overloaded at KV utilisation >= the router's `max_token_usage`, when its
+    A replica running nothing with none of our requests in flight is never overloaded.
+    Otherwise it is overloaded at the router's `max_waiting` queue, at KV utilisation >= the
+    router's `max_token_usage` while it queues or its admission window is full, when its
     load reaches the engine's `max_running_requests`, or (when set) when its load reaches
     `max_in_flight_per_replica`. `max_queued` waiting requests at most (0 = no queue: 503 at
     once); while other tenants also wait, one tenant may hold `max_queued_per_tenant` (None
@@ -455,6 +531,22 @@ class AdmissionSettings(_Section):
         return max(1, self.max_queued // 4)
 
 
+class DaemonSettings(_Section):
+    """Running as a service (`homing.daemon`).
+
+    `min_ready_workers`: ready workers each model needs before the service tells systemd
+    it is ready (READY=1); the start fails after `engines.startup_timeout_s` without them.
+    `stall_threshold_s`: an event-loop stall longer than this is logged with the stack of
+    what blocked it (0 turns the report off); 1 s is ~100x a healthy loop's longest
+    callback. `status_interval_s`: how often the STATUS line `systemctl status` shows is
+    renewed.
+    """
+
+    min_ready_workers: int = Field(default=1, ge=1, le=1024, strict=True)
+    stall_threshold_s: float = Field(default=1.0, ge=0, le=3600, allow_inf_nan=False)
+    status_interval_s: float = Field(default=5.0, gt=0, le=3600, allow_inf_nan=False)
+
+
 class HomingConfig(_Section):
     """The whole configuration of one `homing serve` process."""
 
@@ -473,6 +565,7 @@ class HomingConfig(_Section):
     # The SLO of every model without its own (`[[models]] slo`).
     slo: SloSettings = Field(default_factory=SloSettings)
     obs: ObsSettings = Field(default_factory=ObsSettings)
+    daemon: DaemonSettings = Field(default_factory=DaemonSettings)
 
     @model_validator(mode="after")
     def _models(self) -> HomingConfig:

@@ -109,6 +109,8 @@ class TestSidecar:
             ("", "empty"),
             ({"slowdown": -1}, "'slowdown' must be"),
             ({"explode": True}, "unknown fault key"),
+            ({"report_kv_usage": 1.5}, "'report_kv_usage' must be a number in [0, 1]"),
+            ({"report_kv_usage": "full"}, "'report_kv_usage' must be a number in [0, 1]"),
         ],
     )
     async def test_a_bad_fault_body_is_a_400_with_a_clear_message(
@@ -119,6 +121,7 @@ class TestSidecar:
         assert status == 400
         assert message in str(answer["error"])
         assert worker.faults.slowdown == 1.0
+        assert worker.faults.report_kv_usage is None
 
 
 class TestStateFaults:
@@ -189,6 +192,44 @@ class TestStateFaults:
             assert refused.value.code() == grpc.StatusCode[code]
             await post_fault(http, worker, {"reject": None})
             assert (await complete(stub, "r2", PROMPT)).completion_tokens == 10
+
+    async def test_report_kv_usage_replaces_the_usage_of_every_load_record(
+        self, http: aiohttp.ClientSession
+    ) -> None:
+        """{"report_kv_usage": 0.99} makes the next load record (sent at once: heartbeats
+        are 30 s apart here) and GetLoads report 0.99 while nothing runs; requests are
+        still served; {"report_kv_usage": null} reports the real figure again."""
+        quiet = SimConfig(speedup=20.0, heartbeat_busy_s=30.0, heartbeat_idle_s=30.0)
+        async with SimWorker(quiet) as worker:
+            channel, stub = stub_for(worker.port)
+            async with channel:
+                events = stub.SubscribeKvEvents(
+                    common_pb2.SubscribeKvEventsRequest(
+                        start_sequence_number=0, load_records_before_first_batch=True
+                    ),
+                    timeout=20,
+                )
+                records = aiter(events)
+                first = await asyncio.wait_for(anext(records), 5)
+                assert first.load.token_usage == 0.0
+                status, answer = await post_fault(http, worker, {"report_kv_usage": 0.99})
+                assert status == 200
+                assert answer["faults"]["report_kv_usage"] == 0.99  # type: ignore[index]
+                load = (await asyncio.wait_for(anext(records), 5)).load
+                assert (load.token_usage, load.active_token_usage) == (0.99, 0.99)
+                assert (load.running_requests, load.waiting_requests) == (0, 0)
+                loads = await stub.GetLoads(pb.GetLoadsRequest(include=["all"]), timeout=2)
+                assert loads.loads[0].token_usage == 0.99
+                assert (await complete(stub, "full", PROMPT)).completion_tokens == 10
+                await post_fault(http, worker, {"report_kv_usage": None})
+                loads = await stub.GetLoads(pb.GetLoadsRequest(include=["all"]), timeout=2)
+                assert loads.loads[0].token_usage < 0.99
+                usage = [0.99]
+                while usage[-1] == 0.99 and len(usage) < 50:  # the request's own records first
+                    usage.append((await asyncio.wait_for(anext(records), 5)).load.token_usage)
+                events.cancel()
+            assert usage[-1] < 0.99
+            assert worker.faults.report_kv_usage is None
 
 
 class TestActions:

@@ -7,10 +7,13 @@ below its thresholds; otherwise it joins the queue (no barging past waiters), an
 one at a time whenever a replica may have room (a request ended, or every `tick_s` while
 anyone waits, since engine load reports arrive on their own).
 
-A replica is overloaded when the router's own rule says so
-(`homing.router.filters.overloaded` with its `OverloadThresholds`: KV utilisation at
-`max_token_usage`, where SGLang would start retracting, and the router's other engine-side
-thresholds), or
+A replica is never overloaded while it is idle (`homing.router.filters.idle`: nothing
+running by its latest load record and none of our requests in flight), whatever its KV usage
+or queue report, so the queue never holds a request that such a replica could start now.
+Otherwise it is overloaded when the router's own engine-side rule says so
+(`homing.router.filters.engine_overloaded` with its `OverloadThresholds`: a waiting queue of
+`max_waiting`, or non-evictable KV usage at `max_token_usage` while the engine queues or its
+admission window is full; KV usage alone is cache, not load), or
   max_running_requests > 0 and load >= max_running_requests  (the engine would queue)
   or load >= max_in_flight_per_replica      (when configured)
 with `load = max(in_flight, running + waiting)` (`WorkerSnapshot.load`).
@@ -48,7 +51,7 @@ from homing.clock import Clock, SystemClock
 from homing.config import AdmissionSettings
 from homing.gateway.errors import APIError, no_capacity
 from homing.gateway.metrics import GatewayMetrics
-from homing.router.filters import OverloadThresholds, overloaded
+from homing.router.filters import OverloadThresholds, engine_overloaded, idle
 from homing.router.types import WorkerSnapshot
 
 log = structlog.get_logger("homing.admission")
@@ -59,8 +62,11 @@ Offer = Literal["queued", "queue_full", "tenant_full"]
 def replica_overloaded(
     w: WorkerSnapshot, thresholds: OverloadThresholds, max_in_flight: int | None
 ) -> bool:
-    """Whether new work sent to `w` would wait or be preempted (formula in the module doc)."""
-    if w.worker_id in overloaded([w], thresholds):
+    """Whether new work sent to `w` would wait or be preempted (formula in the module doc);
+    never for an idle replica."""
+    if idle(w):
+        return False
+    if engine_overloaded(w, thresholds):
         return True
     if w.max_running_requests > 0 and w.load >= w.max_running_requests:
         return True

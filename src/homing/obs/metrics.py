@@ -16,6 +16,12 @@ Router series (labels in braces; `model` on all):
   ("exact_hit", "approx_hit", "spill", "veto", "ring", "overflow", "overload",
   "round_robin", "load"; see `homing.router.types.RouteDecision`).
 - `homing_router_matched_prefix_tokens`: histogram of the chosen worker's cached prefix.
+- `homing_router_cached_tokens_total{worker}` / `homing_router_prefill_tokens_total{worker}`:
+  prompt tokens of routed requests the index credits the chosen worker with, and those it
+  expects that worker to prefill (not cached there; what the dispatch ledger charges it).
+  `rate(cached) / (rate(cached) + rate(prefill))` is the router's expected hit ratio, and
+  `rate(prefill)` its expected prefill demand in tokens/s: a restart or flushed index shows
+  as a dip in the one and a rise in the other, then recovery.
 - `homing_router_index_blocks{worker}` / `homing_router_index_bytes{worker}`: blocks credited
   per worker and their share of the index's estimated memory; `homing_router_index_blocks_total`
   and `homing_router_index_bytes_total`: distinct blocks and estimated bytes of the index.
@@ -79,9 +85,13 @@ class _RouterView(Protocol):
 
 class _Decision(Protocol):
     @property
+    def worker_id(self) -> str: ...
+    @property
     def branch(self) -> str: ...
     @property
     def matched_tokens(self) -> int: ...
+    @property
+    def uncached_tokens(self) -> int: ...
 
 
 class _Counts(Protocol):
@@ -135,7 +145,10 @@ class RouterMetrics:
         self.gaps = series.gaps
         self.resyncs = series.resyncs
         self.lag = series.lag
+        self.cached_tokens = series.cached_tokens
+        self.prefill_tokens = series.prefill_tokens
         self._decision_children: dict[tuple[str, str], Any] = {}
+        self._token_children: dict[str, tuple[Any, Any]] = {}
         self._batch_children: dict[str, tuple[Any, ...]] = {}
         self._flush_children: dict[tuple[str, str], Any] = {}
         self._prefix = self.matched_prefix.labels(model)
@@ -162,13 +175,25 @@ class RouterMetrics:
     # ------------------------------------------------------------------ observer
 
     def on_decision(self, decision: _Decision) -> None:
-        """Count the decision and its matched prefix."""
+        """Count the decision, its matched prefix and its expected cached / prefill tokens."""
         key = (self.router.policy_name, decision.branch)  # the policy can be switched
         child = self._decision_children.get(key)
         if child is None:
             child = self._decision_children[key] = self.decisions.labels(self.model, *key)
         child.inc()
-        self._prefix.observe(decision.matched_tokens)
+        matched = decision.matched_tokens
+        self._prefix.observe(matched)
+        worker_id = decision.worker_id
+        tokens = self._token_children.get(worker_id)
+        if tokens is None:
+            tokens = self._token_children[worker_id] = (
+                self.cached_tokens.labels(self.model, worker_id),
+                self.prefill_tokens.labels(self.model, worker_id),
+            )
+        if matched:
+            tokens[0].inc(matched)
+        if decision.uncached_tokens:
+            tokens[1].inc(decision.uncached_tokens)
 
     def on_kv_batch(self, worker_id: str, counts: _Counts, lag_s: float | None) -> None:
         """Count the batch, its events by kind and its lag."""
@@ -204,9 +229,11 @@ class RouterMetrics:
     def forget_worker(self, worker_id: str) -> None:
         """Remove every counter series of `worker_id` (it left the pool)."""
         self._batch_children.pop(worker_id, None)
+        self._token_children.pop(worker_id, None)
         for key in [k for k in self._flush_children if k[0] == worker_id]:
             del self._flush_children[key]
-        for family in (self.batches, self.events, self.gaps, self.resyncs):
+        families = (self.batches, self.events, self.gaps, self.resyncs)
+        for family in (*families, self.cached_tokens, self.prefill_tokens):
             for labels in list(family._metrics):  # prometheus-client's children by labels
                 if labels[0] == self.model and labels[1] == worker_id:
                     family.remove(*labels)
@@ -235,6 +262,19 @@ class _RouterSeries(Collector):
             "Prompt tokens the chosen worker holds as a cached prefix, per the index.",
             ["model"],
             buckets=PREFIX_BUCKETS,
+            registry=registry,
+        )
+        self.cached_tokens = Counter(
+            "homing_router_cached_tokens_total",
+            "Prompt tokens of routed requests the index credits the chosen worker with.",
+            ["model", "worker"],
+            registry=registry,
+        )
+        self.prefill_tokens = Counter(
+            "homing_router_prefill_tokens_total",
+            "Prompt tokens of routed requests the router expects the chosen worker to prefill"
+            " (not cached there per the index).",
+            ["model", "worker"],
             registry=registry,
         )
         self.batches = Counter(

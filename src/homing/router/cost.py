@@ -9,11 +9,14 @@ Rule of this file: one formula, in prompt-token equivalents (lower is better):
   lower-tier worth (the share of a recompute a lower-tier hit saves: it must be loaded
   over PCIe or the network first). Prefill cost falls with exactly the cached share
   (cached tokens are not recomputed; SGLang RadixAttention);
-- Q_w: prefill tokens queued on w ahead of the request: the engine's latest EngineLoad
-  record (`prefill_pending_tokens`, else `waiting_uncached_tokens`; 0 when it reports
-  neither) plus the router's own dispatches since (`DispatchLedger`), which the record
-  cannot contain yet; with first-come first-served scheduling the request waits for all of
-  it before its own prefill starts;
+- Q_w: uncached prefill tokens queued on w ahead of the request: the engine's latest
+  EngineLoad record (`waiting_uncached_tokens`, the queue's tokens its prefix cache does not
+  hold, else the upper bound `prefill_pending_tokens`; 0 when it reports neither; see
+  `WorkerSnapshot.queued_prefill_tokens`) plus the uncached tokens of the router's own
+  dispatches since (`DispatchLedger`), which the record cannot contain yet; with
+  first-come first-served scheduling the request waits for all of it before its own
+  prefill starts. Both parts count only tokens not cached on w, so a worker whose cache
+  was lost (a restart, a flushed index) shows the lost hits as queued load;
 - L_w = max(in_flight, running + waiting): requests on w (`WorkerSnapshot.load`), the
   decode batch the request joins. Every running sequence adds its own decode token, KV
   reads and per-sequence overhead to each step (the sim's step model: ~0.3-0.7 ms per

@@ -2,6 +2,15 @@
 
 Rule of this file: a filter removes workers, never reorders them, and says in its docstring
 what it returns when it would remove every worker; the caller decides what to do then.
+
+Overload is judged by queueing, not by KV occupancy alone. KV usage is a stock, not a rate:
+an engine's pool fills with what it holds, and SGLang's radix cache keeps finished requests'
+KV as evictable prefix cache, so a worker can report a nearly full pool and still admit the
+next request at once (llm-d's autoscaler users saw replicas saturate at 16% KV and idle ones
+refused at high KV). High KV usage therefore vetoes a worker only while the engine cannot
+admit more: it has a waiting queue, or its admission window (`max_running_requests`) is
+full. A worker with nothing running and nothing of this gateway's in flight is never
+overloaded: it can always start a request.
 """
 
 from __future__ import annotations
@@ -16,8 +25,9 @@ from homing.router.types import WorkerSnapshot
 class OverloadThresholds:
     """When a worker counts as overloaded (see `overloaded`).
 
-    `max_token_usage`: KV utilisation at or above which the worker is vetoed; 0.95 leaves
-    ~5% of the pool for running requests' decode growth before SGLang starts retracting.
+    `max_token_usage`: KV utilisation (non-evictable, `kv_usage`) at or above which a worker
+    that is also queueing or at its admission window is vetoed; 0.95 leaves ~5% of the pool
+    for running requests' decode growth before SGLang starts retracting.
     `max_waiting`: requests in the engine's waiting queue at or above which it is vetoed;
     32 is where a 70B TP8 worker's queue holds more than ~10 s of prefill at Mooncake's
     ~14k-token prompts (SGLang's own default `--max-queued-requests` is unbounded).
@@ -33,20 +43,48 @@ def not_draining(workers: Sequence[WorkerSnapshot]) -> Sequence[WorkerSnapshot]:
     return kept if kept else workers
 
 
+def kv_usage(w: WorkerSnapshot) -> float:
+    """KV utilisation in [0, 1] that new work cannot reclaim: the engine's
+    `active_token_usage` (occupancy excluding evictable prefix cache) when it reports one,
+    else its `token_usage` (SGLang's already excludes evictable radix-cache pages)."""
+    active = w.active_token_usage
+    return w.token_usage if active is None else active
+
+
+def idle(w: WorkerSnapshot) -> bool:
+    """True when `w` runs nothing (its latest load record) and has none of this gateway's
+    requests in flight: it can start a request now, whatever its KV usage or queue say."""
+    return w.running == 0 and w.in_flight == 0
+
+
+def engine_overloaded(w: WorkerSnapshot, thresholds: OverloadThresholds) -> bool:
+    """The engine-side veto: not `idle`, and either `waiting >= max_waiting`, or
+    `kv_usage >= max_token_usage` while the engine cannot admit more (it has a waiting
+    queue, or `max_running_requests` is known and `load >= max_running_requests`)."""
+    if w.running == 0 and w.in_flight == 0:
+        return False
+    waiting = w.waiting
+    if waiting >= thresholds.max_waiting:
+        return True
+    if kv_usage(w) < thresholds.max_token_usage:
+        return False
+    window = w.max_running_requests
+    return waiting > 0 or (window > 0 and w.load >= window)
+
+
 def overloaded(
     workers: Sequence[WorkerSnapshot], thresholds: OverloadThresholds, bound: int | None = None
 ) -> set[str]:
     """Ids of workers affinity must not override (may be all of them).
 
-    Worker w is overloaded when `w.token_usage >= max_token_usage`, or
-    `w.waiting >= max_waiting`, or (when `bound` is given) `w.load >= bound`: taking one more
-    request would put it over the bounded-load capacity (`homing.router.ring.load_bound`).
+    Worker w is overloaded when it is not `idle` and `engine_overloaded(w, thresholds)`, or
+    (when `bound` is given) `w.load >= bound`: taking one more request would put it over the
+    bounded-load capacity (`homing.router.ring.load_bound`).
     """
     vetoed: set[str] = set()
-    kv, waiting = thresholds.max_token_usage, thresholds.max_waiting
     for w in workers:
-        if w.token_usage >= kv or w.waiting >= waiting:
-            vetoed.add(w.worker_id)
-        elif bound is not None and max(w.in_flight, w.running + w.waiting) >= bound:
+        if w.running == 0 and w.in_flight == 0:
+            continue
+        if engine_overloaded(w, thresholds) or (bound is not None and w.load >= bound):
             vetoed.add(w.worker_id)
     return vetoed

@@ -43,11 +43,15 @@ class WorkerSnapshot:
     `in_flight`: requests this gateway has dispatched and not yet finished (own accounting,
     exact and immediate). `running` / `waiting`: the engine's own counts from its latest
     EngineLoad record (all clients, lags by one scheduler step or heartbeat).
-    `token_usage`: KV-cache utilisation in [0, 1] excluding evictable prefix cache, as SGLang
-    reports it. `max_running_requests`: the engine's admission window (0 = unknown).
-    `queued_prefill_tokens`: prompt tokens the engine still has to prefill (queued requests'
-    uncached tokens plus unfinished chunked prefills; `prefill_pending_tokens`, else
-    `waiting_uncached_tokens` of the record), None when the engine does not say.
+    `token_usage`: KV-cache utilisation in [0, 1] as the engine reports it (SGLang's excludes
+    evictable radix-cache pages; other engines' may include retained prefix cache).
+    `active_token_usage`: the record's non-evictable occupancy in [0, 1], None when the
+    engine does not report it (`filters.kv_usage` prefers it). `max_running_requests`: the
+    engine's admission window (0 = unknown).
+    `queued_prefill_tokens`: uncached prompt tokens queued on the engine: the record's
+    `waiting_uncached_tokens` (waiting requests' tokens not served from its prefix cache, so
+    lost cache shows here as load), else its `prefill_pending_tokens` (every prompt token of
+    requests without output yet, cached or not: an upper bound), None when it reports neither.
     `load_at`: clock time (s) of that record (None: no record yet); the router adds its own
     dispatches made after it. `draining`: the worker takes no new requests unless every
     candidate drains.
@@ -58,6 +62,7 @@ class WorkerSnapshot:
     running: int = 0
     waiting: int = 0
     token_usage: float = 0.0
+    active_token_usage: float | None = None
     max_running_requests: int = 0
     queued_prefill_tokens: int | None = None
     load_at: float | None = None
@@ -99,22 +104,25 @@ class RouteDecision:
 
 
 def snapshot_from_state(state: WorkerState) -> WorkerSnapshot:
-    """Build a `WorkerSnapshot` from a pool `WorkerState` (zeros where no load record yet)."""
+    """Build a `WorkerSnapshot` from a pool `WorkerState` (zeros where no load record yet;
+    `active_token_usage` None where the pool's `EngineLoadView` does not carry it)."""
     load = state.load
     draining = state.draining
     if load is None:
         return WorkerSnapshot(
             worker_id=state.worker_id, in_flight=state.in_flight, draining=draining
         )
-    queued = load.prefill_pending_tokens
+    queued = load.waiting_uncached_tokens
     if queued is None:
-        queued = load.waiting_uncached_tokens
+        queued = load.prefill_pending_tokens
     return WorkerSnapshot(
         worker_id=state.worker_id,
         in_flight=state.in_flight,
         running=load.running,
         waiting=load.waiting,
         token_usage=load.token_usage,
+        # read defensively: the pool's view gains the field with its own change
+        active_token_usage=getattr(load, "active_token_usage", None),
         max_running_requests=load.max_running_requests,
         queued_prefill_tokens=queued,
         load_at=load.updated_at,

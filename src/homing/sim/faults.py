@@ -14,12 +14,17 @@ Accepted bodies (one JSON object):
   unhealthy / healthy; requests are still served;
 - `{"reject": "UNAVAILABLE"}` or `{"reject": "RESOURCE_EXHAUSTED"}`: every Generate is refused
   with that status; `{"reject": null}` stops refusing;
+- `{"report_kv_usage": U}`: every load record (EngineLoad `token_usage` and
+  `active_token_usage`, GetLoads' `token_usage`) reports KV utilisation U in [0, 1] instead
+  of the real figure, the shape of an engine whose pool stays full of retained cache while
+  it runs nothing; requests are served as before. `{"report_kv_usage": null}` reports the
+  real figure again;
 - `{"crash": true}`: the worker dies at once (no goodbye to its clients);
 - `{"restart": true}`: the worker comes back on the same port with an empty cache and a new
   KV-event sequence (faults cleared, as a fresh process would have them);
 - `{"clear": true}`: the prefix cache is flushed (an AllBlocksCleared event) once idle;
 - `{}`: every fault above that is in force is cleared.
-The first four may be combined in one body; crash, restart and clear stand alone.
+The first five may be combined in one body; crash, restart and clear stand alone.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 REJECT_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
 """gRPC status codes `{"reject": ...}` accepts (SGLang's 503 and 429 mappings)."""
 
-STATE_KEYS = frozenset({"slowdown", "stall_s", "health", "reject"})
+STATE_KEYS = frozenset({"slowdown", "stall_s", "health", "reject", "report_kv_usage"})
 ACTION_KEYS = frozenset({"crash", "restart", "clear"})
 
 
@@ -41,7 +46,8 @@ class FaultError(ValueError):
 @dataclass(frozen=True)
 class Fault:
     """One validated `POST /fault` body. `reset` is True for `{}`; the others are None when
-    the body did not name them (for `reject`, `clear_reject` tells an explicit null)."""
+    the body did not name them (for `reject` and `report_kv_usage`, `clear_reject` and
+    `clear_report_kv_usage` tell an explicit null)."""
 
     reset: bool = False
     slowdown: float | None = None
@@ -49,6 +55,8 @@ class Fault:
     health: bool | None = None
     reject: str | None = None
     clear_reject: bool = False
+    report_kv_usage: float | None = None
+    clear_report_kv_usage: bool = False
     crash: bool = False
     restart: bool = False
     clear: bool = False
@@ -56,12 +64,14 @@ class Fault:
 
 @dataclass
 class FaultState:
-    """Faults in force. `stall_until` is in the worker clock's seconds (0: no stall)."""
+    """Faults in force. `stall_until` is in the worker clock's seconds (0: no stall);
+    `report_kv_usage` None: load records carry the real KV utilisation."""
 
     slowdown: float = 1.0
     stall_until: float = 0.0
     healthy: bool = True
     reject: str | None = None
+    report_kv_usage: float | None = None
 
     def reset(self) -> None:
         """Back to a healthy worker at normal speed."""
@@ -69,6 +79,7 @@ class FaultState:
         self.stall_until = 0.0
         self.healthy = True
         self.reject = None
+        self.report_kv_usage = None
 
     def apply(self, fault: Fault, now: float) -> None:
         """Put the state parts of `fault` in force at clock time `now` (seconds)."""
@@ -82,6 +93,12 @@ class FaultState:
             self.healthy = fault.health
         if fault.reject is not None or fault.clear_reject:
             self.reject = fault.reject
+        if fault.report_kv_usage is not None or fault.clear_report_kv_usage:
+            self.report_kv_usage = fault.report_kv_usage
+
+    def kv_usage(self, actual: float) -> float:
+        """The KV utilisation a load record reports when the engine's is `actual`."""
+        return actual if self.report_kv_usage is None else self.report_kv_usage
 
     def stalled(self, now: float) -> bool:
         """True while a stall is in force at clock time `now`."""
@@ -94,6 +111,7 @@ class FaultState:
             "stall_s": max(self.stall_until - now, 0.0),
             "health": self.healthy,
             "reject": self.reject,
+            "report_kv_usage": self.report_kv_usage,
         }
 
 
@@ -127,12 +145,17 @@ def parse_fault(body: object) -> Fault:
     reject = body.get("reject")
     if "reject" in body and reject is not None and reject not in REJECT_CODES:
         raise FaultError(f"'reject' must be one of {list(REJECT_CODES)} or null, got {reject!r}")
+    usage = body.get("report_kv_usage")
+    if usage is not None and not (_is_number(usage) and 0 <= float(usage) <= 1):
+        raise FaultError(f"'report_kv_usage' must be a number in [0, 1] or null, got {usage!r}")
     return Fault(
         slowdown=float(slowdown) if slowdown is not None else None,
         stall_s=float(stall_s) if stall_s is not None else None,
         health=health,
         reject=reject,
         clear_reject="reject" in body and reject is None,
+        report_kv_usage=float(usage) if usage is not None else None,
+        clear_report_kv_usage="report_kv_usage" in body and usage is None,
     )
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from smg_grpc_proto.generated import common_pb2
 
 from homing.clock import Clock, SystemClock
+from homing.sim.faults import FaultState
 from homing.sim.radix_cache import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from homing.sim.scheduler import LoadStats
 
@@ -111,6 +112,8 @@ class KvEventHub:
     memory: static telemetry figures.
     wall_time: seconds since the epoch for batch timestamps (default `time.time`).
     clock: monotonic clock for heartbeat timing.
+    faults: the worker's fault state; an injected `report_kv_usage` replaces the KV
+        utilisation of every record (None: records report the engine's figures).
     """
 
     def __init__(
@@ -124,8 +127,10 @@ class KvEventHub:
         wall_time: Callable[[], float] = time.time,
         clock: Clock | None = None,
         core_source: Callable[[], tuple[int, int, int]] | None = None,
+        faults: FaultState | None = None,
     ) -> None:
         self._load_source = load_source
+        self._faults = faults
         self._core_source = core_source
         self._memory = memory
         self.heartbeat_busy_s = heartbeat_busy_s
@@ -173,6 +178,12 @@ class KvEventHub:
             if subscriber._last_core != core:
                 subscriber._mark_load_dirty()
 
+    def resend_load(self) -> None:
+        """A reported figure changed outside the core (an injected fault): every stream
+        sends a `load_only` record soon, as for a core change."""
+        for subscriber in self._subscribers:
+            subscriber._mark_load_dirty()
+
     def subscribe(self, *, load_records_before_first_batch: bool) -> KvSubscription:
         """A new stream of batches published from now on."""
         subscription = KvSubscription(self, load_records_before_first_batch)
@@ -196,12 +207,16 @@ class KvEventHub:
         self, stats: LoadStats, *, sample: int, load_only: bool, telemetry: bool
     ) -> common_pb2.EngineLoad:
         """The `EngineLoad` record of `stats` for one send."""
+        usage = stats.token_usage
+        if self._faults is not None:
+            usage = self._faults.kv_usage(usage)
         load = common_pb2.EngineLoad(
             running_requests=stats.num_running,
             waiting_requests=stats.num_waiting,
             waiting_uncached_tokens=stats.waiting_uncached_tokens,
-            token_usage=stats.token_usage,
-            active_token_usage=stats.token_usage,
+            token_usage=usage,
+            # the sim's usage already excludes evictable pages (as SGLang's token_usage)
+            active_token_usage=usage,
             gen_throughput=stats.gen_throughput,
             max_running_requests=stats.max_running_requests,
             age_ms=0,

@@ -17,7 +17,8 @@ Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
   `complete`, as older servicers sent them. stream=False: a single `complete` carrying all
   output_ids. A client that goes away aborts its request.
 - A full waiting queue (`max_queued_requests`) -> UNAVAILABLE ("The request queue is full",
-  SGLang's 503); an injected `reject` fault -> that status for every Generate.
+  SGLang's 503); an injected `reject` fault -> that status for every Generate; an injected
+  `report_kv_usage` replaces GetLoads' KV utilisation (as the KV-event hub's records).
 - HealthCheck: unhealthy while an injected `health: false` fault is in force; during an
   injected stall it waits, as SGLang's one-token probe request would, and answers unhealthy
   after HEALTH_CHECK_TIMEOUT_S.
@@ -64,7 +65,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -459,6 +460,9 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
                 f"unknown GetLoads sections {sorted(unknown)}; valid: {sorted(LOAD_SECTIONS)}",
             )
         stats = self.engine.load()
+        usage = self.engine.faults.kv_usage(stats.token_usage)
+        if usage != stats.token_usage:  # an injected report_kv_usage
+            stats = replace(stats, token_usage=usage)
         loads = []
         if not request.HasField("dp_rank") or request.dp_rank == 0:
             loads.append(self._scheduler_load(stats, include))

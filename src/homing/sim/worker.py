@@ -265,6 +265,7 @@ class SimWorker:
             heartbeat_busy_s=cfg.heartbeat_busy_s,
             heartbeat_idle_s=cfg.heartbeat_idle_s,
             core_source=scheduler.core_load,
+            faults=self.faults,
         )
         engine_callbacks(engine, hub)
         servicer = SimSchedulerServicer(
@@ -332,7 +333,8 @@ class SimWorker:
         return self.faults.as_dict(now)
 
     async def apply_fault(self, fault: Fault) -> None:
-        """Put a state fault (slowdown, stall, health, reject, or `{}` reset) in force."""
+        """Put a state fault (slowdown, stall, health, reject, report_kv_usage, or `{}`
+        reset) in force."""
         current = self._current
         if current is None:
             return
@@ -343,6 +345,8 @@ class SimWorker:
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         current.engine.fault_changed()
+        if fault.report_kv_usage is not None or fault.clear_report_kv_usage or fault.reset:
+            current.hub.resend_load()
         await current.health.set("", status)
         await current.health.set(SERVICE_NAME, status)
 

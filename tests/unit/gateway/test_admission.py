@@ -26,10 +26,51 @@ T = OverloadThresholds()
 
 
 class TestOverload:
-    def test_kv_pool_nearly_full_is_overloaded(self) -> None:
-        """KV utilisation at the router's `max_token_usage` makes a replica overloaded."""
-        assert replica_overloaded(WorkerSnapshot("w", token_usage=0.95), T, None)
-        assert not replica_overloaded(WorkerSnapshot("w", token_usage=0.94), T, None)
+    def test_kv_pool_nearly_full_and_queueing_is_overloaded(self) -> None:
+        """KV utilisation at the router's `max_token_usage` while the engine queues makes a
+        replica overloaded."""
+        assert replica_overloaded(
+            WorkerSnapshot("w", running=4, waiting=1, token_usage=0.95), T, None
+        )
+        assert not replica_overloaded(
+            WorkerSnapshot("w", running=4, waiting=1, token_usage=0.94), T, None
+        )
+
+    def test_full_kv_with_no_queue_and_free_slots_is_not_overloaded(self) -> None:
+        """KV usage is a stock, not a rate: 0.99 with nothing waiting and free running slots
+        (or an unknown window) admits more."""
+        for window in (0, 64):
+            w = WorkerSnapshot(
+                "w", in_flight=3, running=3, token_usage=0.99, max_running_requests=window
+            )
+            assert not replica_overloaded(w, T, None)
+
+    def test_full_kv_at_a_full_admission_window_is_overloaded(self) -> None:
+        """High KV usage with every running slot taken: the engine would queue."""
+        w = WorkerSnapshot("w", in_flight=8, running=8, token_usage=0.99, max_running_requests=8)
+        assert replica_overloaded(w, T, None)
+
+    def test_usage_held_by_evictable_cache_is_not_overloaded(self) -> None:
+        """An engine reporting `active_token_usage` (non-evictable) below the threshold is
+        judged by it, even with a nearly full `token_usage` and a short queue."""
+        w = WorkerSnapshot(
+            "w", in_flight=4, running=4, waiting=2, token_usage=0.99, active_token_usage=0.2
+        )
+        assert not replica_overloaded(w, T, None)
+        pinned = WorkerSnapshot(
+            "w", in_flight=4, running=4, waiting=2, token_usage=0.99, active_token_usage=0.97
+        )
+        assert replica_overloaded(pinned, T, None)
+
+    def test_an_idle_replica_is_never_overloaded(self) -> None:
+        """Nothing running and nothing of ours in flight: admitted whatever its KV usage,
+        queue or admission window say."""
+        idle = WorkerSnapshot(
+            "w", waiting=40, token_usage=0.99, active_token_usage=0.99, max_running_requests=8
+        )
+        assert not replica_overloaded(idle, T, 1)
+        assert not all_overloaded([WorkerSnapshot("a", in_flight=3), idle], T, 3)
+        assert grantable([idle], T, None, {"w": (idle.load_at, 1)}) is idle
 
     def test_full_engine_admission_window_is_overloaded(self) -> None:
         """A replica whose load reaches its `max_running_requests` would queue new work."""
@@ -283,7 +324,7 @@ class TestHerd:
         assert grantable([fresh], T, None, consumed) == fresh
         ended = WorkerSnapshot("w0", in_flight=3, token_usage=0.94, load_at=10.0)
         assert grantable([ended], T, None, consumed) == ended
-        full = WorkerSnapshot("w0", in_flight=3, token_usage=0.95, load_at=11.0)
+        full = WorkerSnapshot("w0", in_flight=3, waiting=1, token_usage=0.95, load_at=11.0)
         assert grantable([full], T, None, consumed) is None
 
     async def test_one_report_below_threshold_releases_one_waiter_not_the_queue(self) -> None:
@@ -296,6 +337,7 @@ class TestHerd:
                 WorkerSnapshot(
                     "w0",
                     in_flight=state["in_flight"],  # type: ignore[arg-type]
+                    waiting=1,  # queueing: full KV then really means no room
                     token_usage=state["usage"],
                     load_at=state["at"],
                 )

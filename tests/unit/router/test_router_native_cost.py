@@ -31,11 +31,12 @@ def _scenario(rng: random.Random) -> tuple[list[WorkerSnapshot], Matches, Dispat
     workers = [
         WorkerSnapshot(
             worker_id=f"w{rng.randrange(100):02d}" if rng.random() < 0.3 else f"w{i}",
-            in_flight=rng.randrange(0, 20),
-            running=rng.randrange(0, 20),
+            in_flight=rng.choice([0, 0, *range(0, 20)]),
+            running=rng.choice([0, 0, *range(0, 20)]),
             waiting=rng.choice([0, 0, 1, 5, 31, 32, 40]),
             token_usage=rng.choice([0, 0.3, 0.94, 0.95, 0.99]),
-            max_running_requests=256,
+            active_token_usage=rng.choice([None, None, 0.1, 0.95, 0.99]),
+            max_running_requests=rng.choice([0, 8, 16, 256]),
             queued_prefill_tokens=rng.choice([None, 0, 100, 5000]),
             load_at=rng.choice([None, 1.0, 2.0, 3.0]),
             draining=rng.random() < 0.05,
@@ -148,7 +149,8 @@ def test_hostile_inputs_raise_instead_of_crashing() -> None:
         worker_id = WorkerSnapshot.worker_id  # another type's slot descriptor
 
     for name in ("in_flight", "running", "waiting", "token_usage", "queued_prefill_tokens",
-                 "load_at", "draining"):  # fmt: skip
+                 "load_at", "draining", "active_token_usage",
+                 "max_running_requests"):  # fmt: skip
         setattr(Fake, name, getattr(WorkerSnapshot, name))
     with pytest.raises(TypeError, match="is not a slot"):
         native.bind(Fake)

@@ -6,6 +6,7 @@ worker."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -170,20 +171,41 @@ class TestCacheAware:
 
     @pytest.mark.parametrize(
         "overload",
-        [{"token_usage": 0.97}, {"waiting": 40}, {"in_flight": 30}],
-        ids=["kv_usage", "waiting_queue", "load_bound"],
+        [
+            {"running": 2, "waiting": 1, "token_usage": 0.97},
+            {"running": 8, "token_usage": 0.97, "max_running_requests": 8},
+            {"running": 1, "waiting": 40},
+            {"in_flight": 30},
+        ],
+        ids=["kv_usage_queueing", "kv_usage_window_full", "waiting_queue", "load_bound"],
     )
     def test_overloaded_holder_is_vetoed(self, overload: dict[str, float]) -> None:
-        """KV usage, queue length or the bounded-load cap veto affinity ("veto")."""
+        """KV usage while queueing or at a full admission window, queue length or the
+        bounded-load cap veto affinity ("veto")."""
         store(self.index, "w0", PROMPT)
         workers = [snap("w0", **overload), snap("w1", in_flight=1), snap("w2", in_flight=1)]
         decision = self.policy.select(REQUEST, workers)
         assert decision.worker_id != "w0" and decision.branch == "veto"
 
+    def test_full_kv_without_a_queue_does_not_veto_the_holder(self) -> None:
+        """KV usage is a stock: a holder at 0.99 with nothing waiting and free slots keeps
+        its affinity, and so does one whose usage is evictable cache (`active_token_usage`)
+        while a short queue forms, and an idle one whatever it reports."""
+        store(self.index, "w0", PROMPT)
+        others = [snap("w1", in_flight=1), snap("w2", in_flight=1)]
+        for holder in (
+            snap("w0", running=3, token_usage=0.99, max_running_requests=64),
+            snap("w0", running=3, waiting=2, token_usage=0.99, active_token_usage=0.3),
+            snap("w0", token_usage=0.99, active_token_usage=0.99),
+        ):
+            decision = self.policy.select(REQUEST, [holder, *others])
+            assert (decision.worker_id, decision.branch) == ("w0", "exact_hit")
+
     def test_everyone_overloaded_takes_the_cheapest(self) -> None:
         """When every worker is over a threshold the cheapest of all wins ("overload")."""
         store(self.index, "w1", PROMPT)
-        workers = [snap("w0", token_usage=0.99), snap("w1", token_usage=0.99)]
+        busy = {"running": 4, "waiting": 1, "token_usage": 0.99}
+        workers = [snap("w0", **busy), snap("w1", **busy)]
         decision = self.policy.select(REQUEST, workers)
         assert (decision.worker_id, decision.branch) == ("w1", "overload")
 
@@ -283,14 +305,46 @@ class TestCacheAware:
     def test_the_inlined_veto_equals_the_filter(self) -> None:
         """The policy's one-pass veto vetoes exactly what `filters.overloaded` returns."""
         workers = [
-            snap("kv", token_usage=0.96),
-            snap("queue", waiting=33),
+            snap("kv", running=1, waiting=1, token_usage=0.96),
+            snap("kv_free", running=1, token_usage=0.96),
+            snap("kv_window", running=4, token_usage=0.96, max_running_requests=4),
+            snap("evictable", running=1, waiting=1, token_usage=0.96, active_token_usage=0.1),
+            snap("queue", running=1, waiting=33),
+            snap("idle", waiting=33, token_usage=0.99),
             snap("busy", in_flight=12),
             snap("fine", in_flight=3),
         ]
         vetoed: list[str] = []
         self.policy._cheapest(workers, self.index.lookup(PROMPT), len(PROMPT), 12, vetoed)
         assert set(vetoed) == overloaded(workers, OverloadThresholds(), bound=12)
+        assert set(vetoed) == {"kv", "kv_window", "queue", "busy"}
+
+    def test_the_inlined_veto_equals_the_filter_on_random_snapshots(self) -> None:
+        """On random loads, usages, windows and bounds the one-pass veto (Python and, where
+        built, C) is `filters.overloaded`."""
+        rng = random.Random(5)
+        for _ in range(2000):
+            workers = [
+                snap(
+                    f"w{i}",
+                    in_flight=rng.choice([0, 0, 1, 3, 9]),
+                    running=rng.choice([0, 0, 1, 4, 8]),
+                    waiting=rng.choice([0, 0, 1, 31, 32]),
+                    token_usage=rng.choice([0.0, 0.5, 0.95, 0.99]),
+                    active_token_usage=rng.choice([None, 0.1, 0.95]),
+                    max_running_requests=rng.choice([0, 4, 8, 64]),
+                )
+                for i in range(rng.randrange(1, 6))
+            ]
+            bound = rng.choice([1, 4, 8, 12])
+            want = overloaded(workers, OverloadThresholds(), bound=bound)
+            found = self.index.lookup(PROMPT)
+            vetoed: list[str] = []
+            self.policy._cheapest_python(workers, found, len(PROMPT), bound, vetoed)
+            assert set(vetoed) == want
+            vetoed = []
+            self.policy._cheapest(workers, found, len(PROMPT), bound, vetoed)
+            assert set(vetoed) == want
 
     def test_empty_candidates_raise(self) -> None:
         """No candidates is NoWorkerAvailable."""
@@ -303,8 +357,8 @@ class TestFiltersAndLedger:
         """KV usage, waiting queue and the load bound each veto; the rest pass."""
         thresholds = OverloadThresholds(max_token_usage=0.9, max_waiting=10)
         workers = [
-            snap("kv", token_usage=0.9),
-            snap("queue", waiting=10),
+            snap("kv", running=1, waiting=1, token_usage=0.9),
+            snap("queue", running=1, waiting=10),
             snap("busy", in_flight=7),
             snap("fine", in_flight=6, token_usage=0.5),
         ]

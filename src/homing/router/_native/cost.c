@@ -3,11 +3,11 @@
  * _cost.pyi).
  *
  * Rule of this file: compute exactly what CacheAwarePolicy._cheapest_python computes (the
- * veto, the effective match, the cost rule of homing.router.cost with the dispatch
- * ledger's pending tokens, the tie-break), in double precision, only faster. The rule's
- * constants come in as arguments; nothing here decides policy. A snapshot's fields are
- * read through their slot descriptors when the object is exactly the WorkerSnapshot type
- * the module was given, else by attribute name. Request counts must fit in 64 bits
+ * veto of homing.router.filters.overloaded, the effective match, the cost rule of
+ * homing.router.cost with the dispatch ledger's pending tokens, the tie-break), in double
+ * precision, only faster. The rule's constants come in as arguments; nothing here decides
+ * policy. A snapshot's fields are read through their slot descriptors when the object is
+ * exactly the WorkerSnapshot type the module was given, else by attribute name. Request counts must fit in 64 bits
  * (OverflowError otherwise) and token counts and weights below 2**53 to be exact.
  */
 #define PY_SSIZE_T_CLEAN
@@ -21,11 +21,11 @@
 #include <string.h>
 
 enum { F_WORKER_ID, F_IN_FLIGHT, F_RUNNING, F_WAITING, F_TOKEN_USAGE, F_QUEUED, F_LOAD_AT,
-       F_DRAINING, F_COUNT };
+       F_DRAINING, F_ACTIVE_USAGE, F_MAX_RUNNING, F_COUNT };
 
 static const char *FIELD_NAMES[F_COUNT] = {
     "worker_id", "in_flight", "running", "waiting", "token_usage", "queued_prefill_tokens",
-    "load_at", "draining",
+    "load_at", "draining", "active_token_usage", "max_running_requests",
 };
 
 static PyObject *field_names[F_COUNT];         /* interned */
@@ -241,13 +241,28 @@ cheapest(PyObject *self, PyObject *args)
             overflow();
             goto fail;
         }
-        if (check) {
-            int over = (double)load >= cap;
+        if (check && (running != 0 || in_flight != 0)) { /* an idle worker is never vetoed */
+            int over = (double)load >= cap || (double)waiting >= max_waiting;
             if (!over) {
-                double usage;
-                if (field_double(w, F_TOKEN_USAGE, &usage) < 0)
+                /* non-evictable usage when reported, else token_usage (filters.kv_usage) */
+                PyObject *active = field(w, F_ACTIVE_USAGE);
+                if (active == NULL)
                     goto fail;
-                over = usage >= max_usage || (double)waiting >= max_waiting;
+                double usage;
+                if (active == Py_None) {
+                    Py_DECREF(active);
+                    if (field_double(w, F_TOKEN_USAGE, &usage) < 0)
+                        goto fail;
+                }
+                else if (take_double(active, &usage) < 0) {
+                    goto fail;
+                }
+                if (usage >= max_usage) {
+                    long long window;
+                    if (field_ll(w, F_MAX_RUNNING, &window) < 0)
+                        goto fail;
+                    over = waiting > 0 || (window > 0 && load >= window);
+                }
             }
             if (over) {
                 if (PyList_Append(vetoed, wid) < 0)

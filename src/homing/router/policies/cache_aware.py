@@ -5,10 +5,12 @@ Rule of this file: affinity never overrides an overloaded worker, and a request 
 useful cached prefix anywhere goes where its session or first block hashes. In order:
 
 1. No candidates -> `NoWorkerAvailable`. Draining workers are dropped (unless all drain).
-2. Veto (`filters.overloaded`): KV usage >= 0.95, or waiting queue >= 32 requests, or load
-   >= the affinity capacity `load_bound(L, n, c_hit = 1.5, hit_min_bound = 8)` (`ring`; 1.5
-   is SGLang's and smg's balance_rel_threshold). If every candidate is vetoed, the cheapest
-   of all by the cost rule wins ("overload").
+2. Veto (`filters.overloaded`; never a worker with nothing running and nothing of ours in
+   flight): waiting queue >= 32 requests, or non-evictable KV usage >= 0.95 while the engine
+   queues or its admission window is full, or load >= the affinity capacity
+   `load_bound(L, n, c_hit = 1.5, hit_min_bound = 8)` (`ring`; 1.5 is SGLang's and smg's
+   balance_rel_threshold). If every candidate is vetoed, the cheapest of all by the cost
+   rule wins ("overload").
 3. Matches (`PrefixIndex.lookup`): E_w = D_w + h * (T_w - D_w) effective cached tokens (T_w
    any tier, D_w device, h the lower-tier worth). The best eligible worker's advantage is
    `max E_w - min E_w` over eligible workers (0 for a worker holding nothing); it is useful
@@ -214,15 +216,24 @@ class CacheAwarePolicy(BasePolicy):
                 dev = device.get(wid, 0) if tokens else 0
                 eff = dev + h * (tokens - dev)
             waiting = w.waiting
-            load = w.running + waiting
+            running = w.running
+            load = running + waiting
             in_flight = w.in_flight
             if in_flight > load:
                 load = in_flight
-            if check and (load >= cap or w.token_usage >= max_usage or waiting >= max_waiting):
-                vetoed.append(wid)
-                if eff > vetoed_eff:
-                    vetoed_eff = eff
-                continue
+            if check and (running or in_flight):  # an idle worker is never vetoed
+                over = load >= cap or waiting >= max_waiting
+                if not over:
+                    usage = w.active_token_usage
+                    if usage is None:
+                        usage = w.token_usage
+                    window = w.max_running_requests
+                    over = usage >= max_usage and (waiting > 0 or 0 < window <= load)
+                if over:
+                    vetoed.append(wid)
+                    if eff > vetoed_eff:
+                        vetoed_eff = eff
+                    continue
             if eff > best_eff:
                 best_eff = eff
             if eff < floor:
