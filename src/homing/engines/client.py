@@ -329,6 +329,16 @@ class EngineStream:
             await self._client._abort_in_background(self.request_id, reason)
 
 
+@dataclass(frozen=True)
+class HealthProbe:
+    """One HealthCheck's outcome: `healthy` (answered healthy=true), `timed_out` (no answer
+    within the timeout), `message` (the worker's or grpc's)."""
+
+    healthy: bool
+    timed_out: bool = False
+    message: str = ""
+
+
 def grpc_target(url: str) -> str:
     """`grpc://host:port` (or bare `host:port`) -> `host:port`; ValueError otherwise."""
     target = url.removeprefix("grpc://")
@@ -413,11 +423,18 @@ class EngineClient:
 
         Never raises: any RPC failure is False.
         """
+        return (await self.health_probe(timeout_s)).healthy
+
+    async def health_probe(self, timeout_s: float = 2.0) -> HealthProbe:
+        """One HealthCheck: whether it answered healthy within `timeout_s`, and whether it
+        failed by running out of time (DEADLINE_EXCEEDED) rather than by an answer or a
+        refused connection. Never raises."""
         try:
             resp = await self._get_stub().HealthCheck(pb.HealthCheckRequest(), timeout=timeout_s)
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(resp.healthy)
+        except grpc.aio.AioRpcError as err:
+            timed_out = err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            return HealthProbe(False, timed_out=timed_out, message=err.details() or "")
+        return HealthProbe(bool(resp.healthy), message=resp.message)
 
     async def model_info(self, timeout_s: float = 10.0) -> pb.GetModelInfoResponse:
         """GetModelInfo (served model name, context length, eos ids, ...)."""

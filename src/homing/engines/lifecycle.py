@@ -2,13 +2,14 @@
 
     joining --joined--> ready --cordon--> cordoned --uncordon--> ready
     joining|ready|cordoned|ejected --drain--> draining --drained--> gone
-    ready --eject--> ejected --readmit--> ready
+    ready --eject--> ejected --readmit--> ready     ejected --cordon--> cordoned
     joining --refused--> gone        any phase but gone --remove--> gone
 
 `joining`: found (config or admin API), not yet discovered as a worker of the pool's model,
 healthy and subscribed to. `ready`: takes new requests while healthy. `cordoned`: takes no
 new requests and stays. `draining`: takes no new requests; leaves (`drained`) when its last
-request ends. `ejected`: taken out by outlier detection, may be readmitted. `gone`: left the
+request ends. `ejected`: taken out by outlier detection, may be readmitted (an operator's
+cordon takes it over: the worker stays out until uncordoned). `gone`: left the
 pool for good; the same URL added again is a new worker with a new id.
 
 Health is separate: a `ready` worker that fails its probes stays `ready` and gets no
@@ -52,6 +53,7 @@ _NEXT: dict[tuple[Phase, Action], Phase] = {
     (Phase.CORDONED, Action.UNCORDON): Phase.READY,
     (Phase.READY, Action.EJECT): Phase.EJECTED,
     (Phase.EJECTED, Action.READMIT): Phase.READY,
+    (Phase.EJECTED, Action.CORDON): Phase.CORDONED,
     (Phase.DRAINING, Action.DRAINED): Phase.GONE,
     **{(p, Action.DRAIN): Phase.DRAINING for p in (Phase.JOINING, Phase.READY, Phase.CORDONED)},
     (Phase.EJECTED, Action.DRAIN): Phase.DRAINING,

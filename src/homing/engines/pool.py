@@ -25,6 +25,18 @@ Per worker the pool runs two tasks:
   rotation after a few failed resubscriptions (~0.7 s) rather than three probes. A worker
   that does not implement SubscribeKvEvents (UNIMPLEMENTED) is left in the router's
   approximate mode, retried every `kv_backoff_max_s` without further flushes.
+
+Health is judged by progress too (`homing.engines.health.probe_verdict`): a probe that times
+out on a worker that is busy and whose KV-event stream shows engine work within
+`progress_window_s` counts neither way (`WorkerState.probes_excused` counts them); a busy
+worker whose load records stopped arriving or changing gets its timeouts counted.
+
+Each worker has a circuit breaker on the request path (`homing.engines.breaker`): requests'
+transport failures (`report_failure`) open it; a lease taken through `open_lease` on a
+half-open worker is its one trial, and its `close_lease` without a transport failure in
+between closes it. `WorkerState.routable` is False while the breaker admits no request.
+Control loops of the pool (outlier ejection) run beside its tasks (`run_beside`) and move
+workers with `eject` / `readmit`.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ import hashlib
 import itertools
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -44,9 +56,20 @@ import structlog
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
-from homing.clock import Clock, SystemClock
+from homing.clock import Clock, SystemClock, TimerHandle
+from homing.engines import breaker as brk
+from homing.engines.breaker import Breaker, BreakerConfig, BreakerState
 from homing.engines.client import EngineClient, EngineError
-from homing.engines.health import HealthStatus, HealthThresholds, observe
+from homing.engines.health import (
+    HealthStatus,
+    HealthThresholds,
+    LoadSample,
+    ProbeOutcome,
+    is_busy,
+    observe,
+    probe_verdict,
+    shows_progress,
+)
 from homing.engines.kv_stream import KvStreamCursor
 from homing.engines.lifecycle import Action, Phase, accepts_requests, transition
 
@@ -105,7 +128,11 @@ class PoolConfig:
     it first). `discovery_timeout_s`: per GetModelInfo/GetServerInfo call.
     KV stream: resubscribe after `kv_backoff_initial_s`, doubling to `kv_backoff_max_s`.
     `check_tokenizer`: fetch each joining worker's GetTokenizer bundle and refuse a worker
-    whose bundle's sha256 differs from the pool's.
+    whose bundle's sha256 differs from the pool's. `progress_window_s`: how recent the
+    engine work seen on a busy worker's KV-event stream must be to excuse a probe timeout
+    (5 s: five of the simulator's busy heartbeats, `heartbeat_busy_s` = 1 s; a decoding
+    engine's KV usage changes with every token). `breaker`: the request-path circuit
+    breaker's thresholds.
     """
 
     health_interval_s: float = 1.0
@@ -116,6 +143,8 @@ class PoolConfig:
     kv_backoff_initial_s: float = 0.1
     kv_backoff_max_s: float = 5.0
     check_tokenizer: bool = True
+    progress_window_s: float = 5.0
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
 
 @dataclass
@@ -150,6 +179,11 @@ class WorkerState:
     `phase`: its lifecycle phase (`homing.engines.lifecycle`); it gets new requests only
     when `ready` and healthy. `version`: the operator's label of its engine or weights
     revision. `tokenizer_sha256`: of its GetTokenizer bundle (None: not fetched).
+    `breaker`: its circuit breaker's state ("closed", "open", "half_open"), `breaker_trial`
+    whether the half-open trial is in flight, `breaker_opens` how often it opened.
+    `last_progress_at`: pool clock time (s) its KV-event stream last showed engine work
+    (None: never); `probes_excused`: probe timeouts not counted because it was busy and
+    progressing.
     """
 
     worker_id: str
@@ -166,6 +200,11 @@ class WorkerState:
     kv_epoch: int = 0
     kv_stream: str = "connecting"
     tokenizer_sha256: str | None = None
+    breaker: str = BreakerState.CLOSED.value
+    breaker_trial: bool = False
+    breaker_opens: int = 0
+    last_progress_at: float | None = None
+    probes_excused: int = 0
 
     @property
     def draining(self) -> bool:
@@ -174,8 +213,11 @@ class WorkerState:
 
     @property
     def routable(self) -> bool:
-        """True when new requests may be sent to it: `ready` and healthy."""
-        return self.healthy and accepts_requests(self.phase)
+        """True when new requests may be sent to it: `ready`, healthy, and its breaker
+        closed (or half-open with the trial slot free)."""
+        if not (self.healthy and accepts_requests(self.phase)):
+            return False
+        return self.breaker == "closed" or (self.breaker == "half_open" and not self.breaker_trial)
 
 
 @dataclass
@@ -190,6 +232,19 @@ class _Worker:
     # rest of its backoff (events it stores meanwhile would be missed).
     kv_retry: asyncio.Event = field(default_factory=asyncio.Event)
     closing: bool = False  # removed with requests in flight: the last one closes the channel
+    breaker: Breaker = field(default_factory=Breaker)
+    breaker_timer: TimerHandle | None = None
+    failures: int = 0  # requests' transport failures reported, ever (leases compare it)
+    rank_samples: dict[int | None, LoadSample] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LeaseMark:
+    """What `open_lease` noted for `close_lease`: whether the lease is its worker's
+    half-open trial, and the worker's failure count when it was taken."""
+
+    trial: bool
+    failures: int
 
 
 #: The window beyond `max_req_input_len` that SGLang serves untrimmed: max_req_len =
@@ -249,6 +304,13 @@ def check_worker_url(url: str) -> str:
 TransitionHook = Callable[[WorkerState, Phase, Action], None]
 
 
+def _outcome(healthy: bool, timed_out: bool) -> ProbeOutcome:
+    """A HealthCheck's `ProbeOutcome`: answered healthy, out of time, or else failed."""
+    if healthy:
+        return ProbeOutcome.OK
+    return ProbeOutcome.TIMED_OUT if timed_out else ProbeOutcome.FAILED
+
+
 class WorkerPool:
     """All workers of one model. Workers get ids from `new_id` (default "w0", "w1", ... in
     order), unique for the pool's life: a URL removed and added again is a new worker.
@@ -258,8 +320,9 @@ class WorkerPool:
     batches and flushes (`KvEventSink`; a `Router`). `clock`: stamps load records and times
     every wait (probes, KV backoff, `wait_ready`, `wait_gone`). `wall_clock`: seconds since
     the epoch, to measure event lag against batch timestamps (default `time.time`).
-    `on_health_change`: called with a worker's state each time it turns healthy or unhealthy.
-    `on_transition`: called after each lifecycle transition.
+    `on_health_change`: called with a worker's state each time it turns healthy or
+    unhealthy, or its breaker changes state. `on_transition`: called after each lifecycle
+    transition.
     Raises ValueError for duplicate or malformed urls.
     """
 
@@ -397,6 +460,21 @@ class WorkerPool:
         """`worker_id` takes new requests again. KeyError, `IllegalTransition`."""
         return self._apply(self._workers[worker_id], Action.UNCORDON).state
 
+    def eject(self, worker_id: str) -> WorkerState:
+        """Take `worker_id` out of rotation as an outlier (`ejected`: no new requests, its
+        open requests go on). KeyError, `IllegalTransition` when it is not ready."""
+        return self._apply(self._workers[worker_id], Action.EJECT).state
+
+    def readmit(self, worker_id: str) -> WorkerState:
+        """An ejected `worker_id` takes requests again. KeyError, `IllegalTransition` when
+        it is not ejected."""
+        return self._apply(self._workers[worker_id], Action.READMIT).state
+
+    def run_beside(self, coro: Coroutine[object, object, None], name: str) -> None:
+        """Run `coro` (a control loop of this pool, such as outlier ejection) as a task
+        that `stop` cancels with the pool's own."""
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
     def drain(self, worker_id: str) -> WorkerState:
         """No new requests for `worker_id`; it leaves the pool when its last request ends
         (at once when none is in flight). KeyError, `IllegalTransition` (already draining)."""
@@ -433,6 +511,8 @@ class WorkerPool:
             return  # already gone
         self._apply(w, action)
         del self._workers[worker_id]
+        if w.breaker_timer is not None:
+            w.breaker_timer.cancel()
         for task in w.tasks:
             task.cancel()
         self._tasks = [t for t in self._tasks if t not in w.tasks]
@@ -463,6 +543,9 @@ class WorkerPool:
         """Cancel the background tasks and close every channel."""
         tasks, self._tasks = self._tasks, []
         tasks.extend(self._retiring)
+        for w in self._workers.values():
+            if w.breaker_timer is not None:
+                w.breaker_timer.cancel()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -604,15 +687,41 @@ class WorkerPool:
                     task.add_done_callback(self._retiring.discard)
 
     def report_failure(self, worker_id: str, err: EngineError) -> None:
-        """A request on `worker_id` failed; only transport errors count toward health."""
+        """A request on `worker_id` failed; only transport errors count, toward health and
+        toward its breaker."""
         if err.transport:
             w = self._workers[worker_id]
             w.state.last_error = str(err)
+            w.failures += 1
+            self._set_breaker(w, brk.on_failure(w.breaker, self._clock.now(), self.config.breaker))
             self._observe(w, False, "request")
 
     def report_success(self, worker_id: str) -> None:
-        """A request on `worker_id` completed: one success toward health."""
-        self._observe(self._workers[worker_id], True, "request")
+        """A request on `worker_id` completed: one success toward health (and its
+        breaker's failure run)."""
+        w = self._workers[worker_id]
+        self._set_breaker(w, brk.on_success(w.breaker, trial=False))
+        self._observe(w, True, "request")
+
+    def open_lease(self, worker_id: str) -> LeaseMark:
+        """A request was routed to `worker_id` (call with no await since its routing
+        snapshot was taken): on a half-open worker it takes the trial slot, so the next
+        routing decision sees no room there. Pass the mark to `close_lease`. KeyError for
+        an unknown id; ValueError when its breaker admits no request."""
+        w = self._workers[worker_id]
+        after, trial = brk.start_request(w.breaker)
+        self._set_breaker(w, after)
+        return LeaseMark(trial=trial, failures=w.failures)
+
+    def close_lease(self, worker_id: str, mark: LeaseMark) -> None:
+        """The lease `mark` came from ended. With no transport failure reported on the
+        worker since it was taken, it counts as a success for the breaker: the trial's
+        closes a half-open breaker. (Failures are not tied to a lease, so a concurrent
+        request's failure denies this one its success.) No-op for a worker gone."""
+        w = self._workers.get(worker_id)
+        if w is None or w.failures != mark.failures:
+            return
+        self._set_breaker(w, brk.on_success(w.breaker, trial=mark.trial))
 
     # ------------------------------------------------------------------ state changes
 
@@ -644,8 +753,78 @@ class WorkerPool:
         if flipped and self._on_health_change is not None:
             self._on_health_change(w.state)
 
+    def _set_breaker(self, w: _Worker, after: Breaker) -> None:
+        """Put `after` in force for `w`: mirror it on the state, time an open interval's
+        end, log and report state changes."""
+        before = w.breaker
+        if after == before:
+            return
+        s = w.state
+        w.breaker = after
+        s.breaker = after.state.value
+        s.breaker_trial = after.trial
+        self._changed.set()
+        if after.state is before.state:
+            return
+        if w.breaker_timer is not None:
+            w.breaker_timer.cancel()
+            w.breaker_timer = None
+        if after.state is BreakerState.OPEN:
+            s.breaker_opens += 1
+            delay = max(0.0, after.open_until - self._clock.now())
+            w.breaker_timer = self._clock.call_later(delay, lambda: self._breaker_tick(w))
+        log.info(
+            "worker_breaker",
+            worker=s.worker_id,
+            url=s.url,
+            state=after.state.value,
+            before=before.state.value,
+            open_s=round(brk.open_interval(after.opens, self.config.breaker), 3)
+            if after.state is BreakerState.OPEN
+            else None,
+            error=s.last_error if after.state is BreakerState.OPEN else None,
+        )
+        if self._on_health_change is not None:
+            self._on_health_change(s)
+
+    def _breaker_tick(self, w: _Worker) -> None:
+        """The open interval's timer: half-open when it is over (re-armed if it fired a
+        hair early)."""
+        w.breaker_timer = None
+        if self._workers.get(w.state.worker_id) is not w:
+            return
+        now = self._clock.now()
+        after = brk.tick(w.breaker, now)
+        if after.state is BreakerState.OPEN:
+            remaining = max(0.001, after.open_until - now)
+            w.breaker_timer = self._clock.call_later(remaining, lambda: self._breaker_tick(w))
+            return
+        self._set_breaker(w, after)
+
+    def _note_progress(self, w: _Worker, at: float) -> None:
+        """`w`'s engine was seen doing work at clock time `at`."""
+        last = w.state.last_progress_at
+        if last is None or at > last:
+            w.state.last_progress_at = at
+
     def _apply_load(self, w: _Worker, rank: int | None, load: common_pb2.EngineLoad) -> None:
         now = self._clock.now()
+        sample = LoadSample(
+            running=load.running_requests,
+            waiting=load.waiting_requests,
+            token_usage=load.token_usage,
+            waiting_uncached_tokens=(
+                load.waiting_uncached_tokens if load.HasField("waiting_uncached_tokens") else None
+            ),
+            prefill_pending_tokens=(
+                load.prefill_pending_tokens if load.HasField("prefill_pending_tokens") else None
+            ),
+        )
+        if shows_progress(w.rank_samples.get(rank), sample):
+            self._note_progress(w, now)
+        w.rank_samples[rank] = sample
+        if load.HasField("engine_silence_ms"):  # the servicer's own measure of the engine
+            self._note_progress(w, now - load.engine_silence_ms / 1000.0)
         w.rank_loads[rank] = EngineLoadView(
             running=load.running_requests,
             waiting=load.waiting_requests,
@@ -779,9 +958,18 @@ class WorkerPool:
         cfg = self.config
         while True:
             await self._clock.sleep(cfg.health_interval_s)
-            ok = await w.client.health_check(timeout_s=cfg.health_timeout_s)
+            probe = await w.client.health_probe(timeout_s=cfg.health_timeout_s)
+            ok = probe.healthy
+            if not ok and w.state.discovered:
+                verdict = self._probe_verdict(w, _outcome(ok, probe.timed_out))
+                if verdict is None:
+                    w.state.probes_excused += 1
+                    log.debug("probe_excused", worker=w.state.worker_id, url=w.state.url)
+                    continue
             if not ok:
-                w.state.last_error = "health check failed"
+                w.state.last_error = (
+                    "health check timed out" if probe.timed_out else "health check failed"
+                )
             elif not w.state.discovered:
                 result = await self._fetch_discovery(w)
                 if result is None:
@@ -794,6 +982,23 @@ class WorkerPool:
                         return
                     continue  # joined (healthy) by the discovery itself
             self._observe(w, ok, "probe")
+
+    def _probe_verdict(self, w: _Worker, outcome: ProbeOutcome) -> bool | None:
+        """What a probe's `outcome` counts for `w` now (`homing.engines.health`)."""
+        s = w.state
+        load = s.load
+        sample = (
+            LoadSample(running=load.running, waiting=load.waiting, token_usage=load.token_usage)
+            if load is not None
+            else None
+        )
+        return probe_verdict(
+            outcome,
+            busy=is_busy(s.in_flight, sample),
+            last_progress_at=s.last_progress_at,
+            now=self._clock.now(),
+            window_s=self.config.progress_window_s,
+        )
 
     def _set_stream(self, w: _Worker, state: str) -> None:
         w.state.kv_stream = state
@@ -818,6 +1023,7 @@ class WorkerPool:
         while True:
             w.kv_retry.clear()  # a worker turning healthy from here on wakes the retry
             cursor = KvStreamCursor()
+            w.rank_samples.clear()  # progress compares records of one subscription only
             # A new subscription starts from the worker's current state: nothing credited
             # to it before may be trusted (it may have restarted or evicted meanwhile).
             if not unsupported:
@@ -846,6 +1052,7 @@ class WorkerPool:
                             log.warning("kv_sequence_gap", worker=worker_id, lost_batches=step.gap)
                             self._flush(w, "gap")
                         if step.apply and batch.num_events:
+                            self._note_progress(w, self._clock.now())  # its cache changed
                             self._router.apply_kv_decoded(worker_id, batch, self._batch_lag(header))
                 log.info("kv_stream_ended", worker=worker_id)
                 reason = "stream_end"

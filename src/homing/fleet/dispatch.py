@@ -7,6 +7,12 @@ model's pool, router, admission queue and tokenizer; the gateway touches them on
 it (the fleet's worker operations and the admin API's read-only views use them too). A lease
 can be cut by the fleet (a drain that timed out): its `on_cut` callback, set by whoever holds
 it, is called once with the reason.
+
+Circuit breakers: routing sees only workers whose breaker admits a request
+(`WorkerState.routable`); taking a lease on a half-open worker takes its one trial slot in
+the same synchronous step as the routing decision (`WorkerPool.open_lease`), so concurrent
+requests cannot all pass, and releasing it without a transport failure reported on the
+worker closes the breaker (`WorkerPool.close_lease`).
 """
 
 from __future__ import annotations
@@ -131,7 +137,8 @@ class ModelDispatch:
         exclude: Sequence[str] = (),
     ) -> Lease:
         """Route the request and count `slots` requests in flight on the chosen worker
-        before returning (so the next decision sees them). Raises `NoReplica`."""
+        before returning (so the next decision sees them); on a half-open worker the lease
+        is its breaker's trial. Raises `NoReplica`."""
         try:
             decision = self.router.select(
                 RouteRequest(prompt_ids=prompt_ids, session_key=session_key),
@@ -140,6 +147,7 @@ class ModelDispatch:
         except NoWorkerAvailable:
             raise NoReplica(self.model_id) from None
         worker_id = decision.worker_id
+        mark = self.pool.open_lease(worker_id)
         slots_cm = contextlib.ExitStack()
         for _ in range(slots):
             slots_cm.enter_context(self.pool.track(worker_id))
@@ -150,7 +158,10 @@ class ModelDispatch:
                 held.discard(lease)
                 if not held:
                     del self._leases[lease.worker_id]
-            slots_cm.close()  # the holder wakes admission when its request ends (`wake`)
+            try:
+                self.pool.close_lease(lease.worker_id, mark)
+            finally:
+                slots_cm.close()  # the holder wakes admission when its request ends (`wake`)
 
         version = self.pool.state(worker_id).version
         lease = Lease(worker_id, self.pool.client(worker_id), slots, release, version=version)

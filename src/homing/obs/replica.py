@@ -65,9 +65,12 @@ class ReplicaSnapshot:
     `cache_hit_ratio` (cached / prompt tokens), `ttft_per_uncached_token_s` (seconds from
     routing to the first token per prompt token not served from cache: the worker's share
     of TTFT), `tpot_s` (seconds per output token after the
-    first), `error_ratio` (requests the worker failed / requests). `phase`: its lifecycle
+    first), `error_ratio` (requests the worker failed / requests), `uncached_tokens` (the
+    prompt tokens not served from cache of the requests timed to their first token).
+    `phase`: its lifecycle
     phase; `healthy`: its probes pass; `state` / `reason`: "ready", or why it takes no
-    requests ("unhealthy: <last error>", its phase).
+    requests ("unhealthy" with its last error, "breaker_open" with its breaker's state, or
+    its phase).
     """
 
     model: str
@@ -87,10 +90,13 @@ class ReplicaSnapshot:
     ttft_per_uncached_token_s: float | None
     tpot_s: float | None
     error_ratio: float | None
+    uncached_tokens: int = 0
 
 
 class ReplicaStats:
-    """Each worker's recent request records (sliding window of `RECENT_WINDOW_S`)."""
+    """Each worker's recent request records (sliding window of `RECENT_WINDOW_S`, in
+    buckets of `resolution_s`: 1 s, so a control loop's shorter window is exact to a
+    second; 61 buckets of 8 floats per worker)."""
 
     _FIELDS = (
         "requests",
@@ -103,7 +109,7 @@ class ReplicaStats:
         "decode_tokens",
     )
 
-    def __init__(self, *, now: Callable[[], float], resolution_s: float = 5.0) -> None:
+    def __init__(self, *, now: Callable[[], float], resolution_s: float = 1.0) -> None:
         self._now = now
         self._resolution_s = resolution_s
         self._workers: dict[str, WindowedSums] = {}
@@ -149,19 +155,25 @@ class ReplicaStats:
         """Drop a worker's records (it left the pool)."""
         self._workers.pop(worker_id, None)
 
-    def snapshot(self, model: str, worker: WorkerView) -> ReplicaSnapshot:
-        """`worker`'s snapshot now."""
+    def snapshot(
+        self, model: str, worker: WorkerView, window_s: float = RECENT_WINDOW_S
+    ) -> ReplicaSnapshot:
+        """`worker`'s snapshot now, its request figures over the last `window_s` seconds
+        (at most `RECENT_WINDOW_S`; outlier detection asks for a shorter one)."""
         load = worker.load
         phase = str(getattr(worker.phase, "value", worker.phase))
+        breaker = getattr(worker, "breaker", "closed")  # a pool worker's circuit breaker
         if worker.routable:
             state, reason = "ready", None
         elif not worker.healthy:
             state = "unhealthy"
             reason = worker.last_error or "probes failing"
+        elif phase == "ready" and breaker != "closed":
+            state, reason = "breaker_open", f"circuit breaker {breaker}"
         else:
             state, reason = phase, f"phase {phase}"
         sums = self._workers.get(worker.worker_id)
-        s = sums.sums(RECENT_WINDOW_S) if sums is not None else None
+        s = sums.sums(window_s) if sums is not None else None
         requests = int(s["requests"]) if s else 0
         return ReplicaSnapshot(
             model=model,
@@ -181,6 +193,7 @@ class ReplicaStats:
             ttft_per_uncached_token_s=_ratio(s, "ttft_s", "uncached_tokens"),
             tpot_s=_ratio(s, "decode_s", "decode_tokens"),
             error_ratio=_ratio(s, "errors", "requests"),
+            uncached_tokens=int(s["uncached_tokens"]) if s else 0,
         )
 
 

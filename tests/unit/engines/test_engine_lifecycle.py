@@ -29,6 +29,7 @@ ALLOWED = {
     (Phase.DRAINING, Action.DRAINED): Phase.GONE,
     (Phase.DRAINING, Action.REMOVE): Phase.GONE,
     (Phase.EJECTED, Action.READMIT): Phase.READY,
+    (Phase.EJECTED, Action.CORDON): Phase.CORDONED,
     (Phase.EJECTED, Action.DRAIN): Phase.DRAINING,
     (Phase.EJECTED, Action.REMOVE): Phase.GONE,
 }
