@@ -9,11 +9,24 @@ cancellation) cancels the engine streams, which send `Abort`, releases the in-fl
 and the quota ticket exactly once and writes the request's log line.
 
 A worker failure that another replica may not share (transport errors, a restarting worker
-that cancels or aborts its streams) is retried once on another replica while nothing has
+that cancels or aborts its streams) is retried on another replica while nothing has
 reached the client: before the first event of a streamed request, at any point of a
-non-streamed one. Transport failures are reported to the pool's health accounting; a
-client's mistake never counts against a worker. A request the gateway itself ends
-(`interrupt`: the drain timeout at shutdown) gets that error, a stream as its last event.
+non-streamed one; at most `RetryPolicy.max_retries` times (default once), each on a replica
+not tried yet, and only while the model's retry budget allows (`homing.gateway.retry_budget`:
+a retry refused gives the client the first failure's error). Transport failures are
+reported to the pool's health accounting; a client's mistake never counts against a worker.
+
+A stream whose worker fails that way after the client got its first byte ends with an error
+event, unless the service migrates streams (`router.migrate_streams`): then, once per
+request and within the same budget, every unfinished choice resumes on another replica with
+the prompt plus the tokens it already produced as input and `max_new_tokens` less those; the
+choice's decoder keeps its state, so the text goes on without a repeated or lost token and
+stop strings and detokenization continue across the boundary. The new replica's lease
+replaces the old one. Usage stays the client's: prompt tokens of the original prompt,
+completion tokens of every token delivered, cached tokens of the first attempt.
+
+A request the gateway itself ends (`interrupt`: the drain timeout at shutdown) gets that
+error, a stream as its last event.
 The log line's `outcome`: "ok", "client_closed", "engine_error" (a worker failed it),
 "timeout" (past `request_timeout_s`), "drained" (cut at shutdown), "worker_drained" or
 "worker_removed" (its replica was taken away while it ran), "error_<status>" (refused
@@ -28,7 +41,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -37,7 +50,9 @@ import structlog
 
 from homing.engines.client import (
     EngineError,
+    GenerateDone,
     GenerateParams,
+    TokenChunk,
 )
 from homing.fleet import Lease
 from homing.gateway.decoding import ChoiceDecoder
@@ -57,8 +72,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("homing.request")
 
-# Routing attempts per request: a retryable worker failure is retried once elsewhere.
-MAX_ROUTE_ATTEMPTS = 2
+#: Stream migrations per request (`router.migrate_streams`): the second failure is the
+#: client's, as Dynamo's request migration limit of 1 by default.
+MAX_MIGRATIONS = 1
 
 # Events a request holds for a consumer that has not taken them (a client slower than its
 # engine): past this the choice tasks stop reading their engine streams, so gRPC flow control
@@ -166,6 +182,14 @@ class Generation:
         self._hidden_stop_ids = frozenset(() if prepared.ignore_eos else prepared.stop_token_ids)
         # Per choice of the current attempt: its decoder, which also counts its tokens.
         self._decoders: dict[int, ChoiceDecoder] = {}
+        # Streams resume elsewhere when their worker fails mid-way (`_migrate`): per choice,
+        # the token ids taken from its engine streams, and the choices that have ended.
+        self._migrates = service.migrate_streams and prepared.stream
+        self._produced: dict[int, list[int]] = {}
+        self._ended: set[int] = set()
+        self._retries = 0
+        self._migrations = 0
+        self._migrated_from: str | None = None
         self._interrupt: _Interrupt | None = None
         self._started_at = time.monotonic()
         self._routed_at: float | None = None
@@ -240,6 +264,7 @@ class Generation:
         if not service.accepting:  # the drain began while it waited
             raise shutting_down()
         self._route_and_launch()
+        self.service.retry_budget(p.model.model_id).record_request()
         while True:
             first = await self._next_item()
             if isinstance(first, _Retry) and self._may_retry():
@@ -252,24 +277,44 @@ class Generation:
             return
 
     def _may_retry(self) -> bool:
-        return len(self._tried) < MAX_ROUTE_ATTEMPTS and self._interrupt is None
+        """Whether a retryable failure may be retried now (its refusal counted if not);
+        whether another replica is left is found when routing (`_relaunch`)."""
+        if self._interrupt is not None:
+            return False
+        service, model = self.service, self.prepared.model.model_id
+        if self._retries >= service.retry.max_retries:
+            service.count_retry(model, "max_retries")
+            return False
+        if not service.retry_budget(model).allows():
+            service.count_retry(model, "budget_exhausted")
+            return False
+        return True
 
     def _route_and_launch(self) -> None:
         if self._interrupt is not None:
             self._failure = self._interrupt.outcome
             raise self._interrupt.error
+        lease = self._take_lease(self.prepared.n)
+        if self._routed_at is None:
+            self._routed_at = time.monotonic()
+        for index in range(self.prepared.n):
+            self._launch(index, lease, resume=False)
+
+    def _take_lease(self, slots: int) -> Lease:
+        """A lease for `slots` choices on a replica not tried yet (raises `APIError` 503);
+        it becomes the request's lease."""
         # The lease counts the choices in flight on the worker before any await, so the next
         # routing decision (even within the same burst) already sees them.
-        lease = self.service.lease(self.prepared, exclude=self._tried)
+        lease = self.service.lease(self.prepared, exclude=self._tried, slots=slots)
         lease.on_cut = self._on_cut
         self._lease = lease
         self._tried.append(lease.worker_id)
         self.worker_id = lease.worker_id
         self.version = lease.version
-        if self._routed_at is None:
-            self._routed_at = time.monotonic()
-        for index in range(self.prepared.n):
-            self._tasks.append(asyncio.create_task(self._run_choice(index, lease)))
+        return lease
+
+    def _launch(self, index: int, lease: Lease, *, resume: bool) -> None:
+        self._tasks.append(asyncio.create_task(self._run_choice(index, lease, resume=resume)))
 
     def _on_cut(self, reason: str) -> None:
         """The fleet took the replica away (a drain that timed out, a forced removal)."""
@@ -289,17 +334,121 @@ class Generation:
         self._room.set()
         self._pending.clear()
         self._decoders.clear()
+        self._produced.clear()
+        self._ended.clear()
         self.finish_reasons.clear()
         self._open_choices = self.prepared.n
         self._first_token_at = self._last_token_at = None
         if self._interrupt is not None:
             self._failure = self._interrupt.outcome
             raise self._interrupt.error
+        model = self.prepared.model.model_id
         try:
             self._route_and_launch()
         except APIError:  # no other replica: the client learns what failed the first
+            self.service.count_retry(model, "no_other_worker")
             self._failure = "engine_error"
             raise self._api_error(retry) from None
+        self._retries += 1
+        self.service.retry_budget(model).spend()
+        self.service.count_retry(model, "retried")
+
+    async def _migrate(self, retry: _Retry) -> bool:
+        """Resume every unfinished choice of a stream whose worker failed mid-way on another
+        replica, with one lease for them all (module docstring); a choice that needs no
+        engine to end (`_ended_locally`) ends here. False when it may not, its outcome
+        counted, so the client gets `retry`'s error."""
+        p, service = self.prepared, self.service
+        model = p.model.model_id
+        if not self._migrates or self._interrupt is not None:
+            return False
+        if self._migrations >= MAX_MIGRATIONS:
+            service.count_migration(model, "max_migrations")
+            return False
+        open_choices = [i for i in range(p.n) if i not in self._ended]
+        longest = max((len(self._produced.get(i, ())) for i in open_choices), default=0)
+        if len(p.prompt_ids) + longest > p.model.max_prompt_tokens:
+            service.count_migration(model, "too_long")
+            return False
+        budget = service.retry_budget(model)
+        if not budget.allows():
+            service.count_migration(model, "budget_exhausted")
+            return False
+        # The failed worker's other streams fail with it (or are cut here): every open choice
+        # moves. What they queued stays valid (each decoder holds exactly what was queued);
+        # only the old attempt's retryable failures are dropped.
+        await self._cancel_tasks()
+        kept = [item for item in self._pending if not isinstance(item, _Retry)]
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if not isinstance(item, _Retry):
+                kept.append(item)
+        self._pending = deque(kept)
+        self._room.set()
+        if self._interrupt is not None:
+            self._failure = self._interrupt.outcome
+            raise self._refuse(self._interrupt)
+        if any(isinstance(item, BaseException) for item in kept):
+            return False  # another choice failed for good: that error ends the request
+        resume = [i for i in open_choices if self._ended_locally(i) is None]
+        lease = None
+        if resume:
+            try:
+                lease = self._take_lease(len(resume))
+            except APIError:
+                service.count_migration(model, "no_other_worker")
+                return False
+            budget.spend()
+        self._migrations += 1
+        self._migrated_from = retry.worker_id
+        service.count_migration(model, "migrated")
+        log.info(
+            "request_migrated",
+            request_id=p.request_id,
+            worker=retry.worker_id,
+            to_worker=lease.worker_id if lease is not None else None,
+            code=retry.error.code.name,
+            error=retry.error.message,
+            choices=open_choices,
+            tokens=[len(self._produced.get(i, ())) for i in open_choices],
+        )
+        for index in open_choices:
+            if lease is not None and index in resume:
+                self._launch(index, lease, resume=True)
+            else:
+                self._finish_locally(index)
+        return True
+
+    def _ended_locally(self, index: int) -> str | None:
+        """The finish reason of open choice `index` when no engine is needed to end it: its
+        whole `max_new_tokens` came ("length"), or its last token is a stop token id
+        ("stop"); the worker failed before its complete message."""
+        produced = self._produced.get(index, [])
+        if len(produced) >= self.prepared.max_new_tokens:
+            return "length"
+        if produced and produced[-1] in self._hidden_stop_ids:
+            return "stop"
+        return None
+
+    def _finish_locally(self, index: int) -> None:
+        """End open choice `index` as `_ended_locally` says: its decoder flushes what it
+        held back, then its `ChoiceFinished`."""
+        reason = self._ended_locally(index) or "stop"
+        decoder = self._decoders[index]
+        step = decoder.push(
+            GenerateDone(
+                token_ids=(),
+                finish_reason=reason,
+                prompt_tokens=len(self.prepared.prompt_ids),
+                completion_tokens=decoder.completion_tokens,
+                cached_tokens=decoder.cached_tokens,
+                matched_stop=None,
+            )
+        )
+        for text in step.texts:
+            self._queue.put_nowait(TextDelta(index, text))
+        self._ended.add(index)
+        self._queue.put_nowait(ChoiceFinished(index, step.finish or reason))
 
     async def _cancel_tasks(self) -> None:
         try:
@@ -348,14 +497,17 @@ class Generation:
     async def _batches(self, *, restartable: bool) -> AsyncIterator[list[Event] | _Restarted]:
         """The events in order, in batches of those ready at once; with `restartable`
         (nothing has reached the client) a retryable failure routes the request again and
-        yields `_Restarted`. A failure ends the iteration with its `APIError`, after the
-        events before it."""
+        yields `_Restarted`; without, a stream may migrate (`_migrate`) and go on. A
+        failure ends the iteration with its `APIError`, after the events before it."""
         while self._open_choices > 0:
             item = await self._next_item()
-            if isinstance(item, _Retry) and restartable and self._may_retry():
-                await self._relaunch(item)
-                yield _Restarted()
-                continue
+            if isinstance(item, _Retry):
+                if restartable and self._may_retry():
+                    await self._relaunch(item)
+                    yield _Restarted()
+                    continue
+                if not restartable and await self._migrate(item):
+                    continue
             if isinstance(item, BaseException):
                 self._failure = self._failure_outcome(item)
                 raise self._refuse(item)
@@ -383,22 +535,30 @@ class Generation:
 
     # -- the choices' engine streams --
 
-    async def _run_choice(self, index: int, lease: Lease) -> None:
+    async def _run_choice(self, index: int, lease: Lease, *, resume: bool = False) -> None:
         """Task body of choice `index`: its engine stream's events into the shared queue,
         then its `ChoiceFinished` or the failure (`EngineError`, `_Retry`, or an unexpected
-        exception, which the client sees as a 500)."""
+        exception, which the client sees as a 500). With `resume` it goes on from the
+        tokens the choice already produced (`_migrate`), with the same decoder."""
         p = self.prepared
         worker_id = lease.worker_id
-        decoder = self._decoders[index] = ChoiceDecoder(
-            p.model.tokenizer,
-            stop_set=p.stop_set,
-            hidden_stop_ids=self._hidden_stop_ids,
-            skip_special_tokens=p.skip_special_tokens,
-        )
+        produced = self._produced.setdefault(index, [])
+        decoder = self._decoders.get(index) if resume else None
+        if decoder is None:
+            decoder = self._decoders[index] = ChoiceDecoder(
+                p.model.tokenizer,
+                stop_set=p.stop_set,
+                hidden_stop_ids=self._hidden_stop_ids,
+                skip_special_tokens=p.skip_special_tokens,
+            )
+        # A resumed stream's counts are its own; the choice's are the first attempt's
+        # cached tokens and every token so far (`_rebased`).
+        offset = len(produced) if resume else 0
+        cached = decoder.cached_tokens
         params = GenerateParams(
             request_id=engine_request_id(self._engine_id, index, p.n),
-            input_ids=p.prompt_ids,
-            max_new_tokens=p.max_new_tokens,
+            input_ids=(*p.prompt_ids, *produced) if resume else p.prompt_ids,
+            max_new_tokens=p.max_new_tokens - offset,
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k,
@@ -425,12 +585,24 @@ class Generation:
             async for item in stream:
                 if self._queue.qsize() >= MAX_PENDING_EVENTS:
                     await self._wait_for_room()
+                if resume:
+                    item = _rebased(item, offset, decoder.received - offset, cached)
+                aborted = isinstance(item, GenerateDone) and item.finish_reason == "abort"
+                if self._migrates:
+                    new_ids = (
+                        item.token_ids
+                        if isinstance(item, TokenChunk)
+                        else item.new_tokens(decoder.received)
+                    )
+                    produced.extend(new_ids)
+                    if aborted:  # the stream may resume: the decoder keeps what it holds
+                        item = _as_chunk(new_ids, item)
                 step = decoder.push(item)
                 if step.new_tokens:
                     self._note_tokens()
                 for text in step.texts:
                     self._queue.put_nowait(TextDelta(index, text))
-                if step.finish == "abort":
+                if aborted or step.finish == "abort":
                     # The worker ended the request itself (flush, restart, its own limits).
                     raise EngineError(
                         code=grpc.StatusCode.ABORTED,
@@ -438,6 +610,7 @@ class Generation:
                         transport=False,
                     )
                 if step.finish is not None:
+                    self._ended.add(index)
                     self._queue.put_nowait(ChoiceFinished(index, step.finish))
                     return
             # `generate` raises this itself; here it keeps a broken client from hanging us.
@@ -586,6 +759,8 @@ class Generation:
             "engine_messages": self.engine_messages,
             "engine_request_id": self._engine_id if self.worker_id else None,
         }
+        if self._migrated_from is not None:
+            fields["migrated_from"] = self._migrated_from
         if p.trace is not None:
             fields["trace_id"] = p.trace.trace_id
             fields["parent_span_id"] = p.trace.span_id
@@ -617,6 +792,34 @@ class Generation:
                 fields=fields,
             )
         )
+
+
+def _rebased(
+    item: TokenChunk | GenerateDone, offset: int, received: int, cached: int
+) -> TokenChunk | GenerateDone:
+    """A resumed stream's message as the choice's decoder must see it: `offset` tokens came
+    before this stream, which has given `received`; cached tokens are the first attempt's
+    `cached`. A `GenerateDone` carries exactly its missing tail, its count the choice's."""
+    if isinstance(item, TokenChunk):
+        return replace(item, cached_tokens=cached)
+    tail = item.new_tokens(received)
+    return replace(
+        item,
+        token_ids=tail,
+        completion_tokens=offset + max(item.completion_tokens, received + len(tail)),
+        cached_tokens=cached,
+    )
+
+
+def _as_chunk(token_ids: tuple[int, ...], done: GenerateDone) -> TokenChunk:
+    """`token_ids` of an aborted stream's last message as a chunk (no flush of the
+    decoder's held-back text: the choice may go on elsewhere)."""
+    return TokenChunk(
+        token_ids=token_ids,
+        prompt_tokens=done.prompt_tokens,
+        completion_tokens=done.completion_tokens,
+        cached_tokens=done.cached_tokens,
+    )
 
 
 def _outcome_of(err: BaseException) -> str:

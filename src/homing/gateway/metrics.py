@@ -1,4 +1,4 @@
-"""Prometheus metrics of the gateway's auth, quota and admission paths.
+"""Prometheus metrics of the gateway: auth, quotas, admission, retries and stream migrations.
 
 Rule of this file: one `GatewayMetrics` per process (per `App`), on its own
 `CollectorRegistry` (so several Apps in one test process do not collide); the registry is
@@ -15,9 +15,26 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 #: `homing_admission_rejected_total` reasons (`homing.gateway.admission`).
 ADMISSION_REASONS = ("queue_full", "tenant_full", "displaced", "timeout")
 
+#: `homing_retries_total` outcomes of a retryable worker failure before the client's first
+#: byte (`homing.gateway.generation`): routed again, refused by the model's retry budget, no
+#: worker left that the request has not tried, or the request's `max_retries` used up.
+RETRY_OUTCOMES = ("retried", "budget_exhausted", "no_other_worker", "max_retries")
+
+#: `homing_stream_migrations_total` outcomes of a stream whose worker failed after the client
+#: got its first byte, with `router.migrate_streams` on: resumed on another worker, refused
+#: by the retry budget, no other worker, the request already migrated once, or prompt plus
+#: tokens so far too long for a worker's prompt limit.
+MIGRATION_OUTCOMES = (
+    "migrated",
+    "budget_exhausted",
+    "no_other_worker",
+    "max_migrations",
+    "too_long",
+)
+
 
 class GatewayMetrics:
-    """Counters and gauges of auth, quotas and admission."""
+    """Counters and gauges of auth, quotas, admission, retries and stream migrations."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -66,6 +83,20 @@ class GatewayMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.retries = Counter(
+            "homing_retries_total",
+            "Retryable worker failures before the client's first byte, by model and outcome"
+            " (retried, budget_exhausted, no_other_worker, max_retries).",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.stream_migrations = Counter(
+            "homing_stream_migrations_total",
+            "Streams whose worker failed mid-way with router.migrate_streams on, by model and"
+            " outcome (migrated: resumed on another worker; else the client got the error).",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
         self.loop_busy = Gauge(
             "homing_event_loop_busy_ratio",
             "Seconds the event loop's thread ran or waited for a CPU per wall second, over the"
@@ -83,6 +114,13 @@ class GatewayMetrics:
                 self.rate_limited.labels(quota=quota, tenant=tenant)
         for reason in ADMISSION_REASONS:
             self.admission_rejected.labels(reason=reason)
+
+    def start_model_at_zero(self, model: str) -> None:
+        """Create `model`'s retry and migration series at 0 (see `start_at_zero`)."""
+        for outcome in RETRY_OUTCOMES:
+            self.retries.labels(model=model, outcome=outcome)
+        for outcome in MIGRATION_OUTCOMES:
+            self.stream_migrations.labels(model=model, outcome=outcome)
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of sample `name` with `labels` (0 when absent); for tests."""

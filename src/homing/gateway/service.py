@@ -10,6 +10,10 @@ call this module, so they share semantics and validation. A request's life:
    from the model's dispatch facade (`homing.fleet.ModelDispatch`) with `lease`.
 3. `async with generation:` runs the engine streams and yields the request's events;
    leaving the block releases everything exactly once.
+
+Retries of failed workers are bounded twice: per request (`RetryPolicy.max_retries`) and
+per model, by its `RetryBudget` (`homing.gateway.retry_budget`), which stream migrations
+(`migrate_streams`) draw on as well.
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
+from homing.clock import Clock, SystemClock
 from homing.fleet import Fleet, Lease, NoReplica
 from homing.gateway.admission import AdmissionController
 from homing.gateway.errors import APIError, no_capacity, shutting_down
 from homing.gateway.generation import Generation
+from homing.gateway.metrics import GatewayMetrics
 from homing.gateway.prepare import PreparedRequest, Preparer
 from homing.gateway.quotas.guard import QuotaGuard
 from homing.gateway.request_log import RequestLog
+from homing.gateway.retry_budget import RetryBudget, RetryPolicy
 from homing.obs.requests import RequestRecorder
 
 
@@ -35,6 +42,10 @@ class InferenceService:
     their `async with` block). `admissions`: every model's admission queue, refused
     together when the gateway drains. `recorder`: where every request reports its end (log
     line, metrics, SLO; default: log lines and SLO bookkeeping, no metrics).
+    `retry`: how often a failed worker call is retried elsewhere (per request and per
+    model's budget, on `clock`). `migrate_streams`: a stream whose worker fails after the
+    client got its first byte resumes on another worker (once), instead of ending with an
+    error event. `metrics`: where retries and migrations are counted (None: nowhere).
     """
 
     def __init__(
@@ -46,6 +57,10 @@ class InferenceService:
         quotas: QuotaGuard | None = None,
         admissions: Sequence[AdmissionController] = (),
         recorder: RequestRecorder | None = None,
+        retry: RetryPolicy | None = None,
+        migrate_streams: bool = False,
+        metrics: GatewayMetrics | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.fleet = fleet
         self.recorder = recorder or RequestRecorder(now=time.monotonic, metrics=None)
@@ -61,23 +76,60 @@ class InferenceService:
         self._open: set[Generation] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self.retry = retry or RetryPolicy()
+        self.migrate_streams = migrate_streams
+        self.metrics = metrics
+        self._clock = clock or SystemClock()
+        self._budgets: dict[str, RetryBudget] = {}
+        for model_id in fleet.models:
+            self.retry_budget(model_id)
 
     def open(self, prepared: PreparedRequest) -> Generation:
         """A `Generation` for the request; routing happens when its block is entered."""
         return Generation(self, prepared)
 
-    def lease(self, prepared: PreparedRequest, exclude: Sequence[str] = ()) -> Lease:
-        """A lease on a ready replica of the request's model for its `n` choices; raises
-        `APIError` 503 when none can serve."""
+    def lease(
+        self, prepared: PreparedRequest, exclude: Sequence[str] = (), slots: int | None = None
+    ) -> Lease:
+        """A lease on a ready replica of the request's model, not one of `exclude`, for
+        `slots` requests (default its `n` choices); raises `APIError` 503 when none can
+        serve."""
         try:
             return prepared.model.lease(
                 prepared.prompt_ids,
                 session_key=prepared.session_key,
-                slots=prepared.n,
+                slots=prepared.n if slots is None else slots,
                 exclude=exclude,
             )
         except NoReplica:
             raise no_capacity("No healthy replica is available for this model.") from None
+
+    def retry_budget(self, model_id: str) -> RetryBudget:
+        """The retry budget of `model_id` (made on first use, its metrics at 0)."""
+        budget = self._budgets.get(model_id)
+        if budget is None:
+            budget = self._budgets[model_id] = RetryBudget(self.retry, now=self._clock.now)
+            if self.metrics is not None:
+                self.metrics.start_model_at_zero(model_id)
+        return budget
+
+    def configure_retries(self, retry: RetryPolicy, *, migrate_streams: bool) -> None:
+        """Apply new retry settings to requests from now on (every model's budget keeps its
+        counts unless its window length changes)."""
+        self.retry = retry
+        self.migrate_streams = migrate_streams
+        for budget in self._budgets.values():
+            budget.configure(retry)
+
+    def count_retry(self, model_id: str, outcome: str) -> None:
+        """Count a retryable failure's `outcome` (`homing.gateway.metrics.RETRY_OUTCOMES`)."""
+        if self.metrics is not None:
+            self.metrics.retries.labels(model=model_id, outcome=outcome).inc()
+
+    def count_migration(self, model_id: str, outcome: str) -> None:
+        """Count a stream migration's `outcome` (`...metrics.MIGRATION_OUTCOMES`)."""
+        if self.metrics is not None:
+            self.metrics.stream_migrations.labels(model=model_id, outcome=outcome).inc()
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no request is in flight, at most `timeout_s`; True when drained."""
