@@ -8,16 +8,16 @@ Unix socket and optional TCP port, when `admin.enabled`).
 Stop order (SIGINT/SIGTERM): close the admin API, stop accepting (listeners closed, health
 NOT_SERVING), let in-flight requests finish up to `gateway.drain_timeout_s`, end those still
 open with a 503 `drained` error (a stream as its last event), then stop the pool and
-homing's own workers. SIGHUP is logged and ignored (it does not kill the process).
+homing's own workers. `reload` applies a new configuration in place (`homing.daemon.reload`
+says what may change); signals and systemd's notifications are `homing.daemon.runner`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import socket
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import get_args
 
 import structlog
@@ -32,12 +32,18 @@ from homing.config import (
     RouterModelSettings,
     RouterSettings,
     SloSettings,
+    TenantSettings,
 )
+from homing.daemon.reload import ReloadPlan, plan_reload
 from homing.embedded import SglangLauncher, SimLauncher
+from homing.engines.breaker import BreakerConfig
+from homing.engines.ejector import OutlierEjector
 from homing.engines.lifecycle import Action, Phase
+from homing.engines.metrics import EngineMetrics
+from homing.engines.outliers import OutlierConfig
 from homing.engines.pool import PoolConfig, WorkerPool, WorkerSpec, WorkerState
 from homing.fleet import Fleet, ModelDispatch
-from homing.fleet.fleet import WorkerIds
+from homing.fleet.fleet import FleetError, WorkerIds
 from homing.fleet.stream_interval import StreamIntervalPolicy
 from homing.gateway.admission import AdmissionController
 from homing.gateway.auth import KeyRing
@@ -48,6 +54,7 @@ from homing.gateway.http_server import GatewayRunner
 from homing.gateway.metrics import GatewayMetrics
 from homing.gateway.quotas import QuotaGuard, QuotaStoreError, build_store
 from homing.gateway.quotas.types import QuotaKind
+from homing.gateway.retry_budget import RetryPolicy
 from homing.gateway.service import InferenceService
 from homing.gateway.tls import read_pem_pair, server_ssl_context
 from homing.obs.loop_busy import LoopBusySampler
@@ -71,10 +78,18 @@ class App:
     `router` (the first model's, for single-model deployments), the bound `http_port` and
     `grpc_port`, and `admin` (the admin API server with its `socket_path` and `tcp_port`;
     None when `admin.enabled` is False).
+
+    `listen_sockets`: listening sockets handed over by socket activation, by name; "http"
+    is served instead of binding `gateway.host:port` (gRPC binds its own port: grpcio
+    cannot adopt a listening descriptor).
     """
 
-    def __init__(self, config: HomingConfig) -> None:
+    def __init__(
+        self, config: HomingConfig, *, listen_sockets: Mapping[str, socket.socket] | None = None
+    ) -> None:
         self.config = config
+        self.listen_sockets = dict(listen_sockets or {})
+        self.keyring: KeyRing | None = None
         self.launchers: list[SimLauncher | SglangLauncher] = []
         self.fleet: Fleet | None = None
         self.service: InferenceService | None = None
@@ -149,7 +164,10 @@ class App:
         """Bring everything up; raises on a worker or listener that cannot start."""
         cfg = self.config
         gw = cfg.gateway
-        for host, port in ((gw.host, gw.port), (gw.grpc_host, gw.grpc_port)):
+        listeners = [(gw.grpc_host, gw.grpc_port)]
+        if "http" not in self.listen_sockets:
+            listeners.insert(0, (gw.host, gw.port))
+        for host, port in listeners:
             _ensure_bindable(host, port)  # fail fast, before any worker is started
         admin_socket = cfg.admin.socket_path()
         if admin_socket is not None:
@@ -175,7 +193,7 @@ class App:
         log.info(
             "serving",
             models={m.model_id: [w.url for w in m.workers()] for m in self.fleet.models.values()},
-            http=f"http://{cfg.gateway.host}:{self.http_port}",
+            http=f"http://{self._http_host()}:{self.http_port}",
             grpc=f"{cfg.gateway.grpc_host}:{self.grpc_port}",
             policy=cfg.router.policy,
             auth="on" if cfg.tenants else "off",
@@ -184,6 +202,13 @@ class App:
             tls=cfg.gateway.tls_cert_file is not None,
             admin=self.admin.addresses if self.admin is not None else None,
         )
+
+    def _http_host(self) -> str:
+        """The HTTP listener's host: the handed-over socket's, else the configured one."""
+        inherited = self.listen_sockets.get("http")
+        if inherited is not None and inherited.family in (socket.AF_INET, socket.AF_INET6):
+            return str(inherited.getsockname()[0])
+        return self.config.gateway.host
 
     async def _launch(self, spec: ModelSettings) -> tuple[list[str | WorkerSpec], float]:
         """The model's workers, started first when homing runs its own (embedded), and the
@@ -216,11 +241,7 @@ class App:
         """Build the model's pool now (worker ids taken in call order); the awaitable
         starts it, its tokenizer, admission and metrics."""
         cfg = self.config
-        router_settings = cfg.router
-        if spec.name is not None and (spec.policy is not None or spec.weights is not None):
-            override = RouterModelSettings(policy=spec.policy, weights=spec.weights)
-            models = {**cfg.router.models, spec.name: override}
-            router_settings = cfg.router.model_copy(update={"models": models})
+        router_settings = _model_router_settings(cfg.router, spec)
         router = router_from_settings(router_settings)
         holder: list[str] = []  # the model's name, once known, for the metrics
 
@@ -244,6 +265,8 @@ class App:
                 health_timeout_s=health_timeout_s,
                 unhealthy_threshold=cfg.engines.unhealthy_threshold,
                 healthy_threshold=cfg.engines.healthy_threshold,
+                progress_window_s=cfg.engines.progress_window_s,
+                breaker=BreakerConfig(**cfg.engines.breaker.model_dump()),
             ),
         )
         self._pools.append(pool)
@@ -257,7 +280,8 @@ class App:
         router_settings: RouterSettings,
         holder: list[str],
     ) -> ModelDispatch:
-        """Start `pool` and build the model's dispatch (`stop` stops the pool on failure)."""
+        """Start `pool` and build the model's dispatch (`stop` stops the pool on failure);
+        with `engines.outliers.enabled` its outlier ejection runs beside the pool's tasks."""
         cfg = self.config
         await pool.start()
         await pool.wait_ready(cfg.engines.startup_timeout_s)
@@ -289,6 +313,22 @@ class App:
         if spec.slo is not None:
             self.recorder.set_slo(model_id, slo_of(spec.slo))
         self.recorder.watch(model_id, pool.workers)
+        engine_metrics = EngineMetrics.on(self.gateway_metrics.registry)
+        engine_metrics.watch(model_id, pool.workers)
+        outliers = cfg.engines.outliers
+        if outliers.enabled:
+            ejector = OutlierEjector(
+                pool,
+                model=model_id,
+                snapshots=lambda: [
+                    self.recorder.replicas.snapshot(model_id, w, outliers.window_s)
+                    for w in pool.workers()
+                ],
+                config=OutlierConfig(**outliers.model_dump(exclude={"enabled"})),
+                clock=self._clock,
+                metrics=engine_metrics,
+            )
+            pool.run_beside(ejector.run(), name=f"outliers-{model_id}")
         return dispatch
 
     def _admission(self, model: ModelDispatch, router: RouterSettings) -> AdmissionController:
@@ -311,7 +351,7 @@ class App:
         gw = cfg.gateway
         metrics = self.gateway_metrics
         metrics.start_at_zero((t.name for t in cfg.tenants), get_args(QuotaKind))
-        keyring = KeyRing(cfg.tenants, metrics)
+        keyring = self.keyring = KeyRing(cfg.tenants, metrics)
         if cfg.tenants:
             self.quotas = QuotaGuard(build_store(cfg.quotas), settings=cfg.quotas, metrics=metrics)
             self.quotas.start()
@@ -323,6 +363,10 @@ class App:
             quotas=self.quotas,
             admissions=self.admissions,
             recorder=self.recorder,
+            retry=RetryPolicy.from_router(cfg.router),
+            migrate_streams=cfg.router.migrate_streams,
+            metrics=metrics,
+            clock=self._clock,
         )
         self.http = HttpApi(
             self.service,
@@ -348,7 +392,12 @@ class App:
             **self.http.runner_kwargs(),
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, gw.host, gw.port, ssl_context=ssl_context)
+        inherited = self.listen_sockets.get("http")
+        site: web.BaseSite
+        if inherited is not None:
+            site = web.SockSite(self._runner, inherited, ssl_context=ssl_context)
+        else:
+            site = web.TCPSite(self._runner, gw.host, gw.port, ssl_context=ssl_context)
         await site.start()
         self.http_port = _bound_port(self._runner)
         self.grpc = GrpcApi(
@@ -447,29 +496,144 @@ class App:
         launchers, self.launchers = self.launchers, []
         await asyncio.gather(*(launcher.stop() for launcher in launchers))
 
-    async def run_until_signal(self) -> None:
-        """Serve until SIGINT or SIGTERM, then stop gracefully."""
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+    # -- readiness and status --
+
+    async def wait_min_ready(self, minimum: int, timeout_s: float) -> None:
+        """Return once every model has at least `minimum` ready workers; TimeoutError naming
+        the models short of it after `timeout_s`."""
+        assert self.fleet is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            short = {m.model_id: m.ready_workers for m in self.fleet.models.values()}
+            short = {k: v for k, v in short.items() if v < minimum}
+            if not short:
+                return
+            if time.monotonic() >= deadline:
+                shown = ", ".join(f"{k} has {v}" for k, v in short.items())
+                raise TimeoutError(
+                    f"fewer than {minimum} ready workers after {timeout_s:g} s ({shown})"
+                )
+            await asyncio.sleep(0.05)
+
+    def status_line(self, requests_per_s: float | None = None) -> str:
+        """One line for `systemctl status`: each model's ready / all workers, the request
+        rate (when given) and the requests in flight."""
+        if self.fleet is None:
+            return "starting"
+        models = ", ".join(
+            f"{m.model_id} {m.ready_workers}/{len(m.workers())} ready"
+            for m in self.fleet.models.values()
+        )
+        parts = [f"serving {models}"]
+        if requests_per_s is not None:
+            parts.append(f"{requests_per_s:.1f} req/s")
+        parts.append(f"{self.service.in_flight if self.service else 0} in flight")
+        return "; ".join(parts)
+
+    # -- reload --
+
+    async def reload(self, new: HomingConfig) -> ReloadPlan:
+        """Serve `new` from now on without dropping a request (`homing.daemon.reload` says
+        what may change). Requests already routed keep what they were admitted under;
+        removed workers drain. Returns the plan applied; `ReloadRefused` (nothing applied)
+        when `new` changes something that needs a restart."""
+        if self.fleet is None or self.service is None:
+            raise ReloadRefused("the gateway is not serving yet")
+        plan = plan_reload(self.config, new)
+        if not plan.applies:
+            raise ReloadRefused(plan.refusal())
+        if plan.empty:
+            return plan
+        # Every in-place change first, with no await between: requests see old or new.
+        if plan.tenants:
+            self._reload_tenants(new.tenants)
+        if plan.routing:
+            self._reload_routing(new)
+        if plan.slo:
+            self._reload_slos(new)
+        if plan.timeouts:
+            self.service.request_timeout_s = new.gateway.request_timeout_s
+            self.fleet.drain_timeout_s = new.gateway.drain_timeout_s
+        if plan.retries:
+            self.service.configure_retries(
+                RetryPolicy.from_router(new.router), migrate_streams=new.router.migrate_streams
+            )
+        if self.admin is not None and (plan.admin_keys or plan.tenants):
+            self.admin.update(tenants=new.tenants, keys=new.admin.keys, quotas=self.quotas)
+        self.config = new
+        await self._reload_workers(plan, new)
+        return plan
+
+    def _reload_tenants(self, tenants: list[TenantSettings]) -> None:
+        assert self.keyring is not None and self.service is not None
+        cfg = self.config
+        if tenants and self.quotas is None:  # auth turned on: quotas from now on
+            self.quotas = QuotaGuard(
+                build_store(cfg.quotas), settings=cfg.quotas, metrics=self.gateway_metrics
+            )
+            self.quotas.start()
+            self.service.quotas = self.quotas
+        self.gateway_metrics.start_at_zero((t.name for t in tenants), get_args(QuotaKind))
+        self.keyring.replace(tenants)
+
+    def _reload_routing(self, new: HomingConfig) -> None:
+        assert self.fleet is not None
+        specs = zip(self.config.served_models(), new.served_models(), strict=True)
+        for (was, spec), m in zip(specs, self.fleet.models.values(), strict=True):
+            before = policy_configs(_model_router_settings(self.config.router, was), m.model_id)
+            after = policy_configs(_model_router_settings(new.router, spec), m.model_id)
+            policy, cache_aware, consistent_hash = after
+            if after != before:  # a new policy starts with fresh state (its ring, counters)
+                m.router.set_policy(
+                    policy, cache_aware=cache_aware, consistent_hash=consistent_hash
+                )
+                log.info("router_policy_reloaded", model=m.model_id, policy=policy)
+            admission = m.admission
+            if isinstance(admission, AdmissionController):
+                admission.thresholds = cache_aware.overload
+
+    def _reload_slos(self, new: HomingConfig) -> None:
+        assert self.fleet is not None
+        self.recorder.default_slo = slo_of(new.slo)
+        for spec, m in zip(new.served_models(), self.fleet.models.values(), strict=True):
+            self.recorder.set_slo(m.model_id, slo_of(spec.slo or new.slo))
+
+    async def _reload_workers(self, plan: ReloadPlan, new: HomingConfig) -> None:
+        """Drain the removed workers (they finish every request: the drain may last as long
+        as a request may) and add the new ones concurrently."""
+        assert self.fleet is not None
+        models = list(self.fleet.models.values())
+        adds = []
+        for change in plan.workers:
+            m = models[change.model_index]
+            for url in change.removed:
+                for w in m.workers():
+                    if w.url == url and w.phase is not Phase.DRAINING:
+                        self.fleet.drain(w.worker_id, timeout_s=new.gateway.request_timeout_s)
+                        log.info("worker_reload_drain", model=m.model_id, worker=w.worker_id)
+            adds += [self._reload_add(m.model_id, url, version) for url, version in change.added]
+        await asyncio.gather(*adds)
+
+    async def _reload_add(self, model: str, url: str, version: str) -> None:
+        assert self.fleet is not None
         try:
-            await stop.wait()
-            log.info("shutdown_requested")
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-            await self.stop()
+            state = await self.fleet.add_worker(model, url, version)
+        except FleetError as err:
+            log.error("worker_reload_add_failed", model=model, url=url, error=str(err))
+        else:
+            log.info("worker_reload_added", model=model, worker=state.worker_id, url=url)
 
 
-def ignore_sighup() -> None:
-    """Log and ignore SIGHUP in the running loop from now on (its default action kills the
-    process; reloading the configuration on it is not supported yet)."""
+class ReloadRefused(Exception):
+    """A reload that was not applied; the message says why and what to do."""
 
-    def logged() -> None:
-        log.info("sighup_ignored", reason="reloading the configuration is not supported yet")
 
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, logged)
+def _model_router_settings(router: RouterSettings, spec: ModelSettings) -> RouterSettings:
+    """`router` with `spec`'s own policy and weights as its per-model override."""
+    if spec.name is None or (spec.policy is None and spec.weights is None):
+        return router
+    override = RouterModelSettings(policy=spec.policy, weights=spec.weights)
+    return router.model_copy(update={"models": {**router.models, spec.name: override}})
 
 
 def slo_of(settings: SloSettings) -> Slo:

@@ -15,9 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from homing import __version__
+
+if TYPE_CHECKING:
+    from homing.config import HomingConfig
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,19 +77,14 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--log-level", default="info")
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve_config(args: argparse.Namespace) -> HomingConfig:
+    """The configuration `homing serve` runs: the file (or the embedded default) with the
+    command line's overrides. Raises `ConfigError` with the first problem found."""
     from pydantic import ValidationError
 
-    from homing.app import App, ignore_sighup
     from homing.config import ConfigError, load_config
-    from homing.obs.logging import configure_logging
 
-    configure_logging(args.log_level)
-    try:
-        config = load_config(args.config)
-    except ConfigError as err:
-        print(f"homing: {err}", file=sys.stderr)
-        return 2
+    config = load_config(args.config)
     if args.engine is not None:
         config.engines.launch = args.engine
     sglang = config.engines.launch == "sglang"
@@ -111,28 +109,36 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             config.models = [_sim_model(config, value) for value in args.sim_models]
         except ValueError as err:
-            print(f"homing: invalid option: --sim-model: {err}", file=sys.stderr)
-            return 2
+            raise ConfigError(f"invalid option: --sim-model: {err}") from None
     try:
-        config = type(config).model_validate(config.model_dump())  # re-check the overrides
+        return type(config).model_validate(config.model_dump())  # re-check the overrides
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
-        print(
-            f"homing: invalid option: {where + ': ' if where else ''}"
-            f"{first['msg'].removeprefix('Value error, ')}",
-            file=sys.stderr,
-        )
+        raise ConfigError(
+            f"invalid option: {where + ': ' if where else ''}"
+            f"{first['msg'].removeprefix('Value error, ')}"
+        ) from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from homing.config import ConfigError
+    from homing.daemon.activation import ActivationError
+    from homing.daemon.runner import Daemon
+    from homing.obs.logging import configure_logging
+
+    configure_logging(args.log_level)
+    try:
+        config = _serve_config(args)
+    except ConfigError as err:
+        print(f"homing: {err}", file=sys.stderr)
         return 2
 
-    async def main() -> None:
-        ignore_sighup()  # before the workers start: a SIGHUP then must not kill us either
-        app = App(config)
-        await app.start()
-        await app.run_until_signal()
-
     try:
-        _run(main())
+        _run(Daemon(config, lambda: _serve_config(args)).run())
+    except ActivationError as err:
+        print(f"homing: {err}", file=sys.stderr)
+        return 2
     except OSError as err:
         print(f"homing: {err.strerror or err}", file=sys.stderr)
         return 1

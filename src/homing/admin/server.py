@@ -43,7 +43,7 @@ import structlog
 from grpc_reflection.v1alpha import reflection
 
 from homing import __version__
-from homing.config import AdminSettings, QuotaLimits, TenantSettings
+from homing.config import AdminKeySettings, AdminSettings, QuotaLimits, TenantSettings
 from homing.engines.pool import WorkerState
 from homing.fleet import Fleet, FleetError, ModelDispatch
 from homing.gateway.auth import Principal
@@ -484,6 +484,20 @@ class AdminServer:
         self.tcp_port: int | None = None
         self.addresses: list[str] = []
         self._socket_id: tuple[int, int] | None = None
+
+    def update(
+        self,
+        *,
+        tenants: Sequence[TenantSettings],
+        keys: Sequence[AdminKeySettings],
+        quotas: QuotaGuard | None,
+    ) -> None:
+        """Serve a reloaded configuration's tenants, quotas and admin keys from the next
+        call on."""
+        self.settings = self.settings.model_copy(update={"keys": list(keys)})
+        self.servicer.keys = [bytes.fromhex(k.sha256) for k in keys]
+        self.servicer.tenants = list(tenants)
+        self.servicer.quotas = quotas
 
     async def start(self) -> None:
         """Bind the listeners and serve. Raises OSError for a socket or port that cannot

@@ -90,6 +90,13 @@ class KeyRing:
     ) -> None:
         self.metrics = metrics
         self._buckets: dict[bytes, list[_Key]] = {}
+        self.enabled = False
+        self.replace(tenants)
+
+    def replace(self, tenants: Sequence[TenantSettings]) -> None:
+        """Serve `tenants`' keys from now on (a configuration reload); requests already
+        authenticated keep their `Principal`."""
+        buckets: dict[bytes, list[_Key]] = {}
         for tenant in tenants:
             tenant_models = None if tenant.models is None else frozenset(tenant.models)
             for key in tenant.keys:
@@ -104,8 +111,9 @@ class KeyRing:
                 )
                 digest = bytes.fromhex(key.sha256)
                 entry = _Key(digest=digest, disabled=key.disabled, principal=principal)
-                self._buckets.setdefault(digest[:_BUCKET_BYTES], []).append(entry)
-        self.enabled = bool(self._buckets)
+                buckets.setdefault(digest[:_BUCKET_BYTES], []).append(entry)
+        self._buckets = buckets
+        self.enabled = bool(buckets)
 
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The caller of a request with this `Authorization` value (`Bearer KEY`).

@@ -269,6 +269,7 @@ class RequestRecorder(Collector):
         self._slos = dict(slos or {})
         self._trackers: dict[str, SloTracker] = {}
         self.replicas = ReplicaStats(now=now)
+        self.opened = 0
         self._watched: dict[str, Callable[[], Iterable[WorkerView]]] = {}
         self._in_flight: dict[str, Any] = {}
         # Workers that left (insertion-ordered, the oldest dropped past `_GONE_KEPT`): a
@@ -296,7 +297,9 @@ class RequestRecorder(Collector):
         return t
 
     def started(self, model: str) -> None:
-        """A request of `model` opened (its `done` follows exactly once)."""
+        """A request of `model` opened (its `done` follows exactly once); counted in
+        `opened` (all models, since start)."""
+        self.opened += 1
         self._gauge(model).inc()
 
     def ended(self, model: str) -> None:
