@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers bench-overhead lint format clean redis-server prometheus tmux wrk native-deps apt-libxxhash
+.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers bench-overhead chaos lint format clean redis-server prometheus tmux systemd wrk native-deps apt-libxxhash
 
 NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
 
@@ -69,6 +69,11 @@ redis-server:
 prometheus:
 	$(call apt-install,command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1,prometheus)
 
+# The unit files are checked with systemd-analyze verify, and socket activation runs under
+# systemd-socket-activate (Debian's systemd package; no running systemd is needed).
+systemd:
+	$(call apt-install,command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-socket-activate >/dev/null 2>&1,systemd)
+
 # `homing top` is tested as a person sees it, in a tmux pane.
 tmux:
 	$(call apt-install,command -v tmux >/dev/null 2>&1,tmux)
@@ -103,9 +108,9 @@ sglang-cpu: $(TINY_MODEL)/.built
 
 ## make test: the whole suite (unit + integration over loopback, against simulated and real
 ## SGLang workers; builds the SGLang CPU env and installs redis-server if missing)
-test: proto redis-server prometheus tmux sglang-cpu
+test: proto redis-server prometheus tmux systemd sglang-cpu
 	$(SGLANG_PY) -m pytest -q -p no:cacheprovider $(SGLANG_DIR)/sgl_kernel/tests
-	HOMING_REQUIRE_SGLANG=1 HOMING_REQUIRE_PROMETHEUS=1 HOMING_REQUIRE_TMUX=1 \
+	HOMING_REQUIRE_SGLANG=1 HOMING_REQUIRE_PROMETHEUS=1 HOMING_REQUIRE_TMUX=1 HOMING_REQUIRE_SYSTEMD=1 \
 	    $(PY) -m pytest -q $(PYTEST_ARGS)
 
 ## make bench: replay 300 Mooncake requests against a running gateway (start `make run` first);
@@ -157,6 +162,13 @@ bench-routers: proto
 bench-overhead: proto wrk
 	mkdir -p bench-out
 	$(PY) -m homing.bench.overhead --rounds 3 --json bench-out/overhead.json
+
+## make chaos: kill -9, stall, 10x slowdown, restart, health flapping, UNAVAILABLE and all at
+## once on 3 simulated workers behind a real `homing serve`, under 8 streaming clients, 30 s a
+## scenario (~5 min); fails on a hung request or a broken check (bench-out/chaos.json)
+chaos: proto
+	mkdir -p bench-out
+	$(PY) -m homing.bench.chaos --json bench-out/chaos.json --log-dir bench-out/chaos-logs
 
 lint: proto
 	$(VENV)/bin/ruff check src tests deploy
