@@ -164,11 +164,11 @@ bench-overhead: proto wrk
 	$(PY) -m homing.bench.overhead --rounds 3 --json bench-out/overhead.json
 
 ## make chaos: kill -9, stall, 10x slowdown, restart, health flapping, UNAVAILABLE and all at
-## once on 3 simulated workers behind a real `homing serve`, under 8 streaming clients, 30 s a
-## scenario (~5 min); fails on a hung request or a broken check (bench-out/chaos.json)
+## once on 3 simulated workers behind a real `homing serve`, under 8 streaming clients, 60 s a
+## scenario (~9 min); fails on a hung request or a broken check (bench-out/chaos.json)
 chaos: proto
 	mkdir -p bench-out
-	$(PY) -m homing.bench.chaos --json bench-out/chaos.json --log-dir bench-out/chaos-logs
+	$(PY) -m homing.bench.chaos --duration-s 60 --json bench-out/chaos.json --log-dir bench-out/chaos-logs
 
 lint: proto
 	$(VENV)/bin/ruff check src tests deploy
