@@ -285,7 +285,8 @@ class Generation:
         if self._retries >= service.retry.max_retries:
             service.count_retry(model, "max_retries")
             return False
-        if not service.retry_budget(model).allows():
+        # Reserved now, before any await: failures that arrive together cannot all pass.
+        if not service.retry_budget(model).try_spend():
             service.count_retry(model, "budget_exhausted")
             return False
         return True
@@ -339,18 +340,20 @@ class Generation:
         self.finish_reasons.clear()
         self._open_choices = self.prepared.n
         self._first_token_at = self._last_token_at = None
+        model = self.prepared.model.model_id
+        budget = self.service.retry_budget(model)  # `_may_retry` reserved this retry
         if self._interrupt is not None:
+            budget.refund()
             self._failure = self._interrupt.outcome
             raise self._interrupt.error
-        model = self.prepared.model.model_id
         try:
             self._route_and_launch()
         except APIError:  # no other replica: the client learns what failed the first
+            budget.refund()
             self.service.count_retry(model, "no_other_worker")
             self._failure = "engine_error"
             raise self._api_error(retry) from None
         self._retries += 1
-        self.service.retry_budget(model).spend()
         self.service.count_retry(model, "retried")
 
     async def _migrate(self, retry: _Retry) -> bool:
@@ -371,7 +374,7 @@ class Generation:
             service.count_migration(model, "too_long")
             return False
         budget = service.retry_budget(model)
-        if not budget.allows():
+        if not budget.try_spend():  # reserved before any await (see `_may_retry`)
             service.count_migration(model, "budget_exhausted")
             return False
         # The failed worker's other streams fail with it (or are cut here): every open choice
@@ -386,9 +389,11 @@ class Generation:
         self._pending = deque(kept)
         self._room.set()
         if self._interrupt is not None:
+            budget.refund()
             self._failure = self._interrupt.outcome
             raise self._refuse(self._interrupt)
         if any(isinstance(item, BaseException) for item in kept):
+            budget.refund()
             return False  # another choice failed for good: that error ends the request
         resume = [i for i in open_choices if self._ended_locally(i) is None]
         lease = None
@@ -396,9 +401,11 @@ class Generation:
             try:
                 lease = self._take_lease(len(resume))
             except APIError:
+                budget.refund()
                 service.count_migration(model, "no_other_worker")
                 return False
-            budget.spend()
+        else:
+            budget.refund()  # every choice ended here: no worker was asked
         self._migrations += 1
         self._migrated_from = retry.worker_id
         service.count_migration(model, "migrated")

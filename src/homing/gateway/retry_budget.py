@@ -103,6 +103,10 @@ class RetryBudget:
         """Count a retry that went ahead."""
         self._sums.add((0.0, 1.0))
 
+    def refund(self) -> None:
+        """Give back a retry `try_spend` reserved that did not go ahead (no other worker)."""
+        self._sums.add((0.0, -1.0))
+
     def try_spend(self) -> bool:
         """`allows()`, and if so `spend()`; whether the retry may go ahead."""
         if not self.allows():

@@ -1,0 +1,66 @@
+"""Failures that arrive together cannot overspend the retry budget: each retry is reserved
+at the moment it is decided, before the failed attempt is torn down."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from helpers import post_fault
+
+from homing.app import App
+from homing.config import (
+    BreakerSettings,
+    EngineSettings,
+    GatewaySettings,
+    HomingConfig,
+    OutlierSettings,
+    RouterSettings,
+    SimSettings,
+)
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_thirty_simultaneous_refusals_make_only_the_one_retry_the_budget_allows() -> None:
+    router = RouterSettings(
+        policy="round_robin",
+        max_retries=1,
+        retry_budget_ratio=0.0,
+        retry_min_per_s=0.1,
+        retry_window_s=10.0,  # a floor of 0.1/s over 10 s: exactly one retry
+    )
+    cfg = HomingConfig(
+        gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=1.0),
+        engines=EngineSettings(
+            health_interval_s=0.2,
+            unhealthy_threshold=10_000,
+            breaker=BreakerSettings(enabled=False),
+            outliers=OutlierSettings(enabled=False),
+        ),
+        router=router,
+        sim=SimSettings(workers=2, speedup=10.0),
+    )
+    async with App(cfg) as app:
+        assert app.pool is not None
+        for w in app.pool.workers():
+            await post_fault(w.url, {"reject": "UNAVAILABLE"})
+        url = f"http://127.0.0.1:{app.http_port}/v1/completions"
+        async with aiohttp.ClientSession() as http:
+
+            async def one(i: int) -> int:
+                body = {"model": "llama-3.1-8b", "prompt": f"q{i}", "max_tokens": 4}
+                async with http.post(url, json=body) as resp:
+                    await resp.read()
+                    return resp.status
+
+            statuses = await asyncio.gather(*(one(i) for i in range(30)))
+        metrics = app.gateway_metrics
+        retried = metrics.value("homing_retries_total", model="llama-3.1-8b", outcome="retried")
+        refused = metrics.value(
+            "homing_retries_total", model="llama-3.1-8b", outcome="budget_exhausted"
+        )
+    assert set(statuses) == {503}
+    assert retried == 1
+    assert refused == 29
