@@ -179,7 +179,9 @@ async def test_workers_ls_json_lists_both_workers(gateway: Gateway) -> None:
         "kv_stream",
         "last_error",
         "kv_epoch",
+        "breaker",
     }
+    assert [w["breaker"] for w in listed] == ["closed", "closed"]
 
 
 async def test_table_output_and_the_read_verbs(gateway: Gateway) -> None:

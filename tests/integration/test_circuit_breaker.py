@@ -1,7 +1,9 @@
 """The per-worker circuit breaker over simulated worker processes: a half-open worker takes
-exactly one lease at a time (virtual clock); a worker that refuses connections opens its
-breaker and a half-open trial closes it once the worker is back; a worker that passes its
-probes but refuses every Generate stays out, re-opening with a doubled interval."""
+exactly one lease at a time (virtual clock) and its trial closes the breaker at the worker's
+first token, mid-stream; a trial the client leaves or the worker aborts before a token counts
+neither way and frees the slot; a worker that refuses connections opens its breaker and a
+half-open trial closes it once the worker is back; a worker that passes its probes but
+refuses every Generate stays out, re-opening with a doubled interval."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from homing.config import (
     HomingConfig,
     SimSettings,
 )
-from homing.engines.client import EngineError
+from homing.engines.client import EngineError, GenerateDone, GenerateParams
 from homing.engines.pool import PoolConfig, WorkerPool
 from homing.fleet import ModelDispatch
 from homing.fleet.dispatch import NoReplica
@@ -70,10 +72,91 @@ async def test_a_half_open_worker_takes_exactly_one_lease_at_a_time(sim_url: str
         trial = model.lease([1, 2, 3])
         with pytest.raises(NoReplica):
             model.lease([4, 5, 6])  # the trial slot is taken
-        trial.release()
+        trial.release()  # no stream sent: no outcome, the slot is free again
+        assert (w0.breaker, w0.breaker_trial) == ("half_open", False)
+        trial = model.lease([1, 2, 3])
+        stream = trial.client.generate(long_generation("trial"), timeout_s=30)
+        try:
+            await anext(stream)  # the worker's first answer closes it, mid-stream
+            assert w0.breaker == "closed"
+            with model.lease([1, 2, 3]), model.lease([4, 5, 6]):
+                pass
+        finally:
+            await stream.aclose()
+            trial.release()
         assert w0.breaker == "closed"
-        with model.lease([1, 2, 3]), model.lease([4, 5, 6]):
-            pass
+    finally:
+        await pool.stop()
+
+
+def long_generation(request_id: str) -> GenerateParams:
+    """A generation that runs for seconds at the simulator's speed."""
+    return GenerateParams(request_id, list(range(1000, 1064)), max_new_tokens=50_000)
+
+
+async def test_a_trial_the_client_leaves_before_its_first_token_counts_neither_way(
+    sim_url: str,
+) -> None:
+    """Half-open, the trial's client goes away before the worker answers (its stream closed
+    at once): no success, no failure; the breaker stays half-open with its slot free, and
+    the next lease is the trial. One that answers then completes closes it."""
+    clock = ManualClock()
+    router = Router(clock=clock)
+    pool = WorkerPool(
+        [sim_url], router=router, clock=clock, config=PoolConfig(unhealthy_threshold=10)
+    )
+    await pool.start()
+    try:
+        tokenizer = TextTokenizer.from_bundle(await pool.tokenizer_bundle())
+        model = ModelDispatch(pool.served_model_name, tokenizer, pool, router)
+        for _ in range(5):
+            model.report_failure("w0", REFUSED)
+        clock.advance(1.0)
+        w0 = pool.state("w0")
+        with model.lease([1, 2, 3]) as trial:
+            stream = trial.client.generate(long_generation("left"), timeout_s=30)
+            await stream.aclose()  # the client left before any token
+        assert (w0.breaker, w0.breaker_trial, w0.breaker_opens) == ("half_open", False, 1)
+        with model.lease([1, 2, 3]) as trial:
+            assert w0.breaker_trial
+            short = GenerateParams("done", [1000, 1001, 1002], max_new_tokens=2)
+            items = [item async for item in trial.client.generate(short, timeout_s=30)]
+            assert w0.breaker == "closed" and items
+    finally:
+        await pool.stop()
+
+
+async def test_a_trial_the_worker_aborts_before_answering_counts_neither_way(
+    sim_url: str,
+) -> None:
+    """Half-open, the worker aborts the trial (its stream ends with finish_reason "abort",
+    no token): no success, no failure; the slot is free for the next trial."""
+    clock = ManualClock()
+    router = Router(clock=clock)
+    pool = WorkerPool(
+        [sim_url], router=router, clock=clock, config=PoolConfig(unhealthy_threshold=10)
+    )
+    await pool.start()
+    try:
+        tokenizer = TextTokenizer.from_bundle(await pool.tokenizer_bundle())
+        model = ModelDispatch(pool.served_model_name, tokenizer, pool, router)
+        for _ in range(5):
+            model.report_failure("w0", REFUSED)
+        clock.advance(1.0)
+        w0 = pool.state("w0")
+        await post_fault(sim_url, {"stall_s": 1.0})  # no token before the abort
+        with model.lease([1, 2, 3]) as trial:
+            stream = trial.client.generate(long_generation("aborted-trial-1"), timeout_s=30)
+            first = asyncio.create_task(anext(stream))
+            # An Abort of a prefix ends the request's stream with "abort" (SGLang's rule):
+            # an empty chunk, then the complete message.
+            await pool.client("w0").abort("aborted-trial")
+            items = [await first, *[item async for item in stream]]
+            last = items[-1]
+            assert isinstance(last, GenerateDone) and last.finish_reason == "abort"
+            assert not any(item.token_ids for item in items)
+            assert (w0.breaker, w0.breaker_trial) == ("half_open", True)
+        assert (w0.breaker, w0.breaker_trial, w0.breaker_opens) == ("half_open", False, 1)
     finally:
         await pool.stop()
 

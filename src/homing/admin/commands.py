@@ -87,6 +87,7 @@ WORKER_HEADERS = [
     "VERSION",
     "PHASE",
     "HEALTHY",
+    "BREAKER",
     "IN-FLIGHT",
     "RUNNING",
     "WAITING",
@@ -98,6 +99,8 @@ WORKER_HEADERS = [
 
 
 def _worker_row(w: dict[str, Any]) -> list[str]:
+    """One `workers` table row: BREAKER is closed, open or half-open ("-" from a server
+    that does not report it); an outlier-ejected worker shows PHASE "ejected"."""
     return [
         w["id"],
         w["model"],
@@ -105,6 +108,7 @@ def _worker_row(w: dict[str, Any]) -> list[str]:
         w["version"] or "-",
         w["phase"],
         "yes" if w["healthy"] else "no",
+        (w.get("breaker") or "-").replace("_", "-"),
         str(w["in_flight"]),
         _opt(w["running"]),
         _opt(w["waiting"]),

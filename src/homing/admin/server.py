@@ -220,6 +220,7 @@ def worker_message(model: ModelDispatch, w: WorkerState) -> pb.Worker:
         kv_stream=w.kv_stream,
         last_error=w.last_error or "",
         kv_epoch=w.kv_epoch,
+        breaker=w.breaker,
     )
     if w.load is not None:
         message.running = w.load.running

@@ -5,8 +5,9 @@ own (the pool passes `now` and sets the timer that ends an open interval).
 
     closed --`consecutive` transport failures--> open
     open --its open interval passed (`tick`)--> half_open
-    half_open --the trial request succeeded--> closed
+    half_open --the trial request's worker answered--> closed
     half_open --any transport failure--> open (interval doubled)
+    half_open --the trial ended with no outcome--> half_open (trial slot free)
 
 `closed`: every request may go. `open`: the worker gets no requests. `half_open`: exactly
 one request is let through, the trial (`start_request` marks it, so concurrent routing
@@ -16,7 +17,12 @@ resets the doubling.
 
 Only requests' transport failures count (the worker or the path to it failed: UNAVAILABLE,
 DEADLINE_EXCEEDED from the worker, INTERNAL, a cut stream; see
-`homing.engines.client.TRANSPORT_CODES`); a success is a request that ended without one.
+`homing.engines.client.TRANSPORT_CODES`). A success, for the failure run, is a request that
+completed without one; for the trial it is the worker's first answer (its first token), so
+the breaker closes as soon as the worker is seen to serve, not when the trial's stream ends.
+A request that ended with no outcome (the client went away before an answer, the worker
+aborted it, it never reached the worker) counts neither way; a trial ending so frees the
+slot for the next request (`end_trial`).
 Health (`homing.engines.health`) is separate and also counts those failures; the breaker
 adds what health cannot: it stays open for its interval even while HealthCheck passes (a
 worker that refuses every Generate but answers its probes), and lets one request test the
@@ -119,13 +125,21 @@ def on_failure(b: Breaker, now: float, config: BreakerConfig) -> Breaker:
 
 
 def on_success(b: Breaker, *, trial: bool) -> Breaker:
-    """The breaker after a request ended without a transport failure (`trial`: it was the
-    half-open trial). Closed: the failure run resets. Half-open: the trial's success
-    closes it; another request's success (sent before it opened) does not."""
+    """The breaker after a request's success (`trial`: it was the half-open trial, whose
+    worker answered). Closed: the failure run resets. Half-open: the trial's success closes
+    it; another request's success (sent before it opened) does not."""
     if b.state is BreakerState.CLOSED:
         return replace(b, failures=0) if b.failures else b
     if b.state is BreakerState.HALF_OPEN and trial and b.trial:
         return Breaker()
+    return b
+
+
+def end_trial(b: Breaker) -> Breaker:
+    """The half-open trial ended with no outcome (neither an answer nor a transport
+    failure): its slot is free for the next request. Any other state: unchanged."""
+    if b.state is BreakerState.HALF_OPEN and b.trial:
+        return replace(b, trial=False)
     return b
 
 

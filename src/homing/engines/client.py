@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
@@ -251,6 +252,25 @@ def convert_response(resp: pb.GenerateResponse) -> TokenChunk | GenerateDone | N
     return None
 
 
+class StreamWatcher(Protocol):
+    """Told how one Generate stream goes (`EngineClient.generate(watcher=...)`); each
+    method is called synchronously from the consumer's `__anext__`, at most once."""
+
+    def answered(self) -> None:
+        """The worker answered: the first `TokenChunk` with a token, or a `GenerateDone`
+        that is not an abort before any, arrived (an aborted request's empty chunk is no
+        answer)."""
+        ...
+
+    def completed(self) -> None:
+        """The stream ended with its `GenerateDone`, not an abort."""
+        ...
+
+    def failed(self, err: EngineError) -> None:
+        """The stream failed with `err` (the `EngineError` the consumer gets next)."""
+        ...
+
+
 class EngineStream:
     """One Generate call's messages as plain data: an async iterator of `TokenChunk`s and
     exactly one `GenerateDone`, then StopAsyncIteration.
@@ -258,30 +278,46 @@ class EngineStream:
     On every end before the `GenerateDone` (`aclose`, the consumer cancelled, the
     deadline, an RPC error, a stream that ends without `complete`) the call is cancelled and
     `Abort(request_id)` is sent once; after a normal end nothing is sent. Raises
-    `EngineError` for RPC failures. A consumer that stops before the end must call `aclose`
+    `EngineError` for RPC failures. A stream cut by `EngineClient.sever` raises the
+    sever's `EngineError` (UNAVAILABLE, transport) at once, whether the consumer was
+    waiting on it or calls it next; its Abort goes in the background, not awaited (the
+    worker may not answer). A consumer that stops before the end must call `aclose`
     (dropping the stream does not abort the call).
     `messages`: responses received so far (what the stream cost the gateway: one gRPC
     message each).
     """
 
     __slots__ = (
+        "__weakref__",
+        "_answered",
         "_call",
         "_client",
         "_done",
         "_ended",
         "_responses",
+        "_severed",
+        "_watcher",
         "messages",
         "request_id",
     )
 
-    def __init__(self, client: EngineClient, call: Any, request_id: str) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        call: Any,
+        request_id: str,
+        watcher: StreamWatcher | None = None,
+    ) -> None:
         self._client = client
         self._call = call
         # The call's own response iterator (grpc.aio's async-for path), not `call.read()`.
         self._responses = call.__aiter__()
         self.request_id = request_id
+        self._watcher = watcher
+        self._answered = False  # the watcher was told `answered`
         self._done = False  # the GenerateDone was returned
         self._ended = False  # nothing more will be read (done, aborted or failed)
+        self._severed: EngineError | None = None  # set by `sever`
         self.messages = 0
 
     def __aiter__(self) -> EngineStream:
@@ -290,17 +326,24 @@ class EngineStream:
     async def __anext__(self) -> TokenChunk | GenerateDone:
         if self._ended:
             raise StopAsyncIteration
+        if self._severed is not None:
+            raise self._fail_severed()
         try:
             while True:
                 try:
                     resp = await self._responses.__anext__()
                 except StopAsyncIteration:
+                    if self._severed is not None:
+                        raise self._fail_severed() from None
                     await self._end("stream ended without complete")
-                    raise EngineError(
-                        grpc.StatusCode.INTERNAL,
-                        f"Generate stream for {self.request_id} ended without a complete message",
-                        transport=True,
-                        worker_id=self._client.worker_id,
+                    raise self._failed(
+                        EngineError(
+                            grpc.StatusCode.INTERNAL,
+                            f"Generate stream for {self.request_id} ended without a complete "
+                            "message",
+                            transport=True,
+                            worker_id=self._client.worker_id,
+                        )
                     ) from None
                 self.messages += 1
                 item = convert_response(resp)
@@ -308,11 +351,27 @@ class EngineStream:
                     continue
                 if isinstance(item, GenerateDone):
                     self._done = self._ended = True
+                    self._client._streams.discard(self)
+                    if self._watcher is not None and item.finish_reason != "abort":
+                        if not self._answered:
+                            self._answered = True
+                            self._watcher.answered()
+                        self._watcher.completed()
+                elif item.token_ids and not self._answered and self._watcher is not None:
+                    self._answered = True
+                    self._watcher.answered()
                 return item
         except grpc.aio.AioRpcError as err:
+            if self._severed is not None:
+                raise self._fail_severed() from err
             await self._end(f"rpc error {err.code().name}")
-            raise self._client._error(err) from err
+            raise self._failed(self._client._error(err)) from err
         except asyncio.CancelledError:
+            task = asyncio.current_task()
+            # grpc.aio raises CancelledError in the reader of a call cancelled locally: when
+            # `sever` did that and nobody cancelled this task, it is the sever's error.
+            if self._severed is not None and task is not None and task.cancelling() == 0:
+                raise self._fail_severed() from None
             await self._end("cancelled")
             raise
 
@@ -320,10 +379,36 @@ class EngineStream:
         """Stop reading; sends Abort unless the stream completed. Idempotent."""
         await self._end("client closed the stream")
 
+    def sever(self, err: EngineError) -> bool:
+        """Cut the call now: the consumer's pending or next `__anext__` raises `err`.
+        False (nothing done) when the stream already ended."""
+        if self._ended or self._severed is not None:
+            return False
+        self._severed = err
+        self._call.cancel()
+        return True
+
+    def _fail_severed(self) -> EngineError:
+        """End a severed stream (Abort in the background) and return its error."""
+        err = self._severed
+        assert err is not None
+        if not self._ended:
+            self._ended = True
+            self._client._streams.discard(self)
+            self._client._abort_detached(self.request_id, f"severed: {err.message}")
+            self._failed(err)
+        return err
+
+    def _failed(self, err: EngineError) -> EngineError:
+        if self._watcher is not None:
+            self._watcher.failed(err)
+        return err
+
     async def _end(self, reason: str) -> None:
         if self._ended:
             return
         self._ended = True
+        self._client._streams.discard(self)
         self._call.cancel()
         if not self._done:
             await self._client._abort_in_background(self.request_id, reason)
@@ -368,6 +453,26 @@ class EngineClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.SglangSchedulerStub | None = None
         self._background: set[asyncio.Task[None]] = set()
+        # Open Generate streams, for `sever` (weak: a stream dropped unread is let go).
+        self._streams: weakref.WeakSet[EngineStream] = weakref.WeakSet()
+
+    @property
+    def open_streams(self) -> int:
+        """Generate streams started and not yet ended."""
+        return len(self._streams)
+
+    def sever(self, reason: str) -> int:
+        """Cut every open Generate stream now (the worker stopped answering): each one's
+        consumer gets `EngineError(UNAVAILABLE, reason, transport=True)` at once instead of
+        waiting for the channel's keepalive. Returns how many were cut."""
+        return sum(
+            stream.sever(
+                EngineError(
+                    grpc.StatusCode.UNAVAILABLE, reason, transport=True, worker_id=self.worker_id
+                )
+            )
+            for stream in list(self._streams)
+        )
 
     def _get_stub(self) -> pb_grpc.SglangSchedulerStub:
         if self._stub is None:
@@ -384,25 +489,33 @@ class EngineClient:
         *,
         timeout_s: float | None = None,
         traceparent: str | None = None,
+        watcher: StreamWatcher | None = None,
     ) -> EngineStream:
         """Start a Generate call: an `EngineStream` of `TokenChunk`s then one `GenerateDone`.
 
         `timeout_s`: deadline for the whole generation (None: none); past it the stream
         fails with EngineError(DEADLINE_EXCEEDED, transport=True). `traceparent`: a W3C
-        trace context sent as the call's `traceparent` metadata.
+        trace context sent as the call's `traceparent` metadata. `watcher`: told when the
+        worker answers, completes or fails the stream (`StreamWatcher`).
         """
         metadata = (("traceparent", traceparent),) if traceparent else None
         call = self._get_stub().Generate(
             build_generate_request(params), timeout=timeout_s, metadata=metadata
         )
-        return EngineStream(self, call, params.request_id)
+        stream = EngineStream(self, call, params.request_id, watcher)
+        self._streams.add(stream)
+        return stream
 
     async def _abort_in_background(self, request_id: str, reason: str) -> None:
         """Send Abort from a task of its own, so a second cancellation cannot lose it."""
+        await asyncio.shield(self._abort_detached(request_id, reason))
+
+    def _abort_detached(self, request_id: str, reason: str) -> asyncio.Task[None]:
+        """Send Abort from a task of its own (`close` waits for it); not awaited here."""
         task = asyncio.ensure_future(self.abort(request_id, reason))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        await asyncio.shield(task)
+        return task
 
     async def abort(self, request_id: str, reason: str = "") -> None:
         """Best-effort `Abort(request_id)`; logs and swallows failures (never raises)."""

@@ -7,7 +7,10 @@ detector for a plan and applies its readmissions and ejections at once (no await
 the snapshot and `WorkerPool.eject` / `readmit`, so the plan matches the pool), then runs
 the probes: the same short generation (`PROBE_PROMPT`, greedy, `PROBE_TOKENS` new tokens,
 through the worker's `EngineClient.generate`, counted in flight by `WorkerPool.track`) on
-the ejected worker and on one ready peer at once; their TPOTs go back to the detector. Each
+the ejected worker and on one ready peer at once; their TPOTs go back to the detector.
+Between intervals it watches the pool (`WorkerPool.subscribe`): once no worker is ready
+while one is ejected (the others died after its ejection), it readmits the ejected ones at
+once (`OutlierDetector.rescue`), from a task of its own, not inside the pool's change. Each
 ejection, return, skip and probe is a metric (`homing.engines.metrics`) and a structlog
 line (`outlier_ejected`, `outlier_returned`, `outlier_kept`, `outlier_probe`).
 """
@@ -73,13 +76,42 @@ class OutlierEjector:
         self._known: set[str] = set()
 
     async def run(self) -> None:
-        """`step` every `interval_s` until cancelled; a failed step is logged, not fatal."""
+        """`step` every `interval_s` until cancelled, and `rescue` whenever the pool
+        changes in between; a failed step is logged, not fatal."""
+        changed = asyncio.Event()
+        unsubscribe = self.pool.subscribe(changed.set)
+        watcher = asyncio.create_task(self._watch(changed), name=f"outliers-rescue-{self.model}")
+        try:
+            while True:
+                await self._clock.sleep(self.config.interval_s)
+                try:
+                    await self.step()
+                except Exception:
+                    log.exception("outlier_step_failed", model=self.model)
+        finally:
+            unsubscribe()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch(self, changed: asyncio.Event) -> None:
         while True:
-            await self._clock.sleep(self.config.interval_s)
+            await changed.wait()
+            changed.clear()
             try:
-                await self.step()
+                self.rescue()
             except Exception:
-                log.exception("outlier_step_failed", model=self.model)
+                log.exception("outlier_rescue_failed", model=self.model)
+
+    def rescue(self) -> list[str]:
+        """Readmit every ejected worker now if no worker of the pool is ready (the
+        detector's `rescue`); the ids readmitted."""
+        if not self.detector.ejected():
+            return []
+        readmits = self.detector.rescue(list(self._snapshots()))
+        for r in readmits:
+            self._readmit(r.worker_id, r.reason)
+        return [r.worker_id for r in readmits]
 
     async def step(self) -> Plan:
         """One interval: evaluate, apply, probe. Returns the plan it applied."""

@@ -122,3 +122,23 @@ def probe_verdict(
     if busy and last_progress_at is not None and now - last_progress_at <= window_s:
         return None
     return False
+
+
+def stalled(
+    outcome: ProbeOutcome,
+    *,
+    open_streams: int,
+    last_progress_at: float | None,
+    now: float,
+    window_s: float,
+) -> bool:
+    """Whether one probe proves the worker stalled, so it turns unhealthy at once instead of
+    after `unhealthy_threshold` failures: it timed out while the worker has `open_streams`
+    that should be producing tokens, yet its last engine progress (clock time, s) is older
+    than `window_s`. Unknown progress (None) proves nothing."""
+    return (
+        outcome is ProbeOutcome.TIMED_OUT
+        and open_streams > 0
+        and last_progress_at is not None
+        and now - last_progress_at > window_s
+    )

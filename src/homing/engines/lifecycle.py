@@ -2,15 +2,17 @@
 
     joining --joined--> ready --cordon--> cordoned --uncordon--> ready
     joining|ready|cordoned|ejected --drain--> draining --drained--> gone
+    draining --undrain--> ready (the pool then cordons one whose drain began cordoned)
     ready --eject--> ejected --readmit--> ready     ejected --cordon--> cordoned
     joining --refused--> gone        any phase but gone --remove--> gone
 
 `joining`: found (config or admin API), not yet discovered as a worker of the pool's model,
 healthy and subscribed to. `ready`: takes new requests while healthy. `cordoned`: takes no
 new requests and stays. `draining`: takes no new requests; leaves (`drained`) when its last
-request ends. `ejected`: taken out by outlier detection, may be readmitted (an operator's
-cordon takes it over: the worker stays out until uncordoned). `gone`: left the
-pool for good; the same URL added again is a new worker with a new id.
+request ends, unless `undrain` calls the drain off first (it serves again as `ready`).
+`ejected`: taken out by outlier detection, may be readmitted (an operator's cordon takes it
+over: the worker stays out until uncordoned). `gone`: left the pool for good; the same URL
+added again is a new worker with a new id.
 
 Health is separate: a `ready` worker that fails its probes stays `ready` and gets no
 requests until it is healthy again (`accepts_requests` and `WorkerState.healthy` both hold).
@@ -41,6 +43,7 @@ class Action(StrEnum):
     UNCORDON = "uncordon"
     DRAIN = "drain"
     DRAINED = "drained"
+    UNDRAIN = "undrain"
     EJECT = "eject"
     READMIT = "readmit"
     REMOVE = "remove"
@@ -55,6 +58,7 @@ _NEXT: dict[tuple[Phase, Action], Phase] = {
     (Phase.EJECTED, Action.READMIT): Phase.READY,
     (Phase.EJECTED, Action.CORDON): Phase.CORDONED,
     (Phase.DRAINING, Action.DRAINED): Phase.GONE,
+    (Phase.DRAINING, Action.UNDRAIN): Phase.READY,
     **{(p, Action.DRAIN): Phase.DRAINING for p in (Phase.JOINING, Phase.READY, Phase.CORDONED)},
     (Phase.EJECTED, Action.DRAIN): Phase.DRAINING,
     **{(p, Action.REMOVE): Phase.GONE for p in Phase if p is not Phase.GONE},

@@ -34,7 +34,9 @@ peer's (with no peer, or no peer result, its own success suffices); else it stay
 and is probed again next interval. A readmitted worker is not judged again until
 `window_s` has passed, so records from before its ejection cannot eject it twice. When the
 pool has no ready worker left, every ejected worker is readmitted at once (Envoy's panic
-threshold: serving from an outlier beats serving from none).
+threshold: serving from an outlier beats serving from none): at the next evaluation, and,
+through `rescue`, as soon as the runner sees the pool's last ready worker go (others failing
+after an ejection), not an interval later.
 
 Defaults and their sources: `interval_s` 5 s (half of Envoy's 10 s `interval`: an LLM
 request lasts seconds, so a slow replica shows within one); `window_s` 15 s (three
@@ -239,10 +241,7 @@ class OutlierDetector:
         ready = [w for w in workers if w.state == "ready"]
         ejected = [w for w in workers if w.phase == "ejected"]
         if not ready and ejected:
-            for w in ejected:
-                self._readmitted(tracks[w.worker_id], now)
-                plan.readmissions.append(Readmit(w.worker_id, "no_ready_worker"))
-            return plan
+            return Plan(readmissions=self._rescue(ejected, tracks, now))
         baseline = [w for w in workers if w.phase != "ejected" and w.requests >= cfg.min_requests]
         over: list[tuple[float, WorkerSignals, str, float, float]] = []
         for w in ready:
@@ -292,6 +291,24 @@ class OutlierDetector:
                 peer = peers[0].worker_id if peers else None
                 plan.probes.append(Probe(w.worker_id, peer))
         return plan
+
+    def rescue(self, workers: Sequence[WorkerSignals]) -> list[Readmit]:
+        """Between evaluations: when none of `workers` (every worker of the pool, one
+        snapshot each) is ready, readmit every ejected one now (reason "no_ready_worker"),
+        recorded as such: apply them at once. [] while a worker is ready. Strikes and
+        backoff of the others are left as they are."""
+        if any(w.state == "ready" for w in workers):
+            return []
+        ejected = [w for w in workers if w.phase == "ejected"]
+        tracks = {w.worker_id: self._tracks.setdefault(w.worker_id, _Track()) for w in ejected}
+        return self._rescue(ejected, tracks, self._now())
+
+    def _rescue(
+        self, ejected: Sequence[WorkerSignals], tracks: dict[str, _Track], now: float
+    ) -> list[Readmit]:
+        for w in ejected:
+            self._readmitted(tracks[w.worker_id], now)
+        return [Readmit(w.worker_id, "no_ready_worker") for w in ejected]
 
     def probed(self, worker_id: str, worker: ProbeResult, peer: ProbeResult | None) -> bool:
         """Record a readmission probe of `worker_id` (and its peer's, None: no peer); True

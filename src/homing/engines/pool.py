@@ -31,12 +31,26 @@ out on a worker that is busy and whose KV-event stream shows engine work within
 `progress_window_s` counts neither way (`WorkerState.probes_excused` counts them); a busy
 worker whose load records stopped arriving or changing gets its timeouts counted.
 
+A worker that stops answering (a counted probe failure leaves it unhealthy while its
+KV-event stream shows no engine work within `progress_window_s`: a frozen process whose TCP
+connection stays open; a probe timeout with streams open and no progress within that window
+turns it unhealthy at once, `homing.engines.health.stalled`) has its open Generate streams
+cut at once (`EngineClient.sever`):
+each consumer gets `EngineError(UNAVAILABLE, transport)` within one probe, rather than after
+the channel's keepalive (~50 s), and can retry or migrate. A worker that answers its probes
+"unhealthy" while it still visibly decodes keeps its streams (it only leaves rotation).
+
 Each worker has a circuit breaker on the request path (`homing.engines.breaker`): requests'
-transport failures (`report_failure`) open it; a lease taken through `open_lease` on a
-half-open worker is its one trial, and its `close_lease` without a transport failure in
-between closes it. `WorkerState.routable` is False while the breaker admits no request.
-Control loops of the pool (outlier ejection) run beside its tasks (`run_beside`) and move
-workers with `eject` / `readmit`.
+transport failures (`report_failure`) open it. A lease (`open_lease` .. `close_lease`, its
+streams reporting through `lease_answered` / `lease_completed` / `lease_failed`) records
+its own outcome in its `LeaseMark`: on a half-open worker it is the one trial, resolved at
+the worker's first answer (closed) or a transport failure (re-opened), and a trial that
+ended with no outcome frees the slot; a lease that completed without a failure of its own
+resets the failure run, whatever other leases on the worker did meanwhile; a lease the
+client left before an answer, or that the worker aborted, counts neither way.
+`WorkerState.routable` is False while the breaker admits no request.
+Control loops of the pool (outlier ejection) run beside its tasks (`run_beside`), watch it
+(`subscribe`) and move workers with `eject` / `readmit`.
 """
 
 from __future__ import annotations
@@ -69,9 +83,16 @@ from homing.engines.health import (
     observe,
     probe_verdict,
     shows_progress,
+    stalled,
 )
 from homing.engines.kv_stream import KvStreamCursor
-from homing.engines.lifecycle import Action, Phase, accepts_requests, transition
+from homing.engines.lifecycle import (
+    Action,
+    IllegalTransition,
+    Phase,
+    accepts_requests,
+    transition,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -156,6 +177,8 @@ class EngineLoadView:
     [0, 1] (max over ranks). `max_running_requests`: admission window (0 unknown).
     `updated_at`: pool clock time (s) of the record. `prefill_pending_tokens`: prompt tokens
     still to prefill, queued or mid chunked prefill (None when not reported).
+    `active_token_usage`: KV occupancy excluding evictable prefix cache in [0, 1] (max over
+    ranks; None when a rank does not report it).
     """
 
     running: int
@@ -165,6 +188,7 @@ class EngineLoadView:
     max_running_requests: int
     updated_at: float
     prefill_pending_tokens: int | None = None
+    active_token_usage: float | None = None
 
 
 @dataclass
@@ -183,7 +207,7 @@ class WorkerState:
     whether the half-open trial is in flight, `breaker_opens` how often it opened.
     `last_progress_at`: pool clock time (s) its KV-event stream last showed engine work
     (None: never); `probes_excused`: probe timeouts not counted because it was busy and
-    progressing.
+    progressing. `drained_from`: while draining, the phase its drain began in.
     """
 
     worker_id: str
@@ -205,6 +229,7 @@ class WorkerState:
     breaker_opens: int = 0
     last_progress_at: float | None = None
     probes_excused: int = 0
+    drained_from: Phase | None = None
 
     @property
     def draining(self) -> bool:
@@ -215,9 +240,20 @@ class WorkerState:
     def routable(self) -> bool:
         """True when new requests may be sent to it: `ready`, healthy, and its breaker
         closed (or half-open with the trial slot free)."""
-        if not (self.healthy and accepts_requests(self.phase)):
+        return accepts_requests(self.phase) and self.admits
+
+    @property
+    def admits(self) -> bool:
+        """Healthy with its breaker closed, or half-open with the trial slot free: what
+        `routable` asks beyond the phase."""
+        if not self.healthy:
             return False
         return self.breaker == "closed" or (self.breaker == "half_open" and not self.breaker_trial)
+
+    @property
+    def undrainable(self) -> bool:
+        """Whether `WorkerPool.undrain` takes it: draining, from `ready` or `cordoned`."""
+        return self.draining and self.drained_from in (Phase.READY, Phase.CORDONED)
 
 
 @dataclass
@@ -234,17 +270,22 @@ class _Worker:
     closing: bool = False  # removed with requests in flight: the last one closes the channel
     breaker: Breaker = field(default_factory=Breaker)
     breaker_timer: TimerHandle | None = None
-    failures: int = 0  # requests' transport failures reported, ever (leases compare it)
+    trial_lease: LeaseMark | None = None  # the half-open trial's lease while it is out
     rank_samples: dict[int | None, LoadSample] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class LeaseMark:
-    """What `open_lease` noted for `close_lease`: whether the lease is its worker's
-    half-open trial, and the worker's failure count when it was taken."""
+    """One lease's breaker record, from `open_lease` to `close_lease`: `trial` (it took its
+    worker's half-open trial slot), and what its streams saw: `answered` (the worker
+    answered), `completed` (a stream ended with its complete message, not aborted),
+    `failed` (a transport failure of its own), `closed` (`close_lease` was called)."""
 
     trial: bool
-    failures: int
+    answered: bool = False
+    completed: bool = False
+    failed: bool = False
+    closed: bool = False
 
 
 #: The window beyond `max_req_input_len` that SGLang serves untrimmed: max_req_len =
@@ -287,6 +328,8 @@ def check_worker_url(url: str) -> str:
     host, _, port = rest.rpartition(":")
     if not url.startswith("grpc://") or not host or not port:
         raise ValueError(f"worker URL {shown!r} must look like grpc://host:port")
+    if "/" in port:
+        raise ValueError(f"worker URL {shown!r} must end at its port (grpc://host:port, no path)")
     if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"worker URL {shown!r} needs a port in 1-65535")
     if not (_HOST_NAME.fullmatch(host) or _IPV6.fullmatch(host)):
@@ -371,7 +414,25 @@ class WorkerPool:
         self._retiring: set[asyncio.Task[None]] = set()
         self._gone: dict[str, asyncio.Event] = {}
         self._changed = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
         self._started = False
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener()` after every change of a worker's health, phase, breaker or
+        membership (synchronously, inside the change: it must not change the pool itself;
+        set an event and act from a task). Returns the function that unsubscribes it."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _notify(self) -> None:
+        self._changed.set()
+        for listener in list(self._listeners):
+            listener()
 
     def _register(self, spec: WorkerSpec) -> _Worker:
         worker_id = self._new_id()
@@ -478,9 +539,29 @@ class WorkerPool:
     def drain(self, worker_id: str) -> WorkerState:
         """No new requests for `worker_id`; it leaves the pool when its last request ends
         (at once when none is in flight). KeyError, `IllegalTransition` (already draining)."""
-        w = self._apply(self._workers[worker_id], Action.DRAIN)
+        w = self._workers[worker_id]
+        before = w.state.phase
+        self._apply(w, Action.DRAIN)
+        w.state.drained_from = before
         if w.state.in_flight == 0:
             self._retire_soon(w, Action.DRAINED)
+        return w.state
+
+    def undrain(self, worker_id: str) -> WorkerState:
+        """Call a drain off: `worker_id` goes back to the phase its drain began in (`ready`
+        or `cordoned`) and stays, its requests in flight going on, as for a URL listed again
+        while it was still finishing its streams. KeyError for an id not in the pool (one
+        whose drain ended has left: add its URL again); `IllegalTransition` when it is not
+        draining, or its drain began while it was joining or ejected (those return only
+        through a join or a readmission probe: add it again once it has left)."""
+        w = self._workers[worker_id]
+        if not w.state.undrainable:
+            raise IllegalTransition(w.state.phase, Action.UNDRAIN)
+        back_to = w.state.drained_from
+        self._apply(w, Action.UNDRAIN)
+        w.state.drained_from = None
+        if back_to is Phase.CORDONED:
+            self._apply(w, Action.CORDON)
         return w.state
 
     async def wait_gone(self, worker_id: str, timeout_s: float | None = None) -> bool:
@@ -509,6 +590,8 @@ class WorkerPool:
         worker_id = w.state.worker_id
         if self._workers.get(worker_id) is not w:
             return  # already gone
+        if action is Action.DRAINED and w.state.phase is not Phase.DRAINING:
+            return  # undrained before its retirement ran
         self._apply(w, action)
         del self._workers[worker_id]
         if w.breaker_timer is not None:
@@ -521,7 +604,7 @@ class WorkerPool:
         w.state.healthy = False
         w.state.kv_stream = "down"
         self._gone.setdefault(worker_id, asyncio.Event()).set()
-        self._changed.set()
+        self._notify()
         if was_healthy and self._on_health_change is not None:
             self._on_health_change(w.state)
         closing = w.state.in_flight == 0
@@ -692,16 +775,8 @@ class WorkerPool:
         if err.transport:
             w = self._workers[worker_id]
             w.state.last_error = str(err)
-            w.failures += 1
             self._set_breaker(w, brk.on_failure(w.breaker, self._clock.now(), self.config.breaker))
             self._observe(w, False, "request")
-
-    def report_success(self, worker_id: str) -> None:
-        """A request on `worker_id` completed: one success toward health (and its
-        breaker's failure run)."""
-        w = self._workers[worker_id]
-        self._set_breaker(w, brk.on_success(w.breaker, trial=False))
-        self._observe(w, True, "request")
 
     def open_lease(self, worker_id: str) -> LeaseMark:
         """A request was routed to `worker_id` (call with no await since its routing
@@ -710,18 +785,53 @@ class WorkerPool:
         an unknown id; ValueError when its breaker admits no request."""
         w = self._workers[worker_id]
         after, trial = brk.start_request(w.breaker)
+        mark = LeaseMark(trial=trial)
         self._set_breaker(w, after)
-        return LeaseMark(trial=trial, failures=w.failures)
+        if trial:
+            w.trial_lease = mark
+        return mark
+
+    def lease_answered(self, worker_id: str, mark: LeaseMark) -> None:
+        """The worker answered one of the lease's streams (its first token, or a complete
+        message that is no abort): the half-open trial succeeds here, closing the breaker
+        while the stream goes on. No-op after a failure of the lease, once closed, or for a
+        worker gone."""
+        w = self._workers.get(worker_id)
+        if w is None or mark.closed or mark.failed or mark.answered:
+            return
+        mark.answered = True
+        if w.trial_lease is mark:
+            w.trial_lease = None
+            self._set_breaker(w, brk.on_success(w.breaker, trial=True))
+
+    def lease_completed(self, worker_id: str, mark: LeaseMark) -> None:
+        """One of the lease's streams ended with its complete message, not an abort."""
+        if not mark.closed:
+            mark.completed = True
+
+    def lease_failed(self, worker_id: str, mark: LeaseMark, err: EngineError) -> None:
+        """One of the lease's streams failed with `err`: a transport failure (our own
+        deadline, DEADLINE_EXCEEDED, aside: it says nothing of the worker) marks the lease
+        failed, so it earns no success. The failure is counted by `report_failure`."""
+        if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED and not mark.closed:
+            mark.failed = True
 
     def close_lease(self, worker_id: str, mark: LeaseMark) -> None:
-        """The lease `mark` came from ended. With no transport failure reported on the
-        worker since it was taken, it counts as a success for the breaker: the trial's
-        closes a half-open breaker. (Failures are not tied to a lease, so a concurrent
-        request's failure denies this one its success.) No-op for a worker gone."""
-        w = self._workers.get(worker_id)
-        if w is None or w.failures != mark.failures:
+        """The lease `mark` came from ended (only the first call counts). A lease that
+        completed without a failure of its own is a success: the failure run resets. A trial
+        still unresolved (no answer, no counted failure: the client left, the worker aborted
+        it, our deadline) frees the half-open slot. No-op for a worker gone."""
+        if mark.closed:
             return
-        self._set_breaker(w, brk.on_success(w.breaker, trial=mark.trial))
+        mark.closed = True
+        w = self._workers.get(worker_id)
+        if w is None:
+            return
+        if w.trial_lease is mark:
+            w.trial_lease = None
+            self._set_breaker(w, brk.end_trial(w.breaker))
+        if mark.completed and not mark.failed:
+            self._set_breaker(w, brk.on_success(w.breaker, trial=False))
 
     # ------------------------------------------------------------------ state changes
 
@@ -731,8 +841,14 @@ class WorkerPool:
         after = observe(before, ok, self._thresholds)
         if after.healthy and not s.discovered:
             after = HealthStatus(False, after.consecutive_failures, after.consecutive_successes)
+        self._change_health(w, after, source)
+
+    def _change_health(self, w: _Worker, after: HealthStatus, source: str) -> None:
+        """Put `after` in force for `w`, logging a flip with its `source`."""
+        s = w.state
+        was_healthy = s.healthy
         self._set_status(w, after)
-        if after.healthy != before.healthy:
+        if after.healthy != was_healthy:
             log.info(
                 "worker_health_changed",
                 worker=s.worker_id,
@@ -747,7 +863,7 @@ class WorkerPool:
         w.state.healthy = status.healthy
         w.state.consecutive_failures = status.consecutive_failures
         w.state.consecutive_successes = status.consecutive_successes
-        self._changed.set()
+        self._notify()
         if flipped and status.healthy:
             w.kv_retry.set()
         if flipped and self._on_health_change is not None:
@@ -761,9 +877,11 @@ class WorkerPool:
             return
         s = w.state
         w.breaker = after
+        if not after.trial:
+            w.trial_lease = None  # re-opened or closed: the old trial resolves nothing
         s.breaker = after.state.value
         s.breaker_trial = after.trial
-        self._changed.set()
+        self._notify()
         if after.state is before.state:
             return
         if w.breaker_timer is not None:
@@ -837,10 +955,14 @@ class WorkerPool:
             prefill_pending_tokens=(
                 load.prefill_pending_tokens if load.HasField("prefill_pending_tokens") else None
             ),
+            active_token_usage=(
+                load.active_token_usage if load.HasField("active_token_usage") else None
+            ),
         )
         views = list(w.rank_loads.values())
         uncached = [v.waiting_uncached_tokens for v in views]
         pending = [v.prefill_pending_tokens for v in views]
+        active = [v.active_token_usage for v in views]
         w.state.load = EngineLoadView(
             running=sum(v.running for v in views),
             waiting=sum(v.waiting for v in views),
@@ -853,13 +975,16 @@ class WorkerPool:
             prefill_pending_tokens=(
                 None if any(p is None for p in pending) else sum(p or 0 for p in pending)
             ),
+            active_token_usage=(
+                None if any(a is None for a in active) else max(a or 0.0 for a in active)
+            ),
         )
 
     def _apply(self, w: _Worker, action: Action) -> _Worker:
         """Move `w` by `action` (IllegalTransition when not allowed); logged and reported."""
         before = w.state.phase
         w.state.phase = transition(before, action)
-        self._changed.set()
+        self._notify()
         log.info(
             "worker_phase",
             worker=w.state.worker_id,
@@ -982,6 +1107,40 @@ class WorkerPool:
                         return
                     continue  # joined (healthy) by the discovery itself
             self._observe(w, ok, "probe")
+            if not ok and w.state.healthy and self._stalled(w, probe.timed_out):
+                after = HealthStatus(False, w.state.consecutive_failures, 0)
+                self._change_health(w, after, "stalled")
+            if not ok and not w.state.healthy:
+                self._sever(w)
+
+    def _stalled(self, w: _Worker, timed_out: bool) -> bool:
+        """`homing.engines.health.stalled` for `w`'s probe that just failed."""
+        return stalled(
+            ProbeOutcome.TIMED_OUT if timed_out else ProbeOutcome.FAILED,
+            open_streams=w.client.open_streams,
+            last_progress_at=w.state.last_progress_at,
+            now=self._clock.now(),
+            window_s=self.config.progress_window_s,
+        )
+
+    def _sever(self, w: _Worker) -> None:
+        """`w` failed a counted probe and is unhealthy: cut its open Generate streams
+        (module docstring), unless its KV-event stream still shows engine work within
+        `progress_window_s` (a worker answering "unhealthy" while it decodes keeps them)."""
+        if not w.client.open_streams:
+            return
+        last = w.state.last_progress_at
+        if last is not None and self._clock.now() - last <= self.config.progress_window_s:
+            return
+        cut = w.client.sever(f"worker {w.state.url} stopped answering ({w.state.last_error})")
+        if cut:
+            log.warning(
+                "worker_streams_severed",
+                worker=w.state.worker_id,
+                url=w.state.url,
+                streams=cut,
+                error=w.state.last_error,
+            )
 
     def _probe_verdict(self, w: _Worker, outcome: ProbeOutcome) -> bool | None:
         """What a probe's `outcome` counts for `w` now (`homing.engines.health`)."""

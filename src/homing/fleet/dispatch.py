@@ -11,8 +11,12 @@ it, is called once with the reason.
 Circuit breakers: routing sees only workers whose breaker admits a request
 (`WorkerState.routable`); taking a lease on a half-open worker takes its one trial slot in
 the same synchronous step as the routing decision (`WorkerPool.open_lease`), so concurrent
-requests cannot all pass, and releasing it without a transport failure reported on the
-worker closes the breaker (`WorkerPool.close_lease`).
+requests cannot all pass. The streams started through `lease.client` (a `LeaseClient`)
+report their own outcome to the lease's `LeaseMark`: the worker's first answer closes a
+half-open breaker at once; a lease that completed without a transport failure of its own
+resets the failure run when released; a lease released with no outcome (the client left
+before an answer, the worker aborted it, no stream at all) counts neither way and frees a
+trial slot it held (`WorkerPool.close_lease`).
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from homing.engines.client import EngineClient, EngineError
-from homing.engines.pool import WorkerPool, WorkerState
+from homing.engines.client import EngineClient, EngineError, EngineStream, GenerateParams
+from homing.engines.pool import LeaseMark, WorkerPool, WorkerState
 from homing.fleet.stream_interval import StreamIntervalPolicy
 from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
 from homing.router.types import WorkerSnapshot
@@ -47,6 +51,49 @@ class NoReplica(Exception):
     """No replica of the model can take the request (none ready and healthy)."""
 
 
+class LeaseClient:
+    """A lease's way to its worker: `generate` as `EngineClient.generate`, each stream
+    reporting its answer, completion or failure to the lease's breaker record (a
+    `StreamWatcher` for the pool's `lease_answered` / `lease_completed` / `lease_failed`)."""
+
+    __slots__ = ("_client", "_mark", "_pool", "worker_id")
+
+    def __init__(self, pool: WorkerPool, worker_id: str, mark: LeaseMark) -> None:
+        self._pool = pool
+        self._client: EngineClient = pool.client(worker_id)
+        self._mark = mark
+        self.worker_id = worker_id
+
+    @property
+    def url(self) -> str:
+        """The worker's `grpc://host:port`."""
+        return self._client.url
+
+    def generate(
+        self,
+        params: GenerateParams,
+        *,
+        timeout_s: float | None = None,
+        traceparent: str | None = None,
+    ) -> EngineStream:
+        """`EngineClient.generate` on the lease's worker, watched for the breaker."""
+        return self._client.generate(
+            params, timeout_s=timeout_s, traceparent=traceparent, watcher=self
+        )
+
+    def answered(self) -> None:
+        """A stream's worker answered (its first token)."""
+        self._pool.lease_answered(self.worker_id, self._mark)
+
+    def completed(self) -> None:
+        """A stream ended with its complete message, not an abort."""
+        self._pool.lease_completed(self.worker_id, self._mark)
+
+    def failed(self, err: EngineError) -> None:
+        """A stream failed with `err`."""
+        self._pool.lease_failed(self.worker_id, self._mark, err)
+
+
 @dataclass(eq=False)
 class Lease:
     """`slots` requests of one routing decision, counted in flight on `worker_id` until
@@ -54,7 +101,7 @@ class Lease:
     `version`: the worker's version label."""
 
     worker_id: str
-    client: EngineClient
+    client: LeaseClient
     slots: int
     _release: Callable[[Lease], None]
     version: str = ""
@@ -138,7 +185,7 @@ class ModelDispatch:
     ) -> Lease:
         """Route the request and count `slots` requests in flight on the chosen worker
         before returning (so the next decision sees them); on a half-open worker the lease
-        is its breaker's trial. Raises `NoReplica`."""
+        is its breaker's trial (module docstring). Raises `NoReplica`."""
         try:
             decision = self.router.select(
                 RouteRequest(prompt_ids=prompt_ids, session_key=session_key),
@@ -164,7 +211,8 @@ class ModelDispatch:
                 slots_cm.close()  # the holder wakes admission when its request ends (`wake`)
 
         version = self.pool.state(worker_id).version
-        lease = Lease(worker_id, self.pool.client(worker_id), slots, release, version=version)
+        client = LeaseClient(self.pool, worker_id, mark)
+        lease = Lease(worker_id, client, slots, release, version=version)
         self._leases.setdefault(worker_id, set()).add(lease)
         return lease
 
@@ -183,11 +231,6 @@ class ModelDispatch:
         """A request on `worker_id` failed (transport errors count toward its health)."""
         if self.pool.has(worker_id):
             self.pool.report_failure(worker_id, err)
-
-    def report_success(self, worker_id: str) -> None:
-        """A request on `worker_id` completed."""
-        if self.pool.has(worker_id):
-            self.pool.report_success(worker_id)
 
     # -- fleet operations --
 

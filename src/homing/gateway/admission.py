@@ -8,8 +8,8 @@ one at a time whenever a replica may have room (a request ended, or every `tick_
 anyone waits, since engine load reports arrive on their own).
 
 A replica is never overloaded while it is idle (`homing.router.filters.idle`: nothing
-running by its latest load record and none of our requests in flight), whatever its KV usage
-or queue report, so the queue never holds a request that such a replica could start now.
+running or waiting by its latest load record and none of our requests in flight), whatever
+its KV usage reports, so the queue never holds a request that such a replica could start now.
 Otherwise it is overloaded when the router's own engine-side rule says so
 (`homing.router.filters.engine_overloaded` with its `OverloadThresholds`: a waiting queue of
 `max_waiting`, or non-evictable KV usage at `max_token_usage` while the engine queues or its

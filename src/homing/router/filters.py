@@ -9,8 +9,8 @@ KV as evictable prefix cache, so a worker can report a nearly full pool and stil
 next request at once (llm-d's autoscaler users saw replicas saturate at 16% KV and idle ones
 refused at high KV). High KV usage therefore vetoes a worker only while the engine cannot
 admit more: it has a waiting queue, or its admission window (`max_running_requests`) is
-full. A worker with nothing running and nothing of this gateway's in flight is never
-overloaded: it can always start a request.
+full. A worker with nothing running, nothing waiting and nothing of this gateway's in
+flight is never overloaded: it can always start a request.
 """
 
 from __future__ import annotations
@@ -52,16 +52,18 @@ def kv_usage(w: WorkerSnapshot) -> float:
 
 
 def idle(w: WorkerSnapshot) -> bool:
-    """True when `w` runs nothing (its latest load record) and has none of this gateway's
-    requests in flight: it can start a request now, whatever its KV usage or queue say."""
-    return w.running == 0 and w.in_flight == 0
+    """True when `w` runs nothing and queues nothing (its latest load record) and has none
+    of this gateway's requests in flight: it can start a request now, whatever its KV usage
+    says. A worker with a waiting queue is not idle, even with nothing running (an engine
+    stuck admitting, or whose running count lags its queue)."""
+    return w.running == 0 and w.waiting == 0 and w.in_flight == 0
 
 
 def engine_overloaded(w: WorkerSnapshot, thresholds: OverloadThresholds) -> bool:
     """The engine-side veto: not `idle`, and either `waiting >= max_waiting`, or
     `kv_usage >= max_token_usage` while the engine cannot admit more (it has a waiting
     queue, or `max_running_requests` is known and `load >= max_running_requests`)."""
-    if w.running == 0 and w.in_flight == 0:
+    if idle(w):
         return False
     waiting = w.waiting
     if waiting >= thresholds.max_waiting:
@@ -83,7 +85,7 @@ def overloaded(
     """
     vetoed: set[str] = set()
     for w in workers:
-        if w.running == 0 and w.in_flight == 0:
+        if idle(w):
             continue
         if engine_overloaded(w, thresholds) or (bound is not None and w.load >= bound):
             vetoed.add(w.worker_id)

@@ -22,7 +22,6 @@ from typing import Protocol
 from smg_grpc_proto.generated import common_pb2
 
 from homing.clock import Clock, SystemClock
-from homing.router.cost import CostWeights
 from homing.router.events import (
     BatchCounts,
     DecodedBatch,
@@ -291,26 +290,3 @@ class Router:
     def last_event_at(self, worker_id: str) -> float | None:
         """Clock time (s) of the last batch applied for `worker_id`, None if none yet."""
         return self._last_event_at.get(worker_id)
-
-    def queued_prefill_tokens(self, worker: WorkerSnapshot) -> int:
-        """Uncached prompt tokens queued on `worker` ahead of a new request, as the cost
-        rule's Q_w counts them (`homing.router.cost`): the engine's latest figure
-        (`WorkerSnapshot.queued_prefill_tokens`, 0 when it reports none) plus the uncached
-        tokens of the router's own dispatches to it since that record (`DispatchLedger`;
-        entries the record has absorbed are dropped)."""
-        pending = self.ledger.pending(worker.worker_id, worker.load_at)
-        return (worker.queued_prefill_tokens or 0) + pending
-
-    def expected_prefill_tokens(self, worker: WorkerSnapshot, prompt_ids: Sequence[int]) -> int:
-        """Prompt tokens `worker` would prefill before and for a request of `prompt_ids`:
-        `queued_prefill_tokens(worker)` plus the prompt's tokens it does not hold per the
-        index (U_w of the cost rule, a lower-tier hit saving the policy's lower-tier worth
-        of a recompute). A worker whose index part was flushed (restart, gap, cleared) holds
-        nothing, so its expected prefill rises by the prompt's now-uncached tokens. Reads
-        the index like a lookup (its matched path counts as recently used)."""
-        config = getattr(self.policy, "config", None)
-        weights = config.weights if isinstance(config, CacheAwareConfig) else CostWeights()
-        worth = weights.lower_tier_worth
-        saved = self.index.lookup(prompt_ids).effective(worker.worker_id, worth)
-        uncached = max(0, round(len(prompt_ids) - saved))
-        return self.queued_prefill_tokens(worker) + uncached

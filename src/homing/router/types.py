@@ -105,7 +105,7 @@ class RouteDecision:
 
 def snapshot_from_state(state: WorkerState) -> WorkerSnapshot:
     """Build a `WorkerSnapshot` from a pool `WorkerState` (zeros where no load record yet;
-    `active_token_usage` None where the pool's `EngineLoadView` does not carry it)."""
+    `active_token_usage` None where the engine does not report it)."""
     load = state.load
     draining = state.draining
     if load is None:
@@ -121,8 +121,7 @@ def snapshot_from_state(state: WorkerState) -> WorkerSnapshot:
         running=load.running,
         waiting=load.waiting,
         token_usage=load.token_usage,
-        # read defensively: the pool's view gains the field with its own change
-        active_token_usage=getattr(load, "active_token_usage", None),
+        active_token_usage=load.active_token_usage,
         max_running_requests=load.max_running_requests,
         queued_prefill_tokens=queued,
         load_at=load.updated_at,

@@ -54,6 +54,18 @@ def test_the_trials_success_closes_it_and_resets_the_backoff() -> None:
     assert failures(closed, 5, now=100.0).open_until == 101.0  # 1 s again
 
 
+def test_a_trial_ended_with_no_outcome_frees_the_slot_and_changes_nothing_else() -> None:
+    """`end_trial`: half-open again with the slot free (the next request is the trial);
+    no effect on a closed or open breaker, nor on a half-open one whose slot is free."""
+    half = brk.tick(failures(Breaker(), 5), 1.0)
+    after, _ = brk.start_request(half)
+    freed = brk.end_trial(after)
+    assert freed == half and freed.admits
+    assert brk.start_request(freed)[1]
+    for b in (Breaker(), failures(Breaker(), 5), half):
+        assert brk.end_trial(b) == b
+
+
 def test_a_failed_trial_reopens_with_the_interval_doubled_up_to_the_cap() -> None:
     """1, 2, 4, 8, 16, 30, 30 s."""
     b = failures(Breaker(), 5, now=0.0)

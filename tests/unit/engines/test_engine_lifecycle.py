@@ -27,6 +27,7 @@ ALLOWED = {
     (Phase.CORDONED, Action.DRAIN): Phase.DRAINING,
     (Phase.CORDONED, Action.REMOVE): Phase.GONE,
     (Phase.DRAINING, Action.DRAINED): Phase.GONE,
+    (Phase.DRAINING, Action.UNDRAIN): Phase.READY,
     (Phase.DRAINING, Action.REMOVE): Phase.GONE,
     (Phase.EJECTED, Action.READMIT): Phase.READY,
     (Phase.EJECTED, Action.CORDON): Phase.CORDONED,

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from homing.engines.health import LoadSample, ProbeOutcome, is_busy, probe_verdict, shows_progress
+from homing.engines.health import (
+    LoadSample,
+    ProbeOutcome,
+    is_busy,
+    probe_verdict,
+    shows_progress,
+    stalled,
+)
 
 BUSY = LoadSample(running=4, waiting=2, token_usage=0.30, waiting_uncached_tokens=800,
                   prefill_pending_tokens=900)  # fmt: skip
@@ -62,3 +69,14 @@ def test_an_answer_counts_whatever_the_progress() -> None:
     """Answered unhealthy (or unreachable) is a failure even mid-work; healthy a success."""
     assert verdict(ProbeOutcome.FAILED, busy=True, last=99.9) is False
     assert verdict(ProbeOutcome.OK, busy=False, last=None) is True
+
+
+def test_a_timeout_with_streams_open_and_progress_older_than_the_window_proves_a_stall() -> None:
+    def judge(outcome: ProbeOutcome, streams: int, last: float | None) -> bool:
+        return stalled(outcome, open_streams=streams, last_progress_at=last, now=10.0, window_s=5.0)
+
+    assert judge(ProbeOutcome.TIMED_OUT, 1, 4.9)
+    assert not judge(ProbeOutcome.TIMED_OUT, 1, 5.0)  # progress within the window
+    assert not judge(ProbeOutcome.TIMED_OUT, 0, 0.0)  # nothing that should progress
+    assert not judge(ProbeOutcome.TIMED_OUT, 1, None)  # progress never known
+    assert not judge(ProbeOutcome.FAILED, 1, 0.0)  # an answer, even "unhealthy", is no stall

@@ -289,3 +289,17 @@ def test_a_worker_drained_while_ejected_is_no_longer_held() -> None:
 def test_a_config_out_of_range_is_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         OutlierConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_rescue_readmits_the_ejected_at_once_when_no_worker_is_ready() -> None:
+    """Between intervals: the fast worker dies after the slow one's ejection; `rescue`
+    readmits the slow one now (recorded: no longer held), and does nothing while a worker
+    is ready."""
+    pool = Pool(w0=SLOW, w1=FAST)
+    pool.interval()
+    pool.interval()
+    assert pool.detector.ejected() == ["w0"]
+    assert pool.detector.rescue(pool.snapshots()) == []
+    pool.extra["w1"]["state"] = "unhealthy"
+    assert pool.detector.rescue(pool.snapshots()) == [Readmit("w0", "no_ready_worker")]
+    assert pool.detector.ejected() == []

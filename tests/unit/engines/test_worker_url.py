@@ -29,6 +29,8 @@ def test_equivalent_spellings_have_one_canonical_url(url: str, canonical: str) -
         ("http://127.0.0.1:5", "must look like grpc://host:port"),
         ("grpc://127.0.0.1", "must look like grpc://host:port"),
         ("grpc://127.0.0.1:99999", "needs a port in 1-65535"),
+        ("grpc://127.0.0.1:5/", "must end at its port"),
+        ("grpc://127.0.0.1:5/v1", "must end at its port"),
         ("grpc://127.0.0.1:0", "needs a port in 1-65535"),
         ("grpc://a:٥٥", "needs a port in 1-65535"),
         ("grpc://a:²", "needs a port in 1-65535"),

@@ -63,12 +63,14 @@ class TestOverload:
         assert replica_overloaded(pinned, T, None)
 
     def test_an_idle_replica_is_never_overloaded(self) -> None:
-        """Nothing running and nothing of ours in flight: admitted whatever its KV usage,
-        queue or admission window say."""
+        """Nothing running, nothing waiting and nothing of ours in flight: admitted whatever
+        its KV usage or admission window say; a waiting queue alone makes it not idle."""
         idle = WorkerSnapshot(
-            "w", waiting=40, token_usage=0.99, active_token_usage=0.99, max_running_requests=8
+            "w", token_usage=0.99, active_token_usage=0.99, max_running_requests=8
         )
         assert not replica_overloaded(idle, T, 1)
+        queued = WorkerSnapshot("w", waiting=40, token_usage=0.99, max_running_requests=8)
+        assert replica_overloaded(queued, T, 1)
         assert not all_overloaded([WorkerSnapshot("a", in_flight=3), idle], T, 3)
         assert grantable([idle], T, None, {"w": (idle.load_at, 1)}) is idle
 

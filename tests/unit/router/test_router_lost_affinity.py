@@ -33,33 +33,21 @@ def warm_router(clock: ManualClock) -> Router:
     return router
 
 
-def test_expected_prefill_rises_by_the_lost_hit_after_a_flush() -> None:
-    """Before the flush w0 is expected to prefill the 40 new tokens; after it, all 552."""
-    router = warm_router(ManualClock(10.0))
-    w0 = WorkerSnapshot("w0", load_at=9.0)
-    before = router.expected_prefill_tokens(w0, PROMPT)
-    assert before == len(PROMPT) - len(PREFIX) == 40
-    router.flush_worker("w0", "restart")
-    after = router.expected_prefill_tokens(w0, PROMPT)
-    assert after == len(PROMPT)
-    assert after - before == len(PREFIX)  # exactly the now-uncached tokens
-
-
 def test_dispatches_after_a_flush_are_charged_their_uncached_tokens() -> None:
     """Each decision enters its expected uncached tokens in the ledger, so the queue the
-    cost rule sees on w0 (and the next request's expected prefill) grows by the full
-    prompt once the hit is lost, against only the new tokens while it held."""
+    cost rule sees on w0 grows by the full prompt once the hit is lost, against only the
+    new tokens while it held."""
     clock = ManualClock(10.0)
     router = warm_router(clock)
     w0 = WorkerSnapshot("w0", load_at=9.0)  # the engine's record predates both dispatches
     hit = router.select(RouteRequest(PROMPT), [w0])
     assert (hit.matched_tokens, hit.uncached_tokens) == (512, 40)
-    assert router.queued_prefill_tokens(w0) == 40
+    assert router.ledger.pending("w0", w0.load_at) == 40
     router.flush_worker("w0", "restart")
     clock.advance(0.1)
     miss = router.select(RouteRequest(PROMPT), [w0])
     assert (miss.matched_tokens, miss.uncached_tokens) == (0, len(PROMPT))
-    assert router.queued_prefill_tokens(w0) == 40 + len(PROMPT)
+    assert router.ledger.pending("w0", w0.load_at) == 40 + len(PROMPT)
     # The flushed worker is in approximate mode now: the router's own dispatch credits it
     # with the prompt it was just sent, so the conversation's next turn is a hit again.
     assert router.index.match(PROMPT).get("w0") == len(PROMPT) // 16 * 16

@@ -310,14 +310,15 @@ class TestCacheAware:
             snap("kv_window", running=4, token_usage=0.96, max_running_requests=4),
             snap("evictable", running=1, waiting=1, token_usage=0.96, active_token_usage=0.1),
             snap("queue", running=1, waiting=33),
-            snap("idle", waiting=33, token_usage=0.99),
+            snap("idle", token_usage=0.99),
+            snap("queued_only", waiting=33, token_usage=0.99),  # a queue: not idle
             snap("busy", in_flight=12),
             snap("fine", in_flight=3),
         ]
         vetoed: list[str] = []
         self.policy._cheapest(workers, self.index.lookup(PROMPT), len(PROMPT), 12, vetoed)
         assert set(vetoed) == overloaded(workers, OverloadThresholds(), bound=12)
-        assert set(vetoed) == {"kv", "kv_window", "queue", "busy"}
+        assert set(vetoed) == {"kv", "kv_window", "queue", "queued_only", "busy"}
 
     def test_the_inlined_veto_equals_the_filter_on_random_snapshots(self) -> None:
         """On random loads, usages, windows and bounds the one-pass veto (Python and, where

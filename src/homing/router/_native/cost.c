@@ -241,7 +241,7 @@ cheapest(PyObject *self, PyObject *args)
             overflow();
             goto fail;
         }
-        if (check && (running != 0 || in_flight != 0)) { /* an idle worker is never vetoed */
+        if (check && (running != 0 || waiting != 0 || in_flight != 0)) { /* idle: never vetoed */
             int over = (double)load >= cap || (double)waiting >= max_waiting;
             if (!over) {
                 /* non-evictable usage when reported, else token_usage (filters.kv_usage) */

@@ -5,8 +5,8 @@ Rule of this file: affinity never overrides an overloaded worker, and a request 
 useful cached prefix anywhere goes where its session or first block hashes. In order:
 
 1. No candidates -> `NoWorkerAvailable`. Draining workers are dropped (unless all drain).
-2. Veto (`filters.overloaded`; never a worker with nothing running and nothing of ours in
-   flight): waiting queue >= 32 requests, or non-evictable KV usage >= 0.95 while the engine
+2. Veto (`filters.overloaded`; never an idle worker: nothing running or waiting, nothing of
+   ours in flight): waiting queue >= 32 requests, or non-evictable KV usage >= 0.95 while the engine
    queues or its admission window is full, or load >= the affinity capacity
    `load_bound(L, n, c_hit = 1.5, hit_min_bound = 8)` (`ring`; 1.5 is SGLang's and smg's
    balance_rel_threshold). If every candidate is vetoed, the cheapest of all by the cost
@@ -221,7 +221,7 @@ class CacheAwarePolicy(BasePolicy):
             in_flight = w.in_flight
             if in_flight > load:
                 load = in_flight
-            if check and (running or in_flight):  # an idle worker is never vetoed
+            if check and (running or waiting or in_flight):  # an idle one is never vetoed
                 over = load >= cap or waiting >= max_waiting
                 if not over:
                     usage = w.active_token_usage
