@@ -101,3 +101,16 @@ async def send_raw(port: int, data: bytes, timeout_s: float = 5.0) -> bytes:
         return await asyncio.wait_for(reader.read(), timeout_s)
     finally:
         writer.close()
+
+
+async def worker_of_session(app: App, model: str, session: str) -> str:
+    """The id of the worker that serves `session`'s requests of `model` now, found with a
+    one-token completion through `app`'s HTTP listener (asserts it is a 200)."""
+    import aiohttp
+
+    body = {"model": model, "prompt": "probe", "max_tokens": 1}
+    url = f"http://127.0.0.1:{app.http_port}/v1/completions"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json=body, headers={"x-session-id": session}) as resp:
+            assert resp.status == 200, await resp.text()
+            return resp.headers["x-homing-worker"]

@@ -3,12 +3,21 @@ over two simulated SGLang workers running as real child processes on loopback.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+import pytest
 import pytest_asyncio
 
 from homing.app import App
-from homing.config import GatewaySettings, HomingConfig, SimSettings
+from homing.config import (
+    BreakerSettings,
+    EngineSettings,
+    GatewaySettings,
+    HomingConfig,
+    OutlierSettings,
+    RouterSettings,
+    SimSettings,
+)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -20,3 +29,26 @@ async def gateway() -> AsyncIterator[App]:
     )
     async with App(config) as app:
         yield app
+
+
+def _retry_config(router: RouterSettings) -> HomingConfig:
+    return HomingConfig(
+        gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=1.0),
+        engines=EngineSettings(
+            health_interval_s=0.2,
+            unhealthy_threshold=10_000,
+            breaker=BreakerSettings(enabled=False),
+            outliers=OutlierSettings(enabled=False),
+        ),
+        router=router,
+        sim=SimSettings(workers=2, speedup=10.0),
+    )
+
+
+@pytest.fixture(scope="session")
+def retry_config() -> Callable[[RouterSettings], HomingConfig]:
+    """Builds the config of the retry tests from their `RouterSettings`: 2 simulated workers
+    at 10x speed, free ports, and no health flip, breaker or outlier ejection, so that
+    request failures never take a refusing worker out of rotation (the tests are about what
+    the gateway does with each failure)."""
+    return _retry_config

@@ -4,26 +4,21 @@ at the moment it is decided, before the failed attempt is torn down."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 import pytest
 from helpers import post_fault
 
 from homing.app import App
-from homing.config import (
-    BreakerSettings,
-    EngineSettings,
-    GatewaySettings,
-    HomingConfig,
-    OutlierSettings,
-    RouterSettings,
-    SimSettings,
-)
+from homing.config import HomingConfig, RouterSettings
 
 pytestmark = pytest.mark.asyncio
 
 
-async def test_thirty_simultaneous_refusals_make_only_the_one_retry_the_budget_allows() -> None:
+async def test_thirty_simultaneous_refusals_make_only_the_one_retry_the_budget_allows(
+    retry_config: Callable[[RouterSettings], HomingConfig],
+) -> None:
     router = RouterSettings(
         policy="round_robin",
         max_retries=1,
@@ -31,18 +26,7 @@ async def test_thirty_simultaneous_refusals_make_only_the_one_retry_the_budget_a
         retry_min_per_s=0.1,
         retry_window_s=10.0,  # a floor of 0.1/s over 10 s: exactly one retry
     )
-    cfg = HomingConfig(
-        gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=1.0),
-        engines=EngineSettings(
-            health_interval_s=0.2,
-            unhealthy_threshold=10_000,
-            breaker=BreakerSettings(enabled=False),
-            outliers=OutlierSettings(enabled=False),
-        ),
-        router=router,
-        sim=SimSettings(workers=2, speedup=10.0),
-    )
-    async with App(cfg) as app:
+    async with App(retry_config(router)) as app:
         assert app.pool is not None
         for w in app.pool.workers():
             await post_fault(w.url, {"reject": "UNAVAILABLE"})

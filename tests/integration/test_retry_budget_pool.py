@@ -5,7 +5,7 @@ refuses, the model's retry budget stops the retries, so the pool's load does not
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
@@ -14,15 +14,7 @@ from helpers import post_fault
 from structlog.testing import capture_logs
 
 from homing.app import App
-from homing.config import (
-    BreakerSettings,
-    EngineSettings,
-    GatewaySettings,
-    HomingConfig,
-    OutlierSettings,
-    RouterSettings,
-    SimSettings,
-)
+from homing.config import HomingConfig, RouterSettings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -30,27 +22,12 @@ MODEL = "llama-3.1-8b"
 REFUSAL = "injected fault: this worker answers UNAVAILABLE"
 
 
-def _config(router: RouterSettings) -> HomingConfig:
-    # Request failures must not take the refusing worker out of rotation in these tests (no
-    # health flip, breaker or outlier ejection): they are about what the gateway does with
-    # each failure.
-    return HomingConfig(
-        gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=1.0),
-        engines=EngineSettings(
-            health_interval_s=0.2,
-            unhealthy_threshold=10_000,
-            breaker=BreakerSettings(enabled=False),
-            outliers=OutlierSettings(enabled=False),
-        ),
-        router=router,
-        sim=SimSettings(workers=2, speedup=10.0),
-    )
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def app() -> AsyncIterator[App]:
+async def app(
+    retry_config: Callable[[RouterSettings], HomingConfig],
+) -> AsyncIterator[App]:
     """Two workers, default retry budget; sessions pinned by consistent hashing."""
-    async with App(_config(RouterSettings(policy="consistent_hash"))) as running:
+    async with App(retry_config(RouterSettings(policy="consistent_hash"))) as running:
         yield running
 
 
@@ -135,7 +112,9 @@ async def test_each_request_refused_by_one_worker_is_answered_once_by_the_other(
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def tight_app() -> AsyncIterator[App]:
+async def tight_app(
+    retry_config: Callable[[RouterSettings], HomingConfig],
+) -> AsyncIterator[App]:
     """Two workers; retry budget 0.2 of requests plus 0.1 retries/s over 10 s (a floor of
     one retry)."""
     router = RouterSettings(
@@ -145,7 +124,7 @@ async def tight_app() -> AsyncIterator[App]:
         retry_min_per_s=0.1,
         retry_window_s=10.0,
     )
-    async with App(_config(router)) as running:
+    async with App(retry_config(router)) as running:
         yield running
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_fault
+from helpers import eventually, post_fault, worker_of_session
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -45,13 +45,7 @@ def _url(app: App, path: str) -> str:
 async def _worker_of(app: App, session_key: str) -> WorkerState:
     """The worker the session's requests go to (found with a short request)."""
     assert app.pool is not None
-    body = {"model": MODEL, "prompt": "probe", "max_tokens": 1}
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            _url(app, "/v1/completions"), json=body, headers={"x-session-id": session_key}
-        ) as resp:
-            assert resp.status == 200
-            worker_id = resp.headers["x-homing-worker"]
+    worker_id = await worker_of_session(app, MODEL, session_key)
     return next(w for w in app.pool.workers() if w.worker_id == worker_id)
 
 

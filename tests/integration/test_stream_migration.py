@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_fault
+from helpers import eventually, post_fault, worker_of_session
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -67,13 +67,7 @@ def _prompt(app: App) -> list[int]:
 async def _worker_of_session(app: App) -> tuple[WorkerState, WorkerState]:
     """(the worker `SESSION`'s requests go to, the other one), found with a short request."""
     assert app.pool is not None
-    body = {"model": MODEL, "prompt": "probe", "max_tokens": 1}
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            _url(app, "/v1/completions"), json=body, headers={"x-session-id": SESSION}
-        ) as resp:
-            assert resp.status == 200
-            worker_id = resp.headers["x-homing-worker"]
+    worker_id = await worker_of_session(app, MODEL, SESSION)
     first, second = app.pool.workers()
     return (first, second) if first.worker_id == worker_id else (second, first)
 

@@ -4,15 +4,18 @@ Rule of this file: no sockets, no clock. `SseDecoder` turns received bytes into 
 payloads of complete server-sent events (WHATWG HTML "Server-sent events" parsing: lines end in
 CRLF, LF or CR; `data:` fields of one event are joined with "\\n"; a blank line dispatches;
 comments and other fields are ignored; an unterminated event at end of stream is dropped).
-`CompletionStream` folds those payloads, each stamped with the receive time the caller passes
-in, into what the benchmark records: first/last token time, usage, `[DONE]`, and an error
-verdict. The load generator feeds both from the network; tests feed them from strings.
+`read_chunk` reads one payload as an OpenAI stream chunk (`[DONE]`, an error event, a
+malformed payload, or a chunk body); `CompletionStream` folds those payloads, each stamped with
+the receive time the caller passes in, into what the benchmark records: first/last token time,
+usage, `[DONE]`, and an error verdict. The load generator feeds both from the network; tests
+feed them from strings.
 """
 
 from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +78,45 @@ def _line_end(buffer: str) -> tuple[int, int] | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Chunk:
+    """One SSE data payload read as an OpenAI stream chunk; exactly one field is set.
+
+    `done`: the payload was `[DONE]`. `malformed`: "not JSON" or "not an object". `error`: an
+    error event (`{"error": ...}`, not null): its `error.message`, or the whole `error` value
+    when that has no message. `body`: the object of any other chunk.
+    """
+
+    done: bool = False
+    malformed: str | None = None
+    error: object = None
+    body: dict[str, Any] | None = None
+
+
+def read_chunk(data: str) -> Chunk:
+    """Read one event payload (leading and trailing white space around `[DONE]` is allowed)."""
+    if data.strip() == "[DONE]":
+        return Chunk(done=True)
+    try:
+        parsed = json.loads(data)
+    except json.JSONDecodeError:
+        return Chunk(malformed="not JSON")
+    if not isinstance(parsed, dict):
+        return Chunk(malformed="not an object")
+    err = parsed.get("error")
+    if err is not None:
+        message = err.get("message") if isinstance(err, dict) else None
+        return Chunk(error=message or err)
+    return Chunk(body=parsed)
+
+
+def choices(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The `choices[]` of a chunk body that are objects (others are skipped)."""
+    for choice in body.get("choices") or ():
+        if isinstance(choice, dict):
+            yield choice
+
+
+@dataclass(frozen=True, slots=True)
 class StreamError:
     """Why a stream does not count as a completed request: a short `kind` and a message."""
 
@@ -106,29 +148,21 @@ class CompletionStream:
         """Fold one event payload received at `now` (s). Payloads after `[DONE]` are ignored."""
         if self.done or self._error is not None:
             return
-        if data.strip() == "[DONE]":
+        chunk = read_chunk(data)
+        if chunk.done:
             self.done = True
-            return
-        try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
+        elif chunk.malformed == "not JSON":
             self._error = StreamError("bad_chunk", f"malformed stream chunk: {data[:200]!r}")
-            return
-        if not isinstance(chunk, dict):
+        elif chunk.malformed is not None:
             self._error = StreamError("bad_chunk", f"stream chunk is not an object: {data[:200]!r}")
-            return
-        if chunk.get("error"):
-            err = chunk["error"]
-            message = err.get("message") if isinstance(err, dict) else None
-            self._error = StreamError("stream_error", f"error event: {message or err!r}")
-            return
-        self._fold(chunk, now)
+        elif chunk.error is not None:
+            self._error = StreamError("stream_error", f"error event: {chunk.error!r}")
+        elif chunk.body is not None:
+            self._fold(chunk.body, now)
 
     def _fold(self, chunk: dict[str, Any], now: float) -> None:
         """Fold one well-formed, non-error chunk (OpenAI completion chunk shape)."""
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict):
-                continue
+        for choice in choices(chunk):
             text = choice.get("text")
             if isinstance(text, str) and text:
                 if self.first_token_s is None:

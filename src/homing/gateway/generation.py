@@ -9,12 +9,14 @@ cancellation) cancels the engine streams, which send `Abort`, releases the in-fl
 and the quota ticket exactly once and writes the request's log line.
 
 A worker failure that another replica may not share (transport errors, a restarting worker
-that cancels or aborts its streams) is retried on another replica while nothing has
-reached the client: before the first event of a streamed request, at any point of a
-non-streamed one; at most `RetryPolicy.max_retries` times (default once), each on a replica
-not tried yet, and only while the model's retry budget allows (`homing.gateway.retry_budget`:
-a retry refused gives the client the first failure's error). Transport failures are
-reported to the pool's health accounting; a client's mistake never counts against a worker.
+that cancels or aborts its streams, a full worker that refuses it with RESOURCE_EXHAUSTED)
+is retried on another replica while nothing has reached the client: before the first event
+of a streamed request, at any point of a non-streamed one; at most `RetryPolicy.max_retries`
+times (default twice), each on a replica not tried yet, and only while the model's retry
+budget allows (`homing.gateway.retry_budget`). A retry refused, or no other replica, gives
+the client the last failure's error (a 429 for a worker's RESOURCE_EXHAUSTED). Transport
+failures are reported to the pool's health accounting; a client's mistake never counts
+against a worker.
 
 A stream whose worker fails that way after the client got its first byte ends with an error
 event, unless the service migrates streams (`router.migrate_streams`): then, once per
@@ -23,7 +25,16 @@ the prompt plus the tokens it already produced as input and `max_new_tokens` les
 choice's decoder keeps its state, so the text goes on without a repeated or lost token and
 stop strings and detokenization continue across the boundary. The new replica's lease
 replaces the old one. Usage stays the client's: prompt tokens of the original prompt,
-completion tokens of every token delivered, cached tokens of the first attempt.
+completion tokens of every token delivered, cached tokens of the first attempt. A
+constrained stream (`response_format`) never migrates (outcome "constrained"): the new
+worker's grammar would start from its initial state, not where the choice is. When the
+replica a stream migrated to fails before its first token, that is one more retry (within
+`max_retries` and the budget, on a replica not tried yet), not the end of the stream.
+
+Each attempt (one lease on one replica) is that replica's own record in the per-replica
+stats (`homing.obs.replica`): an attempt that failed and was retried or migrated is counted
+as the failed replica's error at once; the attempt that ends the request carries its own
+TTFT (from its own start), TPOT and tokens, so no replica is timed for another's failure.
 
 A request the gateway itself ends (`interrupt`: the drain timeout at shutdown) gets that
 error, a stream as its last event.
@@ -65,6 +76,7 @@ from homing.gateway.errors import (
 )
 from homing.gateway.prepare import PreparedRequest
 from homing.gateway.quotas.guard import QuotaTicket
+from homing.obs.replica import AttemptRecord
 from homing.obs.requests import RequestDone
 
 if TYPE_CHECKING:
@@ -86,8 +98,14 @@ MAX_PENDING_EVENTS = 256
 #: own cancellations never surface as a status) and ABORTED (the worker ended the request
 #: itself, e.g. on restart). INTERNAL and the like are not retried: a request that makes
 #: one worker fail would make the next fail too, and count against its health as well.
+#: RESOURCE_EXHAUSTED (its queue or KV pool is full, SGLang's 429) is that worker's state too.
 RETRYABLE_CODES: frozenset[grpc.StatusCode] = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
 )
 
 
@@ -122,6 +140,52 @@ class Usage:
     def total_tokens(self) -> int:
         """prompt + completion tokens."""
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class _Attempt:
+    """One lease's part of a request: the replica, when it started (monotonic s), the input
+    tokens each choice gave it, and what it sent back (tokens over its choices, the first
+    and last token's times, its own cached-token count)."""
+
+    worker_id: str
+    started_at: float
+    prompt_tokens: int
+    choices: int
+    tokens: int = 0
+    cached_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    failed: bool = False
+    refused: bool = False  # it answered RESOURCE_EXHAUSTED: full, not failing
+
+    def note(self, tokens: int, cached_tokens: int, now: float) -> None:
+        """`tokens` more arrived at `now`; the worker reported `cached_tokens`."""
+        self.cached_tokens = max(self.cached_tokens, cached_tokens)
+        if tokens:
+            self.tokens += tokens
+            if self.first_token_at is None:
+                self.first_token_at = now
+            self.last_token_at = now
+
+    def record(self, *, failed: bool, timed: bool) -> AttemptRecord:
+        """Its replica-stats record; `timed`: the engine streamed, so token times mean
+        something."""
+        first, last = self.first_token_at, self.last_token_at
+        ttft = first - self.started_at if timed and first is not None else None
+        per_choice = self.tokens / max(1, self.choices)
+        tpot = None
+        if timed and first is not None and last is not None and per_choice >= 2:
+            tpot = (last - first) / (per_choice - 1)
+        return AttemptRecord(
+            worker_id=self.worker_id,
+            failed=failed or self.failed,
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=min(self.cached_tokens, self.prompt_tokens),
+            ttft_s=ttft,
+            tpot_s=tpot,
+            completion_tokens=self.tokens,
+        )
 
 
 class _Retry(Exception):
@@ -198,6 +262,7 @@ class Generation:
         self._last_token_at: float | None = None
         self._open_choices = prepared.n
         self._lease: Lease | None = None
+        self._attempt: _Attempt | None = None  # the current lease's
         self._failure: str | None = None
         self._ticket: QuotaTicket | None = None
         # Engine-side ids are ours alone: a client's x-request-id may repeat across requests.
@@ -301,13 +366,26 @@ class Generation:
         for index in range(self.prepared.n):
             self._launch(index, lease, resume=False)
 
-    def _take_lease(self, slots: int) -> Lease:
-        """A lease for `slots` choices on a replica not tried yet (raises `APIError` 503);
-        it becomes the request's lease."""
+    def _take_lease(self, slots: int, prompt_tokens: int | None = None) -> Lease:
+        """A lease for `slots` choices on a replica not tried yet (raises `APIError` 503),
+        each given `prompt_tokens` input tokens (default: the prompt's); it becomes the
+        request's lease and attempt, and the attempt it replaces (which failed) is counted
+        as its replica's error, unless that replica only refused it as full."""
         # The lease counts the choices in flight on the worker before any await, so the next
         # routing decision (even within the same burst) already sees them.
         lease = self.service.lease(self.prepared, exclude=self._tried, slots=slots)
         lease.on_cut = self._on_cut
+        if self._attempt is not None and not self._attempt.refused:
+            self.service.recorder.attempt_failed(
+                self.prepared.model.model_id,
+                self._attempt.record(failed=True, timed=self._engine_streams),
+            )
+        self._attempt = _Attempt(
+            worker_id=lease.worker_id,
+            started_at=time.monotonic(),
+            prompt_tokens=len(self.prepared.prompt_ids) if prompt_tokens is None else prompt_tokens,
+            choices=slots,
+        )
         self._lease = lease
         self._tried.append(lease.worker_id)
         self.worker_id = lease.worker_id
@@ -315,7 +393,9 @@ class Generation:
         return lease
 
     def _launch(self, index: int, lease: Lease, *, resume: bool) -> None:
-        self._tasks.append(asyncio.create_task(self._run_choice(index, lease, resume=resume)))
+        assert self._attempt is not None  # `_take_lease` made it with the lease
+        task = self._run_choice(index, lease, self._attempt, resume=resume)
+        self._tasks.append(asyncio.create_task(task))
 
     def _on_cut(self, reason: str) -> None:
         """The fleet took the replica away (a drain that timed out, a forced removal)."""
@@ -359,24 +439,35 @@ class Generation:
     async def _migrate(self, retry: _Retry) -> bool:
         """Resume every unfinished choice of a stream whose worker failed mid-way on another
         replica, with one lease for them all (module docstring); a choice that needs no
-        engine to end (`_ended_locally`) ends here. False when it may not, its outcome
-        counted, so the client gets `retry`'s error."""
+        engine to end (`_ended_locally`) ends here. When the replica it migrated to failed
+        before its first token, this is a retry of that migration (`_may_retry`, counted
+        as a retry). False when it may not, its outcome counted, so the client gets
+        `retry`'s error."""
         p, service = self.prepared, self.service
         model = p.model.model_id
         if not self._migrates or self._interrupt is not None:
             return False
-        if self._migrations >= MAX_MIGRATIONS:
-            service.count_migration(model, "max_migrations")
+        if p.json_schema is not None:  # the new worker's grammar would start afresh
+            service.count_migration(model, "constrained")
             return False
         open_choices = [i for i in range(p.n) if i not in self._ended]
         longest = max((len(self._produced.get(i, ())) for i in open_choices), default=0)
-        if len(p.prompt_ids) + longest > p.model.max_prompt_tokens:
-            service.count_migration(model, "too_long")
-            return False
+        attempt = self._attempt
+        again = self._migrations > 0 and attempt is not None and attempt.first_token_at is None
+        if again:
+            if not self._may_retry():  # spends the budget when it may
+                return False
+        else:
+            if self._migrations >= MAX_MIGRATIONS:
+                service.count_migration(model, "max_migrations")
+                return False
+            if len(p.prompt_ids) + longest > p.model.max_prompt_tokens:
+                service.count_migration(model, "too_long")
+                return False
+            if not service.retry_budget(model).try_spend():  # reserved before any await
+                service.count_migration(model, "budget_exhausted")
+                return False
         budget = service.retry_budget(model)
-        if not budget.try_spend():  # reserved before any await (see `_may_retry`)
-            service.count_migration(model, "budget_exhausted")
-            return False
         # The failed worker's other streams fail with it (or are cut here): every open choice
         # moves. What they queued stays valid (each decoder holds exactly what was queued);
         # only the old attempt's retryable failures are dropped.
@@ -398,19 +489,27 @@ class Generation:
         resume = [i for i in open_choices if self._ended_locally(i) is None]
         lease = None
         if resume:
+            longest = max(len(self._produced.get(i, ())) for i in resume)
             try:
-                lease = self._take_lease(len(resume))
+                lease = self._take_lease(len(resume), len(p.prompt_ids) + longest)
             except APIError:
                 budget.refund()
-                service.count_migration(model, "no_other_worker")
+                if again:
+                    service.count_retry(model, "no_other_worker")
+                else:
+                    service.count_migration(model, "no_other_worker")
                 return False
         else:
             budget.refund()  # every choice ended here: no worker was asked
-        self._migrations += 1
-        self._migrated_from = retry.worker_id
-        service.count_migration(model, "migrated")
+        if again:
+            self._retries += 1
+            service.count_retry(model, "retried")
+        else:
+            self._migrations += 1
+            self._migrated_from = retry.worker_id
+            service.count_migration(model, "migrated")
         log.info(
-            "request_migrated",
+            "request_retried" if again else "request_migrated",
             request_id=p.request_id,
             worker=retry.worker_id,
             to_worker=lease.worker_id if lease is not None else None,
@@ -542,7 +641,9 @@ class Generation:
 
     # -- the choices' engine streams --
 
-    async def _run_choice(self, index: int, lease: Lease, *, resume: bool = False) -> None:
+    async def _run_choice(
+        self, index: int, lease: Lease, attempt: _Attempt, *, resume: bool = False
+    ) -> None:
         """Task body of choice `index`: its engine stream's events into the shared queue,
         then its `ChoiceFinished` or the failure (`EngineError`, `_Retry`, or an unexpected
         exception, which the client sees as a 500). With `resume` it goes on from the
@@ -592,6 +693,7 @@ class Generation:
             async for item in stream:
                 if self._queue.qsize() >= MAX_PENDING_EVENTS:
                     await self._wait_for_room()
+                attempt_cached = item.cached_tokens  # the worker's own, before `_rebased`
                 if resume:
                     item = _rebased(item, offset, decoder.received - offset, cached)
                 aborted = isinstance(item, GenerateDone) and item.finish_reason == "abort"
@@ -605,6 +707,7 @@ class Generation:
                     if aborted:  # the stream may resume: the decoder keeps what it holds
                         item = _as_chunk(new_ids, item)
                 step = decoder.push(item)
+                attempt.note(step.new_tokens, attempt_cached, time.monotonic())
                 if step.new_tokens:
                     self._note_tokens()
                 for text in step.texts:
@@ -631,6 +734,10 @@ class Generation:
             if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
                 p.model.report_failure(worker_id, err)
             retryable = err.code in RETRYABLE_CODES
+            if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                attempt.refused = True  # a full worker is no failing one: no error counted
+            elif retryable:
+                attempt.failed = True  # its worker's failure, whatever the request does next
             self._queue.put_nowait(_Retry(worker_id, err) if retryable else err)
         except asyncio.CancelledError:
             raise
@@ -758,6 +865,11 @@ class Generation:
         reasons = [self.finish_reasons.get(i) for i in range(p.n)]
         refused = self._refusal if self.outcome.startswith("error_") else None
         ttft, tpot = self.ttft_ms, self.tpot_ms
+        part = None
+        if self._attempt is not None:
+            part = self._attempt.record(
+                failed=self.outcome == "engine_error", timed=self._engine_streams
+            )
         fields: dict[str, object] = {
             "api_key": p.principal.key_id if p.principal is not None else None,
             "kind": p.kind,
@@ -785,11 +897,7 @@ class Generation:
                 tpot_s=None if tpot is None else tpot / 1000.0,
                 e2e_s=now - p.arrived_at,
                 queue_s=None if self._routed_at is None else self._routed_at - self._started_at,
-                routed_ttft_s=(
-                    None
-                    if ttft is None or self._routed_at is None or self._first_token_at is None
-                    else self._first_token_at - self._routed_at
-                ),
+                routed_ttft_s=part.ttft_s if part is not None else None,
                 choices=p.n,
                 streamed=self._engine_streams,
                 prompt_tokens=usage.prompt_tokens,
@@ -797,6 +905,7 @@ class Generation:
                 completion_tokens=usage.completion_tokens,
                 finish_reason="length" if "length" in reasons else "stop",
                 fields=fields,
+                worker_part=part,
             )
         )
 

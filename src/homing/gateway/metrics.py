@@ -22,14 +22,16 @@ RETRY_OUTCOMES = ("retried", "budget_exhausted", "no_other_worker", "max_retries
 
 #: `homing_stream_migrations_total` outcomes of a stream whose worker failed after the client
 #: got its first byte, with `router.migrate_streams` on: resumed on another worker, refused
-#: by the retry budget, no other worker, the request already migrated once, or prompt plus
-#: tokens so far too long for a worker's prompt limit.
+#: by the retry budget, no other worker, the request already migrated once, prompt plus
+#: tokens so far too long for a worker's prompt limit, or a constrained request
+#: (`response_format`: the new worker's grammar state would start afresh).
 MIGRATION_OUTCOMES = (
     "migrated",
     "budget_exhausted",
     "no_other_worker",
     "max_migrations",
     "too_long",
+    "constrained",
 )
 
 

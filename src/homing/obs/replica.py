@@ -93,6 +93,26 @@ class ReplicaSnapshot:
     uncached_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One worker's part of a request (the attempt it served; a retried or migrated request
+    has one per worker it tried), as `ReplicaStats.record` takes it.
+
+    `failed`: the worker failed it; `prompt_tokens` / `cached_tokens`: the input the worker
+    was given and how much of it its cache served; `ttft_s`: from the attempt's start on the
+    worker (its lease) to its first token, seconds; `tpot_s`: seconds per output token of
+    its own tokens after its first; `completion_tokens`: the tokens it produced.
+    """
+
+    worker_id: str
+    failed: bool
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float | None
+    tpot_s: float | None
+    completion_tokens: int
+
+
 class ReplicaStats:
     """Each worker's recent request records (sliding window of `RECENT_WINDOW_S`, in
     buckets of `resolution_s`: 1 s, so a control loop's shorter window is exact to a
@@ -125,8 +145,9 @@ class ReplicaStats:
         tpot_s: float | None,
         completion_tokens: int,
     ) -> None:
-        """Count one request that ended on `worker_id` (`failed`: the worker failed it;
-        `ttft_s`: from routing to its first token, seconds)."""
+        """Count one request (or one attempt of it, `AttemptRecord`) that ended on
+        `worker_id` (`failed`: the worker failed it; `ttft_s`: from routing to the worker to
+        its first token, seconds)."""
         sums = self._workers.get(worker_id)
         if sums is None:
             sums = self._workers[worker_id] = WindowedSums(
@@ -149,6 +170,18 @@ class ReplicaStats:
                 tpot_s * decode_tokens if tpot_s is not None else 0.0,
                 decode_tokens,
             )
+        )
+
+    def record_attempt(self, attempt: AttemptRecord) -> None:
+        """`record` one worker's part of a request."""
+        self.record(
+            attempt.worker_id,
+            failed=attempt.failed,
+            prompt_tokens=attempt.prompt_tokens,
+            cached_tokens=attempt.cached_tokens,
+            ttft_s=attempt.ttft_s,
+            tpot_s=attempt.tpot_s,
+            completion_tokens=attempt.completion_tokens,
         )
 
     def forget(self, worker_id: str) -> None:

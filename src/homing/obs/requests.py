@@ -19,7 +19,7 @@ leaves is removed from every series (`forget_worker`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from homing.obs.replica import ReplicaSnapshot, ReplicaStats, WorkerView
+from homing.obs.replica import AttemptRecord, ReplicaSnapshot, ReplicaStats, WorkerView
 from homing.obs.slo import BURN_WINDOWS, Slo, SloTracker, Verdict, judge
 
 log = structlog.get_logger("homing.request")
@@ -62,12 +62,15 @@ class RequestDone:
     `model` / `version` / `worker`: "" when not known (refused before routing). Times in
     seconds (None when not reached or not known): `ttft_s` and `e2e_s` from its arrival,
     `queue_s` from its start (quota, admission) to routing, None exactly when it was never
-    routed, `routed_ttft_s` from routing to the first token (the worker's share); `choices`:
+    routed, `routed_ttft_s` from the serving worker's lease to its first token (its share;
+    a retried request's earlier attempts excluded); `choices`:
     `n`; `streamed`: its engine sent tokens as they came (False: each answer whole);
     `status`: the HTTP status of a refusal (None
     otherwise); `outcome`: "ok" or how it ended (`homing.gateway.generation`), or
     `error_<status>` with `error_code` for a refusal. `fields`: further log fields
-    (API, path, finish reasons, engine ids, ...), logged as they are.
+    (API, path, finish reasons, engine ids, ...), logged as they are. `worker_part`: what
+    `worker`'s replica stats get (the attempt it served, of a retried or migrated
+    request); None: the request's own figures, failed when the outcome is "engine_error".
     """
 
     request_id: str
@@ -90,6 +93,7 @@ class RequestDone:
     completion_tokens: int = 0
     finish_reason: str = ""
     fields: dict[str, Any] = field(default_factory=dict)
+    worker_part: AttemptRecord | None = None
 
 
 class _Children:
@@ -332,7 +336,9 @@ class RequestRecorder(Collector):
             )
             if verdict is not None:
                 self.tracker(r.model).record(verdict, r.completion_tokens)
-        if r.worker:
+        if r.worker and r.worker_part is not None:
+            self.replicas.record_attempt(replace(r.worker_part, worker_id=r.worker))
+        elif r.worker:
             self.replicas.record(
                 r.worker,
                 failed=r.outcome == "engine_error",
@@ -394,6 +400,13 @@ class RequestRecorder(Collector):
             m.slo_requests.labels(*slo_key, verdict).inc()
             if verdict == "met":
                 m.goodput_tokens.labels(*slo_key).inc(r.completion_tokens)
+
+    def attempt_failed(self, model: str, attempt: AttemptRecord) -> None:
+        """Add the part of a request that a worker failed, the request going on elsewhere
+        (retried or migrated), to that worker's recent records now (not for a worker
+        that left)."""
+        if attempt.worker_id and (model, attempt.worker_id) not in self._gone:
+            self.replicas.record_attempt(attempt)
 
     # -- workers --
 

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FinalTokens = Literal["chunk_and_complete", "complete_only"]
 FINAL_TOKENS: tuple[str, ...] = get_args(FinalTokens)
+GrammarBackend = Literal["none", "unconstrained"]
+GRAMMAR_BACKENDS: tuple[str, ...] = get_args(GrammarBackend)
 
 
 class SimConfig(BaseModel):
@@ -52,6 +54,10 @@ class SimConfig(BaseModel):
             "chunk_and_complete" (SGLang 0.5.x's servicer: a last `chunk`, then a `complete`
             whose `output_ids` repeat that chunk's tokens) or "complete_only" (older
             servicers: only in the `complete`).
+        grammar_backend: "none" (SGLang's `--grammar-backend none`: a constrained request is
+            refused with INVALID_ARGUMENT) or "unconstrained" (a stand-in for a grammar
+            backend, for tests of how the gateway treats constrained requests: they are
+            accepted and generated as if they had no constraint).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -77,6 +83,7 @@ class SimConfig(BaseModel):
     stream_interval: int = Field(default=1, ge=1)
     jitter: float = Field(default=0.0, ge=0.0, lt=1.0)
     final_tokens: FinalTokens = "chunk_and_complete"
+    grammar_backend: GrammarBackend = "none"
 
     @property
     def model_name(self) -> str:

@@ -39,7 +39,7 @@ import sys
 import uvloop
 
 from homing.lifeline import exit_with_parent
-from homing.sim.config import FINAL_TOKENS, SimConfig
+from homing.sim.config import FINAL_TOKENS, GRAMMAR_BACKENDS, SimConfig
 from homing.sim.scheduler import SCHEDULE_POLICIES
 from homing.sim.timing import MODELS, TimingModel, model_spec, resolve_limits
 from homing.sim.worker import SimWorker
@@ -133,6 +133,13 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         "(SGLang 0.5.x, default) or the complete only (older servicers)",
     )
     parser.add_argument(
+        "--grammar-backend",
+        choices=GRAMMAR_BACKENDS,
+        default="none",
+        help="none: refuse constrained requests, as SGLang without one (default); "
+        "unconstrained: accept them and generate as if unconstrained (for tests)",
+    )
+    parser.add_argument(
         "--served-model-name", default=None, help="model name to report (default: --model)"
     )
     parser.add_argument(
@@ -175,6 +182,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         stream_interval=getattr(args, "stream_interval", 1),
         jitter=getattr(args, "jitter", 0.0),
         final_tokens=getattr(args, "final_tokens", "chunk_and_complete"),
+        grammar_backend=getattr(args, "grammar_backend", "none"),
     )
 
 

@@ -32,10 +32,12 @@ Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
   a prompt too long (above), temperature < 0, n > 1, a request id already in flight, a
   logit_bias key that is not a token id of the vocabulary, and any constraint (json_schema,
   regex, ebnf_grammar, structural_tag): the worker runs as SGLang with `--grammar-backend
-  none` (GetServerInfo says so) and answers with its message. logit_bias bans (-100) and
-  forces (+100) tokens (see `homing.sim.generation`); the other sampling parameters shape a
-  distribution the simulated worker does not have, and `custom_params` (SGLang hands them to
-  custom logit processors only) are ignored, as by SGLang without such a processor.
+  none` (GetServerInfo says so) and answers with its message; with `grammar_backend =
+  "unconstrained"` (for tests) it accepts them and ignores the constraint. logit_bias bans
+  (-100) and forces (+100) tokens (see `homing.sim.generation`); the other sampling
+  parameters shape a distribution the simulated worker does not have, and `custom_params`
+  (SGLang hands them to custom logit processors only) are ignored, as by SGLang without such
+  a processor.
 - GetModelInfo reports what smg-grpc-servicer 0.14.1 reports for SGLang: `max_context_length`
   is the KV pool size (its `max_total_num_tokens`), and `vocab_size`, `bos_token_id`,
   `eos_token_ids`, `pad_token_id` are the servicer's defaults (SGLang's scheduler info carries
@@ -248,7 +250,8 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             params.max_new_tokens if params.HasField("max_new_tokens") else None,
         )
         constraint = params.WhichOneof("constraint")
-        if constraint is not None and getattr(params, constraint):  # "" means unset, as SGLang
+        constrained = constraint is not None and getattr(params, constraint)  # "": unset
+        if constrained and self.config.grammar_backend == "none":
             raise InvalidRequest(GRAMMAR_UNSUPPORTED)
         logit_bias = self._logit_bias(params)
         request_id = request.request_id or uuid.uuid4().hex
@@ -405,7 +408,7 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             "context_length": limits.max_context_length,
             "mem_fraction_static": limits.mem_fraction_static,
             "schedule_policy": cfg.schedule_policy,
-            "grammar_backend": "none",
+            "grammar_backend": cfg.grammar_backend,
             "max_queued_requests": cfg.max_queued_requests,
             "stream_interval": cfg.stream_interval,
             "enable_mixed_chunk": True,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from homing.bench.sse import SseDecoder
+from homing.bench.sse import SseDecoder, choices, read_chunk
 
 GOOD_FINISH_REASONS = frozenset({"stop", "length"})
 """finish_reason values of an answer that ended as asked (OpenAI's, without "abort")."""
@@ -81,28 +81,19 @@ class ChatStream:
     def _event(self, data: str, now: float) -> None:
         if self.done or self.error is not None or self.malformed is not None:
             return
-        if data.strip() == "[DONE]":
+        chunk = read_chunk(data)
+        if chunk.done:
             self.done = True
-            return
-        try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
-            chunk = None
-        if not isinstance(chunk, dict):
+        elif chunk.malformed is not None:
             self.malformed = data[:200]
-            return
-        if chunk.get("error") is not None:
-            err = chunk["error"]
-            message = err.get("message") if isinstance(err, dict) else None
-            self.error = str(message or err)[:300]
+        elif chunk.error is not None:
+            self.error = str(chunk.error)[:300]
             self.error_after_content = self.first_content_s is not None
-            return
-        self._fold(chunk, now)
+        elif chunk.body is not None:
+            self._fold(chunk.body, now)
 
     def _fold(self, chunk: dict[str, Any], now: float) -> None:
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict):
-                continue
+        for choice in choices(chunk):
             delta = choice.get("delta")
             content = delta.get("content") if isinstance(delta, dict) else None
             if isinstance(content, str) and content:
