@@ -47,14 +47,14 @@ def _socket_per_app() -> Iterator[None]:
 
     build = App.__init__
 
-    def init(self: App, config: HomingConfig) -> None:
+    def init(self: App, config: HomingConfig, **kwargs: object) -> None:
         admin = config.admin
         if admin.enabled and admin.socket is None and admin.state_dir is None:
             own = tempfile.mkdtemp(prefix="app-", dir=SESSION_STATE_DIR)
             config = config.model_copy(
                 update={"admin": admin.model_copy(update={"state_dir": own})}
             )
-        build(self, config)
+        build(self, config, **kwargs)  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(App, "__init__", init)

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from homing.admin.server import AdminServer, prepare_socket
 from homing.aio import gather_or_cancel
-from homing.clock import SystemClock
+from homing.clock import Clock, SystemClock
 from homing.config import (
     HomingConfig,
     ModelSettings,
@@ -35,6 +35,7 @@ from homing.config import (
     TenantSettings,
 )
 from homing.daemon.reload import ReloadPlan, plan_reload
+from homing.daemon.reload import refusal as reload_refusal
 from homing.embedded import SglangLauncher, SimLauncher
 from homing.engines.breaker import BreakerConfig
 from homing.engines.ejector import OutlierEjector
@@ -109,7 +110,7 @@ class App:
         self._background: set[asyncio.Task[None]] = set()
         self._ids = WorkerIds()
         self._pools: list[WorkerPool] = []  # every pool built, stopped in `stop`
-        self._clock = SystemClock()
+        self._clock: Clock = SystemClock()
         # The loop's busy share, sampled once a second: the gauge, and auto stream intervals.
         self.loop_busy = LoopBusySampler(self._clock, [self.gateway_metrics.loop_busy.set])
         registry = self.gateway_metrics.registry
@@ -500,20 +501,31 @@ class App:
 
     async def wait_min_ready(self, minimum: int, timeout_s: float) -> None:
         """Return once every model has at least `minimum` ready workers; TimeoutError naming
-        the models short of it after `timeout_s`."""
+        the models short of it after `timeout_s` (on the app's clock). Woken by the pools'
+        changes (`WorkerPool.subscribe`: health, phase, breaker, membership), not by
+        polling."""
         assert self.fleet is not None
-        deadline = time.monotonic() + timeout_s
-        while True:
-            short = {m.model_id: m.ready_workers for m in self.fleet.models.values()}
-            short = {k: v for k, v in short.items() if v < minimum}
-            if not short:
-                return
-            if time.monotonic() >= deadline:
-                shown = ", ".join(f"{k} has {v}" for k, v in short.items())
-                raise TimeoutError(
-                    f"fewer than {minimum} ready workers after {timeout_s:g} s ({shown})"
-                )
-            await asyncio.sleep(0.05)
+        models = list(self.fleet.models.values())
+        changed = asyncio.Event()
+
+        def short() -> dict[str, int]:
+            counts = {m.model_id: m.ready_workers for m in models}
+            return {k: v for k, v in counts.items() if v < minimum}
+
+        unsubscribe = [m.pool.subscribe(changed.set) for m in models]
+        try:
+            async with self._clock.timeout(timeout_s):
+                while short():
+                    changed.clear()
+                    await changed.wait()
+        except TimeoutError:
+            shown = ", ".join(f"{k} has {v}" for k, v in short().items())
+            raise TimeoutError(
+                f"fewer than {minimum} ready workers after {timeout_s:g} s ({shown})"
+            ) from None
+        finally:
+            for stop in unsubscribe:
+                stop()
 
     def status_line(self, requests_per_s: float | None = None) -> str:
         """One line for `systemctl status`: each model's ready / all workers, the request
@@ -535,8 +547,14 @@ class App:
     async def reload(self, new: HomingConfig) -> ReloadPlan:
         """Serve `new` from now on without dropping a request (`homing.daemon.reload` says
         what may change). Requests already routed keep what they were admitted under;
-        removed workers drain. Returns the plan applied; `ReloadRefused` (nothing applied)
-        when `new` changes something that needs a restart."""
+        removed workers drain; a listed worker still draining from an earlier reload serves
+        again. Everything that can be checked is checked before anything is applied:
+        `ReloadRefused` (nothing applied) when `new` needs a restart or cannot be served
+        as it is (a URL another model has, a model left with fewer ready workers than
+        `daemon.min_ready_workers`). Returns the plan with what became of the added
+        workers (`ReloadPlan.outcome`): one its pool refuses (another model or tokenizer)
+        is dropped and named in `failed`, one not reachable yet stays joining and joins
+        when it answers, as at startup."""
         if self.fleet is None or self.service is None:
             raise ReloadRefused("the gateway is not serving yet")
         plan = plan_reload(self.config, new)
@@ -544,6 +562,7 @@ class App:
             raise ReloadRefused(plan.refusal())
         if plan.empty:
             return plan
+        steps = self._worker_steps(plan, new)  # ReloadRefused before anything is applied
         # Every in-place change first, with no await between: requests see old or new.
         if plan.tenants:
             self._reload_tenants(new.tenants)
@@ -561,18 +580,11 @@ class App:
         if self.admin is not None and (plan.admin_keys or plan.tenants):
             self.admin.update(tenants=new.tenants, keys=new.admin.keys, quotas=self.quotas)
         self.config = new
-        await self._reload_workers(plan, new)
-        return plan
+        return await self._reload_workers(plan, steps, new)
 
     def _reload_tenants(self, tenants: list[TenantSettings]) -> None:
-        assert self.keyring is not None and self.service is not None
-        cfg = self.config
-        if tenants and self.quotas is None:  # auth turned on: quotas from now on
-            self.quotas = QuotaGuard(
-                build_store(cfg.quotas), settings=cfg.quotas, metrics=self.gateway_metrics
-            )
-            self.quotas.start()
-            self.service.quotas = self.quotas
+        """New keys and quotas; the plan keeps authentication on (or off) as it was."""
+        assert self.keyring is not None
         self.gateway_metrics.start_at_zero((t.name for t in tenants), get_args(QuotaKind))
         self.keyring.replace(tenants)
 
@@ -598,30 +610,126 @@ class App:
         for spec, m in zip(new.served_models(), self.fleet.models.values(), strict=True):
             self.recorder.set_slo(m.model_id, slo_of(spec.slo or new.slo))
 
-    async def _reload_workers(self, plan: ReloadPlan, new: HomingConfig) -> None:
-        """Drain the removed workers (they finish every request: the drain may last as long
-        as a request may) and add the new ones concurrently."""
+    def _worker_steps(self, plan: ReloadPlan, new: HomingConfig) -> list[_WorkerSteps]:
+        """What the plan's worker changes do to the live pools; `ReloadRefused` naming every
+        problem when an added URL belongs to another model or has another version, or a
+        model would keep fewer ready workers than `daemon.min_ready_workers`."""
         assert self.fleet is not None
         models = list(self.fleet.models.values())
-        adds = []
+        owners = {w.url: (m, w) for m, w in self.fleet.workers()}
+        minimum = new.daemon.min_ready_workers
+        problems: list[str] = []
+        out: list[_WorkerSteps] = []
         for change in plan.workers:
             m = models[change.model_index]
-            for url in change.removed:
-                for w in m.workers():
-                    if w.url == url and w.phase is not Phase.DRAINING:
-                        self.fleet.drain(w.worker_id, timeout_s=new.gateway.request_timeout_s)
-                        log.info("worker_reload_drain", model=m.model_id, worker=w.worker_id)
-            adds += [self._reload_add(m.model_id, url, version) for url, version in change.added]
-        await asyncio.gather(*adds)
+            steps = _WorkerSteps(m)
+            removed = set(change.removed)
+            leaving = [w for w in m.workers() if w.url in removed and not w.draining]
+            steps.drains = [w.worker_id for w in leaving]
+            back: list[WorkerState] = []
+            for url, version in change.added:
+                owner, w = owners.get(url, (None, None))
+                if owner is None or w is None:
+                    steps.adds.append((url, version))
+                elif owner is not m:
+                    problems.append(
+                        f"worker {url} is worker {w.worker_id} of model {owner.model_id!r}; "
+                        f"it can join model {m.model_id!r} once it has left that one"
+                    )
+                elif w.version != version:
+                    problems.append(
+                        f"worker {url} is already worker {w.worker_id} with version "
+                        f"{w.version!r}, not {version!r}; remove it and list it again once "
+                        "it has left"
+                    )
+                elif w.undrainable:
+                    steps.rejoins.append(w.worker_id)
+                    back.append(w)
+                elif w.draining:
+                    problems.append(
+                        f"worker {url} is worker {w.worker_id}, draining since it was "
+                        f"{w.drained_from.value if w.drained_from else 'joining'}; list it "
+                        "again once it has left"
+                    )
+                # else: added through the admin API, listed from now on; it stays as it is
+            lost = sum(1 for w in leaving if w.routable)
+            left = m.ready_workers - lost + sum(1 for w in back if _ready_once_back(w))
+            if lost and left < minimum:
+                hint = (
+                    "the workers it adds are not ready yet: add them in one reload and "
+                    "remove the old ones in the next, once they serve"
+                    if steps.adds
+                    else "keep more of its workers listed"
+                )
+                problems.append(
+                    f"model {m.model_id!r} would be left with {left} ready "
+                    f"{'worker' if left == 1 else 'workers'}, fewer than "
+                    f"daemon.min_ready_workers ({minimum}); {hint}"
+                )
+            out.append(steps)
+        if problems:
+            raise ReloadRefused(reload_refusal(rejected=tuple(problems)))
+        return out
 
-    async def _reload_add(self, model: str, url: str, version: str) -> None:
+    async def _reload_workers(
+        self, plan: ReloadPlan, steps: list[_WorkerSteps], new: HomingConfig
+    ) -> ReloadPlan:
+        """Serve the draining workers listed again, drain the removed ones (they finish
+        every request: the drain may last as long as a request may) and add the new ones
+        concurrently; the plan with what became of each."""
+        assert self.fleet is not None
+        rejoined: list[str] = []
+        adds = []
+        for s in steps:
+            for worker_id in s.rejoins:
+                state = self.fleet.undrain(worker_id)
+                rejoined.append(state.url)
+                log.info("worker_reload_undrain", model=s.model.model_id, worker=worker_id)
+            for worker_id in s.drains:
+                self.fleet.drain(worker_id, timeout_s=new.gateway.request_timeout_s)
+                log.info("worker_reload_drain", model=s.model.model_id, worker=worker_id)
+            adds += [self._reload_add(s.model.model_id, url, version) for url, version in s.adds]
+        results = await asyncio.gather(*adds)
+        failed = tuple((url, why) for url, why, _ in results if why is not None)
+        joining = tuple(
+            url for url, _, state in results if state is not None and state.phase is Phase.JOINING
+        )
+        return plan.with_results(failed=failed, joining=joining, rejoined=tuple(rejoined))
+
+    async def _reload_add(
+        self, model: str, url: str, version: str
+    ) -> tuple[str, str | None, WorkerState | None]:
+        """Add one listed worker: (url, why it did not join or None, its state or None)."""
         assert self.fleet is not None
         try:
             state = await self.fleet.add_worker(model, url, version)
         except FleetError as err:
             log.error("worker_reload_add_failed", model=model, url=url, error=str(err))
-        else:
-            log.info("worker_reload_added", model=model, worker=state.worker_id, url=url)
+            return url, str(err), None
+        log.info(
+            "worker_reload_added",
+            model=model,
+            worker=state.worker_id,
+            url=url,
+            phase=state.phase.value,
+        )
+        return url, None, state
+
+
+class _WorkerSteps:
+    """One model's worker changes against its live pool: worker ids to `drains` and to
+    serve again (`rejoins`), and (url, version) to `adds`."""
+
+    def __init__(self, model: ModelDispatch) -> None:
+        self.model = model
+        self.drains: list[str] = []
+        self.rejoins: list[str] = []
+        self.adds: list[tuple[str, str]] = []
+
+
+def _ready_once_back(w: WorkerState) -> bool:
+    """Whether a draining worker would take requests as soon as it serves again."""
+    return w.drained_from is Phase.READY and w.admits
 
 
 class ReloadRefused(Exception):

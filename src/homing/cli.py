@@ -122,6 +122,8 @@ def _serve_config(args: argparse.Namespace) -> HomingConfig:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Run `homing serve`: 0 after a stop signal, 2 for a configuration or socket-activation
+    error, 1 when the start failed; each error printed as "homing: <message>"."""
     from homing.config import ConfigError
     from homing.daemon.activation import ActivationError
     from homing.daemon.runner import Daemon
@@ -131,21 +133,26 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = _serve_config(args)
     except ConfigError as err:
-        print(f"homing: {err}", file=sys.stderr)
+        print(f"homing: {error_message(err)}", file=sys.stderr)
         return 2
 
     try:
         _run(Daemon(config, lambda: _serve_config(args)).run())
     except ActivationError as err:
-        print(f"homing: {err}", file=sys.stderr)
+        print(f"homing: {error_message(err)}", file=sys.stderr)
         return 2
-    except OSError as err:
-        print(f"homing: {err.strerror or err}", file=sys.stderr)
-        return 1
     except (RuntimeError, TimeoutError) as err:  # a worker that did not start
-        print(f"homing: {err or type(err).__name__}", file=sys.stderr)
+        print(f"homing: {error_message(err)}", file=sys.stderr)
+        return 1
+    except OSError as err:  # after TimeoutError, which is one
+        print(f"homing: {err.strerror or error_message(err)}", file=sys.stderr)
         return 1
     return 0
+
+
+def error_message(err: BaseException) -> str:
+    """`str(err)`, or the exception's type name when that is empty: never an empty line."""
+    return str(err) or type(err).__name__
 
 
 def _sim_model(config: object, value: str) -> object:
@@ -231,6 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `homing` console script; returns the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in args_list if not a.startswith("-")), None)
+    if first == "serve":  # a SIGHUP during the imports to come is a reload, not the end
+        from homing.daemon.early import hold_sighup
+
+        hold_sighup()
     parser = admin_parser() if first in ADMIN_COMMANDS else build_parser()
     args = parser.parse_args(args_list)
     if getattr(args, "admin_verb", None) is not None:

@@ -1,5 +1,6 @@
 """Child processes that die with their launcher (`--parent-pid` of `homing sim` and
-`homing worker`)."""
+`homing worker`), and that never inherit systemd's hold on the service (`child_environ`:
+they would otherwise notify systemd, or take its sockets, as if they were the service)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,29 @@ import contextlib
 import ctypes
 import os
 import signal
+from collections.abc import Mapping
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+#: What systemd sets for the service's main process alone (sd_notify(3), sd_listen_fds(3),
+#: sd_watchdog_enabled(3)); never passed on to a child.
+SERVICE_VARIABLES = frozenset(
+    {
+        "NOTIFY_SOCKET",
+        "WATCHDOG_USEC",
+        "WATCHDOG_PID",
+        "LISTEN_FDS",
+        "LISTEN_PID",
+        "LISTEN_FDNAMES",
+    }
+)
+
+
+def child_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of `environ` (default `os.environ`) without `SERVICE_VARIABLES`: the
+    environment for a child process."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k not in SERVICE_VARIABLES}
 
 
 def exit_with_parent(parent_pid: int) -> bool:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -269,15 +270,20 @@ def _connect_when_bound(port: int) -> socket.socket:
             time.sleep(0.05)
 
 
-@pytest.mark.timeout(180)
-def test_socket_activation_serves_a_connection_made_before_homing_ran(tmp_path: Path) -> None:
+@contextmanager
+def _socket_activated(
+    tmp_path: Path, port: int, fdname: str, *serve_args: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`homing serve --grpc-port FREE *serve_args` under `systemd-socket-activate`, which
+    listens on 127.0.0.1:`port` and starts it on the first connection, passing that socket
+    as `fdname`; stdout and stderr together in the process's `stdout` pipe. Killed on exit
+    if still running."""
     activate = _need("systemd-socket-activate")
-    port = free_port()
     process = subprocess.Popen(
         [
             activate,
             f"--listen=127.0.0.1:{port}",
-            "--fdname=http",
+            f"--fdname={fdname}",
             f"--setenv=HOMING_STATE_DIR={tmp_path / 'state'}",
             "--setenv=PYTHONUNBUFFERED=1",
             f"--setenv=PATH={os.environ['PATH']}",
@@ -287,13 +293,23 @@ def test_socket_activation_serves_a_connection_made_before_homing_ran(tmp_path: 
             "serve",
             "--grpc-port",
             str(free_port()),
-            "--speedup",
-            "10",
+            *serve_args,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.timeout(180)
+def test_socket_activation_serves_a_connection_made_before_homing_ran(tmp_path: Path) -> None:
+    port = free_port()
+    with _socket_activated(tmp_path, port, "http", "--speedup", "10") as process:
         with _connect_when_bound(port) as conn:  # homing starts on this first connection
             conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             conn.settimeout(90)
@@ -306,39 +322,14 @@ def test_socket_activation_serves_a_connection_made_before_homing_ran(tmp_path: 
         out, _ = process.communicate(timeout=60)
         assert process.returncode == 0, out.decode()
         assert b'"activated": ["http"]' in out
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_a_handed_over_socket_homing_has_no_listener_for_is_refused(tmp_path: Path) -> None:
-    activate = _need("systemd-socket-activate")
     port = free_port()
-    process = subprocess.Popen(
-        [
-            activate,
-            f"--listen=127.0.0.1:{port}",
-            "--fdname=grpc",
-            f"--setenv=HOMING_STATE_DIR={tmp_path / 'state'}",
-            sys.executable,
-            "-m",
-            "homing",
-            "serve",
-            "--grpc-port",
-            str(free_port()),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    with _socket_activated(tmp_path, port, "grpc") as process:
         with _connect_when_bound(port):
             pass  # the child starts on the first connection
         out, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert process.returncode == 2
     assert (
         out.decode()

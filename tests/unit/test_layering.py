@@ -16,7 +16,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 FORBIDDEN = {
-    "homing.sim": ("homing.bench", "homing.gateway", "homing.app"),
+    "homing.sim": ("homing.bench", "homing.gateway", "homing.app", "homing.daemon"),
+    "homing.engines": ("homing.daemon", "homing.app", "homing.gateway", "homing.fleet"),
     "homing.bench": ("homing.gateway",),
 }
 """Package -> the packages its modules may not import (a name or any module under it)."""

@@ -7,7 +7,10 @@ never worth failing the service for.
 `NOTIFY_SOCKET` names an `AF_UNIX` datagram socket: a path, or an abstract socket written
 with a leading "@" (sent with a leading NUL byte). A message is newline-separated
 `KEY=VALUE` assignments (READY=1, RELOADING=1, STOPPING=1, STATUS=..., WATCHDOG=1,
-MONOTONIC_USEC=...). Without `NOTIFY_SOCKET` every send is a no-op.
+MONOTONIC_USEC=...); a value's control characters (newlines included) are sent as spaces
+and it is cut at `MAX_VALUE_CHARS`. Without `NOTIFY_SOCKET` every send is a no-op.
+
+The processes homing starts get none of systemd's variables (`homing.lifeline.child_environ`).
 
 Why our own: the pure-Python `sdnotify` package has had no release since 2017 and hides
 send errors; `cysystemd` and `systemd-python` compile against libsystemd's headers, which a
@@ -17,6 +20,7 @@ fresh machine lacks. The protocol is one `sendto`.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from collections.abc import Mapping
@@ -24,6 +28,11 @@ from collections.abc import Mapping
 import structlog
 
 log = structlog.get_logger("homing.daemon")
+
+#: The longest value a message carries (a longer one, e.g. a long refusal, is cut there).
+MAX_VALUE_CHARS = 2048
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def socket_address(value: str) -> str | bytes:
@@ -41,15 +50,20 @@ def monotonic_usec() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
 
 
+def one_line(value: object) -> str:
+    """`str(value)` with each control character (newline, tab, NUL, ...) as a space, cut at
+    `MAX_VALUE_CHARS` (the cut marked with "...")."""
+    text = _CONTROL.sub(" ", str(value))
+    if len(text) > MAX_VALUE_CHARS:
+        text = text[: MAX_VALUE_CHARS - 3] + "..."
+    return text
+
+
 def format_message(fields: Mapping[str, object]) -> bytes:
-    """`KEY=VALUE` lines in the given order; ValueError for a value with a newline."""
-    lines = []
-    for key, value in fields.items():
-        text = str(value)
-        if "\n" in text:
-            raise ValueError(f"sd_notify {key} must be one line")
-        lines.append(f"{key}={text}")
-    return "\n".join(lines).encode()
+    """`KEY=VALUE` lines in the given order, each value `one_line`, as UTF-8 (a character
+    UTF-8 cannot carry, such as a lone surrogate, sent as "?")."""
+    lines = [f"{key}={one_line(value)}" for key, value in fields.items()]
+    return "\n".join(lines).encode("utf-8", errors="replace")
 
 
 class Notifier:
@@ -80,13 +94,16 @@ class Notifier:
         return self._sock is not None
 
     def send(self, **fields: object) -> bool:
-        """Send one message of `fields` (in order); True when it was handed to the socket."""
+        """Send one message of `fields` (in order); True when it was handed to the socket.
+        Never raises: a failure is logged (`notify_failed`) and gives False."""
         if self._sock is None or self._address is None:
             return False
         try:
             self._sock.sendto(format_message(fields), self._address)
-        except OSError as err:
-            log.warning("notify_failed", error=str(err), fields=sorted(fields))
+        except Exception as err:  # a notification never fails the service
+            log.warning(
+                "notify_failed", error=str(err) or type(err).__name__, fields=sorted(fields)
+            )
             return False
         return True
 

@@ -10,14 +10,20 @@ and its weights and bounds (router-wide and per model), retries and stream migra
 SLOs, the request and drain timeouts, and the listed workers of each served model (added
 ones join, removed ones drain: they finish what they serve and take nothing new). Workers
 added through the admin API are not in either config and are left alone.
+
+Also refused: turning authentication on or off (tenants from none to some, or back), a
+listed worker's version changing under the same URL, a URL listed twice, and a model left
+with fewer listed workers than `daemon.min_ready_workers`. What only the running process
+knows (who is ready, draining or added through the admin API) `App.reload` checks before it
+applies anything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from homing.config import HomingConfig
+from homing.config import HomingConfig, ModelSettings
 
 #: Dotted paths a reload applies in place; "*" is every element of a list.
 RELOADABLE: tuple[str, ...] = (
@@ -78,10 +84,17 @@ class WorkerChanges:
 
 @dataclass(frozen=True)
 class ReloadPlan:
-    """What changes. `refused`: the paths that need a restart (empty: the plan applies).
-    `changes`: the changed reloadable paths, for the log."""
+    """What changes. `refused`: the paths that need a restart; `rejected`: other reasons the
+    new config cannot be served as it is (both empty: the plan applies). `changes`: the
+    changed reloadable paths, for the log.
+
+    Filled by `App.reload` once applied (`with_results`): `failed`, the (url, reason) of each
+    added worker that did not join (refused by its pool, as at startup); `joining`, the added
+    urls not reachable yet (probed until they answer, as at startup); `rejoined`, the urls
+    that were draining and serve again."""
 
     refused: tuple[str, ...] = ()
+    rejected: tuple[str, ...] = ()
     changes: tuple[str, ...] = ()
     tenants: bool = False
     admin_keys: bool = False
@@ -90,23 +103,62 @@ class ReloadPlan:
     timeouts: bool = False
     retries: bool = False
     workers: tuple[WorkerChanges, ...] = field(default_factory=tuple)
+    failed: tuple[tuple[str, str], ...] = ()
+    joining: tuple[str, ...] = ()
+    rejoined: tuple[str, ...] = ()
 
     @property
     def applies(self) -> bool:
-        """True when nothing needs a restart."""
-        return not self.refused
+        """True when nothing needs a restart and nothing is rejected."""
+        return not self.refused and not self.rejected
 
     @property
     def empty(self) -> bool:
-        """True when the configs are the same."""
-        return not self.refused and not self.changes
+        """True when nothing differs that the running process serves."""
+        return self.applies and not self.changes
 
     def refusal(self) -> str:
         """Why the plan is refused, in words a person can act on."""
-        return (
-            f"{', '.join(self.refused)} cannot change without a restart "
-            "(systemctl restart homing); nothing was applied"
+        return refusal(self.refused, self.rejected)
+
+    def with_results(
+        self,
+        *,
+        failed: tuple[tuple[str, str], ...] = (),
+        joining: tuple[str, ...] = (),
+        rejoined: tuple[str, ...] = (),
+    ) -> ReloadPlan:
+        """This plan with what applying it did to the added workers."""
+        return replace(self, failed=failed, joining=joining, rejoined=rejoined)
+
+    def outcome(self) -> str:
+        """One line for the STATUS and the log: "reloaded: <changes>", then the added
+        workers that did not join (with why), are not reachable yet, or serve again."""
+        parts = [f"reloaded: {', '.join(self.changes) or 'nothing changed'}"]
+        if self.failed:
+            shown = ", ".join(f"{url} ({why})" for url, why in self.failed)
+            parts.append(f"{_count(len(self.failed), 'worker')} did not join: {shown}")
+        if self.joining:
+            parts.append(f"not reachable yet (joining): {', '.join(self.joining)}")
+        if self.rejoined:
+            parts.append(f"draining, serving again: {', '.join(self.rejoined)}")
+        return "; ".join(parts)
+
+
+def refusal(refused: tuple[str, ...] = (), rejected: tuple[str, ...] = ()) -> str:
+    """A refused reload in words a person can act on: the `refused` paths need a restart,
+    each `rejected` reason says what to change; nothing was applied either way."""
+    parts = []
+    if refused:
+        parts.append(
+            f"{', '.join(refused)} cannot change without a restart (systemctl restart homing)"
         )
+    parts += rejected
+    return "; ".join([*parts, "nothing was applied"])
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def plan_reload(old: HomingConfig, new: HomingConfig) -> ReloadPlan:
@@ -121,8 +173,11 @@ def plan_reload(old: HomingConfig, new: HomingConfig) -> ReloadPlan:
         for i, (a, b) in enumerate(zip(old_models, new_models, strict=True)):
             if bool(a.workers) != bool(b.workers):
                 refused.append(f"models[{i}].workers (listed <-> started by homing)")
-    if refused:
-        return ReloadPlan(refused=tuple(refused))
+    rejected = _auth_switch(old, new)
+    if not refused:
+        rejected += _worker_problems(old_models, new_models, new.daemon.min_ready_workers)
+    if refused or rejected:
+        return ReloadPlan(refused=tuple(refused), rejected=tuple(rejected))
     paths = _flat_paths(RELOADABLE, before, after)
     changes = [p for p in paths if _get(before, p) != _get(after, p)]
     workers = []
@@ -133,6 +188,9 @@ def plan_reload(old: HomingConfig, new: HomingConfig) -> ReloadPlan:
         removed = tuple(u for u in was if u not in now)
         if added or removed:
             workers.append(WorkerChanges(i, added, removed))
+        elif was == now:  # the same workers in another order: nothing to apply
+            worker_path = f"models[{i}].workers" if new.models else "engines.workers"
+            changes = [p for p in changes if p != worker_path]
     routing = any(
         old.router.model_dump().get(k) != new.router.model_dump().get(k) for k in _ROUTING
     ) or any(
@@ -151,6 +209,57 @@ def plan_reload(old: HomingConfig, new: HomingConfig) -> ReloadPlan:
         retries=any(before["router"][k] != after["router"][k] for k in _RETRIES),
         workers=tuple(workers),
     )
+
+
+def _auth_switch(old: HomingConfig, new: HomingConfig) -> list[str]:
+    """Authentication is on exactly when tenants are configured; a reload keeps it as it is
+    (turning it off would let every request in, on would refuse every client without a key)."""
+    if old.tenants and not new.tenants:
+        return [
+            "the new config has no tenants, which would turn authentication off; "
+            "that needs a restart (systemctl restart homing)"
+        ]
+    if new.tenants and not old.tenants:
+        return [
+            "the new config adds tenants to a gateway serving without authentication, "
+            "which would turn it on; that needs a restart (systemctl restart homing)"
+        ]
+    return []
+
+
+def _worker_problems(
+    old_models: list[ModelSettings], new_models: list[ModelSettings], min_ready: int
+) -> list[str]:
+    """Listed workers the new config cannot have: a URL listed twice, a version changed
+    under the same URL, a model with fewer listed workers than `min_ready`."""
+    out = []
+    seen: set[str] = set()
+    for spec in new_models:
+        for url, _ in spec.worker_specs():
+            if url in seen:
+                out.append(f"worker {url} is listed twice")
+            seen.add(url)
+    for a, b in zip(old_models, new_models, strict=True):
+        was = dict(a.worker_specs())
+        now = b.worker_specs()
+        for url, version in now:
+            if url in was and was[url] != version:
+                out.append(
+                    f"the version of worker {url} cannot change in place "
+                    f"({was[url]!r} -> {version!r}): remove it in one reload and list it "
+                    "again once it has drained, or restart"
+                )
+        if b.workers and dict(now) != was and len(now) < min_ready:
+            out.append(
+                f"{_model(b)} would list {_count(len(now), 'worker')}, fewer than "
+                f"daemon.min_ready_workers ({min_ready})"
+            )
+    return out
+
+
+def _model(spec: ModelSettings) -> str:
+    """A served model as a message names it."""
+    return f"model {spec.name!r}" if spec.name is not None else "the model of engines.workers"
 
 
 def _without_reloadable(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,15 +1,22 @@
 """`homing serve` as a service: signals, systemd notifications, the watchdog and reloads.
 
 Sequence, as systemd sees it with `Type=notify` (sd_notify(3)):
-- start: the gateway and its workers start; READY=1 (with a STATUS line) once the listeners
-  are bound and every model has `daemon.min_ready_workers` ready workers;
+- start: the signal handlers are set first; the gateway and its workers start; READY=1
+  (with a STATUS line) once the listeners are bound and every model has
+  `daemon.min_ready_workers` ready workers. A stop signal before then cancels the start:
+  STOPPING=1, what had started is stopped, and `run` returns (exit 0);
 - every `daemon.status_interval_s`: STATUS= (models, ready workers, requests/s, in flight);
 - with `WatchdogSec`: WATCHDOG=1 every half interval, from the event loop;
-- SIGHUP (`ExecReload`): RELOADING=1 with MONOTONIC_USEC, the configuration re-read and
-  applied in place (`homing.app.App.reload`) or refused with the reason logged (the old one
-  kept), then READY=1 with a STATUS line saying which;
+- SIGHUP (`ExecReload`): RELOADING=1 with MONOTONIC_USEC, the configuration re-read (in a
+  thread: a slow file never holds the loop or its watchdog pings) and applied in place
+  (`homing.app.App.reload`) or refused with the reason logged (`reload_refused`; an
+  unexpected exception: `reload_failed`; the old configuration kept), then READY=1, always,
+  with a STATUS line saying which. A SIGHUP that came before the loop's handler was set
+  (`homing.daemon.early`) or during the start is one reload once READY=1 was sent;
 - SIGTERM or SIGINT: STOPPING=1, then the drain (`App.stop`).
-Without `NOTIFY_SOCKET` the same runs and notifies nobody.
+Without `NOTIFY_SOCKET` the same runs and notifies nobody. A malformed `WATCHDOG_USEC` or
+`WATCHDOG_PID` is logged (`watchdog_env_invalid`) and no pings are sent: like
+sd_watchdog_enabled(3), whose callers then do not ping; systemd itself never sets one.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Coroutine, MutableMapping
+from typing import Any, TypeVar
 
 import structlog
 
@@ -26,10 +34,12 @@ from homing.app import App, ReloadRefused
 from homing.clock import SystemClock
 from homing.config import ConfigError, HomingConfig
 from homing.daemon.activation import check_names, listen_sockets
+from homing.daemon.early import take_pending_sighup
 from homing.daemon.notify import Notifier
 from homing.daemon.watchdog import StallMonitor, WatchdogPinger, watchdog_interval_s
 
 log = structlog.get_logger("homing.daemon")
+T = TypeVar("T")
 
 #: Listener names socket activation may hand over (`FileDescriptorName=`).
 ACTIVATED_LISTENERS = {"http"}
@@ -62,7 +72,8 @@ class Daemon:
 
     async def run(self) -> None:
         """Start, serve until a stop signal, then drain and stop. Raises what made the
-        start fail (OSError, TimeoutError, RuntimeError, ActivationError)."""
+        start fail (OSError, TimeoutError, RuntimeError, ActivationError); returns when a
+        stop signal came during the start."""
         loop = asyncio.get_running_loop()
         handlers = {
             signal.SIGINT: self._stop.set,
@@ -71,18 +82,28 @@ class Daemon:
         }
         for sig, handler in handlers.items():
             loop.add_signal_handler(sig, handler)
-        pinger, monitor = self._watchdogs()
+        if take_pending_sighup():  # came before the loop's handler: reload once ready
+            self._reload_wanted.set()
+        pinger: WatchdogPinger | None = None
+        monitor: StallMonitor | None = None
         try:
-            await self._serve(pinger)
+            pinger, monitor = self._watchdogs()
+            await self._serve()
         finally:
             for sig in handlers:
                 loop.remove_signal_handler(sig)
             if monitor is not None:
                 monitor.stop()
+            if pinger is not None:  # the pings go on through the drain
+                pinger.stop()
             self.notifier.close()
 
     def _watchdogs(self) -> tuple[WatchdogPinger | None, StallMonitor | None]:
-        interval = watchdog_interval_s(self._environ, os.getpid())
+        try:
+            interval = watchdog_interval_s(self._environ, os.getpid())
+        except ValueError as err:
+            log.warning("watchdog_env_invalid", error=str(err))
+            interval = None
         pinger = None
         if interval is not None and self.notifier.enabled:
             pinger = WatchdogPinger(interval, self.notifier.watchdog, self._clock)
@@ -94,15 +115,17 @@ class Daemon:
             monitor.start()
         return pinger, monitor
 
-    async def _serve(self, pinger: WatchdogPinger | None) -> None:
+    async def _serve(self) -> None:
         cfg = self.config
         sockets = listen_sockets(self._environ)
         check_names(sockets, ACTIVATED_LISTENERS)
         app = self.app = App(cfg, listen_sockets=sockets)
         status_task: asyncio.Task[None] | None = None
         try:
-            await app.start()
-            await app.wait_min_ready(cfg.daemon.min_ready_workers, cfg.engines.startup_timeout_s)
+            self.notifier.status("starting")
+            if not await self._start(app):
+                log.info("shutdown_requested", before_ready=True)
+                return
             self._opened, self._rate_at = app.recorder.opened, self._clock.now()
             self.notifier.ready(status=app.status_line())
             log.info("ready", notify=self.notifier.enabled, activated=sorted(sockets))
@@ -116,11 +139,35 @@ class Daemon:
                     await status_task
             in_flight = app.service.in_flight if app.service is not None else 0
             self.notifier.stopping(status=f"draining {in_flight} requests in flight")
-            try:  # the pings go on through the drain: it may outlast the interval
-                await app.stop()
-            finally:
-                if pinger is not None:
-                    pinger.stop()
+            await app.stop()
+
+    async def _start(self, app: App) -> bool:
+        """`app.start()` then `wait_min_ready`, raced with the stop signal: True once ready,
+        False when the stop signal came first (the start is cancelled, which stops what it
+        had started). Raises what made the start fail (a TimeoutError always with a
+        message)."""
+        cfg = self.config
+        minimum = cfg.daemon.min_ready_workers
+
+        async def start() -> None:
+            await app.start()
+            if minimum > 0:
+                self.notifier.status(f"waiting for {minimum} ready workers per model")
+            await app.wait_min_ready(minimum, cfg.engines.startup_timeout_s)
+
+        task = await self._until_done_or_stopped(start())
+        if task.cancelled():
+            return False
+        try:
+            task.result()  # what made the start fail
+        except TimeoutError as err:
+            if str(err):
+                raise
+            timeout_s = cfg.engines.startup_timeout_s
+            raise TimeoutError(
+                f"no worker was ready within engines.startup_timeout_s ({timeout_s:g} s)"
+            ) from err
+        return True
 
     async def _until_stopped(self, app: App) -> None:
         """Serve reloads until a stop signal; a reload under way when it comes is cancelled
@@ -136,43 +183,66 @@ class Daemon:
             if self._stop.is_set():
                 return
             self._reload_wanted.clear()
-            task = asyncio.create_task(self.reload(app))
-            stop = asyncio.ensure_future(self._stop.wait())
-            try:
-                await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
+            await self._until_done_or_stopped(self.reload(app))
+
+    async def _until_done_or_stopped(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run `work` until it ends or the stop signal comes, whichever is first; in the
+        second case it is cancelled and awaited. Returns its finished task."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        return task
 
     async def reload(self, app: App) -> bool:
         """Re-read and apply the configuration (see the module docstring); True when it was
-        applied, False when refused (the reason logged and in the STATUS line)."""
+        applied, False when refused or failed (the reason logged and in the STATUS line).
+        READY=1 follows RELOADING=1 however it ends, a cancellation included."""
         self.notifier.reloading()
         self.notifier.status("reloading the configuration")
         log.info("reload_requested")
         applied = False
         try:
-            new = self._load()
+            new = await asyncio.to_thread(self._load)
             plan = await app.reload(new)
         except (ConfigError, ReloadRefused) as err:
             self.last_reload = f"reload refused: {err}"
             log.error("reload_refused", reason=str(err))
+        except asyncio.CancelledError:
+            self.last_reload = "reload interrupted by a stop"
+            raise
+        except Exception as err:  # the service goes on with what it has
+            self.last_reload = f"reload failed: {err or type(err).__name__}"
+            log.exception("reload_failed", error=str(err) or type(err).__name__)
         else:
             applied = True
             self.config = new
-            changes = ", ".join(plan.changes) or "nothing changed"
-            self.last_reload = f"reloaded: {changes}"
-            log.info(
+            self.last_reload = plan.outcome()
+            (log.warning if plan.failed else log.info)(
                 "reload_applied",
                 changes=list(plan.changes),
                 workers_added=[u for w in plan.workers for u, _ in w.added],
                 workers_removed=[u for w in plan.workers for u in w.removed],
+                workers_failed=[f"{u} ({why})" for u, why in plan.failed],
+                workers_joining=list(plan.joining),
+                workers_rejoined=list(plan.rejoined),
             )
-        self.notifier.ready(status=f"{app.status_line()}; {self.last_reload}")
+        finally:
+            self.notifier.ready(status=f"{self._status_line(app)}; {self.last_reload}")
         return applied
+
+    @staticmethod
+    def _status_line(app: App) -> str:
+        try:
+            return app.status_line()
+        except Exception:  # a half-applied reload must not lose READY=1
+            return "serving"
 
     async def _status_loop(self, app: App) -> None:
         while True:

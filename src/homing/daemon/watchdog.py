@@ -2,7 +2,9 @@
 
 `WatchdogPinger` sends WATCHDOG=1 every half of `WatchdogSec` (sd_watchdog_enabled(3)
 advises pinging well within the interval) from a timer callback on the event loop, so a
-loop that stops running callbacks stops the pings and systemd restarts the process.
+loop that stops running callbacks stops the pings and systemd restarts the process. The
+period is kept within `MIN_PING_PERIOD_S` (a tiny `WATCHDOG_USEC` would make the loop spin)
+and `MAX_PING_PERIOD_S`.
 
 `StallMonitor` tells a person what blocked the loop: a timer callback on the loop stamps a
 heartbeat every `tick_s`; a daemon thread checks it, and when the heartbeat is older than
@@ -14,6 +16,7 @@ wake-up per half tick.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -27,31 +30,56 @@ from homing.clock import Clock, TimerHandle
 log = structlog.get_logger("homing.daemon")
 
 
+#: The shortest time between two pings, seconds, whatever `WATCHDOG_USEC` says.
+MIN_PING_PERIOD_S = 0.01
+
+#: The longest time between two pings, seconds (a ping more often than needed costs nothing).
+MAX_PING_PERIOD_S = 3600.0
+
+_DECIMAL = re.compile(r"[0-9]{1,19}")  # ASCII digits only; 19 digits hold any 64-bit value
+
+
 def watchdog_interval_s(environ: Mapping[str, str], pid: int) -> float | None:
     """`WATCHDOG_USEC` in seconds when the watchdog is meant for process `pid`
-    (`WATCHDOG_PID` unset or equal to it), else None. ValueError for a value that is not a
-    positive integer."""
+    (`WATCHDOG_PID` unset or equal to it), else None. ValueError unless `WATCHDOG_USEC` is a
+    positive ASCII decimal number of microseconds (at most 19 digits) and `WATCHDOG_PID`,
+    when set, an ASCII decimal process id."""
     usec = environ.get("WATCHDOG_USEC")
     if not usec:
         return None
     owner = environ.get("WATCHDOG_PID")
-    if owner and owner.strip() != str(pid):
-        return None
-    if not usec.isdigit() or int(usec) <= 0:
-        raise ValueError(f"WATCHDOG_USEC={usec!r} is not a positive number of microseconds")
+    if owner:
+        if not _DECIMAL.fullmatch(owner):
+            raise ValueError(f"WATCHDOG_PID={owner[:64]!r} is not a process id")
+        if int(owner) != pid:
+            return None
+    if not _DECIMAL.fullmatch(usec) or int(usec) <= 0:
+        raise ValueError(
+            f"WATCHDOG_USEC={usec[:64]!r} is not a positive number of microseconds "
+            "(ASCII digits, at most 19)"
+        )
     return int(usec) / 1e6
 
 
 class WatchdogPinger:
-    """Calls `ping()` every `interval_s / 2` seconds of `clock` from the running loop.
+    """Calls `ping()` every `interval_s / 2` seconds of `clock` (`period_s`, kept within
+    `MIN_PING_PERIOD_S` and `MAX_PING_PERIOD_S`) from the running loop.
 
     `start()` from the loop's thread; `stop()` cancels the next ping. Both idempotent.
+    ValueError unless `interval_s` > 0. An interval too short to honour is logged
+    (`watchdog_interval_too_short`).
     """
 
     def __init__(self, interval_s: float, ping: Callable[[], object], clock: Clock) -> None:
-        if interval_s <= 0:
+        if not interval_s > 0:
             raise ValueError("the watchdog interval must be > 0")
-        self.period_s = interval_s / 2
+        self.period_s = min(max(interval_s / 2, MIN_PING_PERIOD_S), MAX_PING_PERIOD_S)
+        if interval_s / 2 < MIN_PING_PERIOD_S:
+            log.warning(
+                "watchdog_interval_too_short",
+                interval_s=interval_s,
+                ping_period_s=self.period_s,
+            )
         self._ping = ping
         self._clock = clock
         self._timer: TimerHandle | None = None

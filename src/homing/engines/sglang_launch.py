@@ -44,6 +44,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from homing.engines.client import DEFAULT_CHANNEL_OPTIONS, EngineClient
+from homing.lifeline import child_environ
 
 log = structlog.get_logger(__name__)
 
@@ -415,7 +416,7 @@ async def start_sglang(
     exits first, TimeoutError past `startup_timeout_s`; either way the group is stopped.
     """
     command = build_command(launch)
-    env = dict(os.environ if environ is None else environ)
+    env = child_environ(environ)  # no NOTIFY_SOCKET, WATCHDOG_* or LISTEN_*: homing's own
     env.update(command.env)
     process = await asyncio.create_subprocess_exec(
         launch.python,

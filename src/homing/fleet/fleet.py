@@ -160,8 +160,24 @@ class Fleet:
         limit = self.drain_timeout_s if timeout_s is None else timeout_s
         task = asyncio.get_running_loop().create_task(self._drain(m, worker_id, limit))
         self._drains[worker_id] = task
-        task.add_done_callback(lambda _: self._drains.pop(worker_id, None))
+        task.add_done_callback(lambda t: self._forget_drain(worker_id, t))
         return state
+
+    def undrain(self, worker_id: str) -> WorkerState:
+        """A draining `worker_id` takes new requests again and stays; its drain's timeout
+        no longer applies. One not draining stays as it is. `UnknownWorker`, `WrongPhase`."""
+        m, current = self.find(worker_id)
+        if current.phase is not Phase.DRAINING:
+            return current
+        state = self._act(worker_id, lambda: m.pool.undrain(worker_id))
+        task = self._drains.pop(worker_id, None)
+        if task is not None:
+            task.cancel()
+        return state
+
+    def _forget_drain(self, worker_id: str, task: asyncio.Task[None]) -> None:
+        if self._drains.get(worker_id) is task:
+            del self._drains[worker_id]
 
     async def wait_gone(self, worker_id: str, timeout_s: float | None) -> bool:
         """Wait until `worker_id` has left, at most `timeout_s`; True when it has."""

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from homing.lifeline import child_environ
+
 _background: set[asyncio.Task[None]] = set()  # drain tasks, kept until they end
 
 
@@ -51,11 +53,12 @@ async def spawn_homing(
     """
     # A session of its own: a terminal's Ctrl-C or hangup reaches the parent only, which
     # drains its requests before it stops the child (`terminate`); the child still dies
-    # with its parent (`homing sim --parent-pid`).
+    # with its parent (`homing sim --parent-pid`). Not the service's NOTIFY_SOCKET,
+    # WATCHDOG_* or LISTEN_* either: the child is not the service.
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "homing", command, *args,
         stdout=asyncio.subprocess.PIPE, stderr=stderr, stdin=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
+        start_new_session=True, env=child_environ(),
     )  # fmt: skip
     try:
         async with asyncio.timeout(timeout_s):

@@ -49,6 +49,16 @@ def test_worker_url_must_be_grpc(tmp_path: Path) -> None:
         load_config(path)
 
 
+@pytest.mark.parametrize("name", ["m\\u0000x", "m\\nSTOPPING=1", "m\\u202e"])
+def test_a_model_name_with_a_control_character_is_refused(tmp_path: Path, name: str) -> None:
+    """A NUL would be cut by the engine (its name then never matches); a newline or a
+    direction override would forge or garble STATUS and log lines."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[models]]\nname = "{name}"\n[models.sim]\nworkers = 1\n')
+    with pytest.raises(ConfigError, match="a model name must hold no control or unprintable"):
+        load_config(path)
+
+
 def test_unparsable_toml_is_an_error(tmp_path: Path) -> None:
     """A file that is not TOML raises ConfigError with the file name."""
     path = tmp_path / "c.toml"

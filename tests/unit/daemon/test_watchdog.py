@@ -11,7 +11,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from homing.clock import ManualClock, SystemClock
-from homing.daemon.watchdog import StallMonitor, WatchdogPinger, watchdog_interval_s
+from homing.daemon.watchdog import (
+    MAX_PING_PERIOD_S,
+    MIN_PING_PERIOD_S,
+    StallMonitor,
+    WatchdogPinger,
+    watchdog_interval_s,
+)
 
 
 def test_watchdog_usec_is_read_for_this_process_only() -> None:
@@ -21,6 +27,65 @@ def test_watchdog_usec_is_read_for_this_process_only() -> None:
     assert watchdog_interval_s({}, 42) is None
     with pytest.raises(ValueError, match="WATCHDOG_USEC"):
         watchdog_interval_s({"WATCHDOG_USEC": "ten"}, 42)
+
+
+NOT_USEC = "is not a positive number of microseconds (ASCII digits, at most 19)"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"WATCHDOG_USEC": "١٢"},
+            f"WATCHDOG_USEC='١٢' {NOT_USEC}",
+        ),
+        (
+            {"WATCHDOG_USEC": "²"},
+            f"WATCHDOG_USEC='²' {NOT_USEC}",
+        ),
+        (
+            {"WATCHDOG_USEC": "0"},
+            f"WATCHDOG_USEC='0' {NOT_USEC}",
+        ),
+        (
+            {"WATCHDOG_USEC": "+5"},
+            f"WATCHDOG_USEC='+5' {NOT_USEC}",
+        ),
+        (
+            {"WATCHDOG_USEC": "9" * 5000},
+            f"WATCHDOG_USEC={'9' * 64!r} {NOT_USEC}",
+        ),
+        ({"WATCHDOG_USEC": "1000", "WATCHDOG_PID": "٤٢"}, "WATCHDOG_PID='٤٢' is not a process id"),
+        (
+            {"WATCHDOG_USEC": "1000", "WATCHDOG_PID": " 42"},
+            "WATCHDOG_PID=' 42' is not a process id",
+        ),
+    ],
+)
+def test_only_ascii_decimal_watchdog_variables_are_accepted(
+    env: dict[str, str], message: str
+) -> None:
+    """Non-ASCII digits ("١٢".isdigit() is True), signs, blanks and endless digit strings
+    are refused with the variable named (the daemon logs it and sends no pings)."""
+    with pytest.raises(ValueError) as err:
+        watchdog_interval_s(env, 42)
+    assert str(err.value) == message
+
+
+def test_a_tiny_watchdog_interval_pings_no_faster_than_the_floor() -> None:
+    """WATCHDOG_USEC=1 would ask for a ping every half microsecond: the loop would spin.
+    The period is floored at MIN_PING_PERIOD_S and the too-short interval logged."""
+    clock = ManualClock()
+    pings: list[float] = []
+    with capture_logs() as logs:
+        pinger = WatchdogPinger(1e-6, lambda: pings.append(clock.now()), clock)
+    assert pinger.period_s == MIN_PING_PERIOD_S
+    assert [e["event"] for e in logs] == ["watchdog_interval_too_short"]
+    pinger.start()
+    clock.advance(0.1)
+    pinger.stop()
+    assert len(pings) == round(0.1 / MIN_PING_PERIOD_S) + 1
+    assert WatchdogPinger(1e12, lambda: None, clock).period_s == MAX_PING_PERIOD_S
 
 
 def test_pings_come_every_half_interval_of_the_clock() -> None:
