@@ -1,10 +1,11 @@
-"""One binary: `homing serve | sim | worker | bench`, the admin verbs and shell completion.
+"""One binary: `homing serve | sim | worker | bench | plan`, the admin verbs and completion.
 
 `homing serve` with no `--config` runs the embedded default (simulated SGLang workers as
 child processes, the gateway on 127.0.0.1:8080 and gRPC on 127.0.0.1:50051, the admin API on
 its Unix socket); with `--engine sglang --model PATH` the child processes are real SGLang
 workers. `homing sim` runs simulated workers in this process; `homing worker` runs one real
-SGLang worker; `homing bench` replays a trace against a running gateway.
+SGLang worker; `homing bench` replays a trace against a running gateway; `homing plan` prints
+the sizing chain (`homing.plan`).
 `homing workers | models | tenants | stats` talk to a running gateway's admin API
 (`homing.admin.commands`); `homing top` is a live view of its `/metrics` (`homing.top`);
 `homing completion bash|zsh` prints a completion script.
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_arguments(sub.add_parser("sim", help="run simulated SGLang workers"))
     add_worker_arguments(sub.add_parser("worker", help="run one real SGLang worker"))
     add_bench_arguments(sub.add_parser("bench", help="replay a trace against a gateway"))
+    _add_plan(sub)
     add_admin_commands(sub)
     _add_top(sub)
     completion = sub.add_parser(
@@ -209,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     completion.add_argument("shell", choices=["bash", "zsh"], metavar="SHELL", help="bash or zsh")
     return parser
+
+
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from homing.plan.main import DESCRIPTION, add_plan_arguments
+
+    add_plan_arguments(
+        sub.add_parser("plan", help="size a fleet: replicas, GPUs, cost", description=DESCRIPTION)
+    )
 
 
 def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -274,6 +284,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from homing.bench.main import run_bench
 
         return run_bench(args)
+    if args.command == "plan":
+        from homing.plan.main import run_plan
+
+        return run_plan(args)
     return 2
 
 
