@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -114,3 +116,66 @@ async def worker_of_session(app: App, model: str, session: str) -> str:
         async with http.post(url, json=body, headers={"x-session-id": session}) as resp:
             assert resp.status == 200, await resp.text()
             return resp.headers["x-homing-worker"]
+
+
+class NotifyListener:
+    """A datagram socket at `path` standing in for systemd's notification socket; each
+    message read is kept in `messages` as (monotonic time, fields)."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.path = path
+        self.messages: list[tuple[float, dict[str, str]]] = []
+
+    def until(self, key: str, timeout_s: float, value: str | None = None) -> dict[str, str]:
+        """Read messages until one with `key` (equal to `value` when given); returns it
+        (fails the test after `timeout_s`)."""
+        import pytest
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                break
+            fields = dict(line.split("=", 1) for line in data.decode().split("\n"))
+            self.messages.append((time.monotonic(), fields))
+            if key in fields and (value is None or fields[key] == value):
+                return fields
+        pytest.fail(f"no {key}={value or '*'} within {timeout_s} s; got {self.messages}")
+
+    def sequence(self) -> list[str]:
+        """The state messages in order (watchdog pings and status-only lines left out)."""
+        out = []
+        for _, fields in self.messages:
+            states = [k for k in fields if k not in ("WATCHDOG", "STATUS", "MONOTONIC_USEC")]
+            out += [f"{k}={fields[k]}" for k in states]
+        return out
+
+    def states(self) -> list[str]:
+        """READY, RELOADING and STOPPING messages in order."""
+        keys = ("READY", "RELOADING", "STOPPING")
+        return [f"{k}={f[k]}" for _, f in self.messages for k in keys if k in f]
+
+
+async def greedy_ids(app: App, worker_id: str, input_ids: Sequence[int], tokens: int) -> list[int]:
+    """Worker `worker_id`'s own greedy output ids for `input_ids` (`tokens` of them, EOS
+    ignored), asked of it directly, as one non-streamed answer."""
+    from homing.engines.client import GenerateDone, GenerateParams, TokenChunk
+
+    assert app.pool is not None
+    params = GenerateParams(
+        request_id=f"truth-{len(input_ids)}",
+        input_ids=list(input_ids),
+        max_new_tokens=tokens,
+        temperature=0.0,
+        ignore_eos=True,
+        stream=False,
+    )
+    items = [item async for item in app.pool.client(worker_id).generate(params)]
+    done = items[-1]
+    assert isinstance(done, GenerateDone) and not any(isinstance(i, TokenChunk) for i in items)
+    assert len(done.token_ids) == tokens
+    return list(done.token_ids)

@@ -24,8 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from tests.helpers import free_port
+from helpers import NotifyListener, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
@@ -97,39 +96,6 @@ def test_the_service_is_hardened_and_outlasts_the_drain(tmp_path: Path) -> None:
     level = re.search(r"Overall exposure level for homing.service: ([\d.]+)", done.stdout)
     assert level is not None, done.stdout + done.stderr
     assert float(level.group(1)) <= 2.0, done.stdout  # systemd rates up to 2.0 "OK"
-
-
-class NotifyListener:
-    """A datagram socket standing in for systemd's notification socket."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.path = path
-        self.messages: list[tuple[float, dict[str, str]]] = []
-
-    def until(self, key: str, timeout_s: float) -> dict[str, str]:
-        """Read messages until one with `key`; returns it (fails after `timeout_s`)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                break
-            fields = dict(line.split("=", 1) for line in data.decode().split("\n"))
-            self.messages.append((time.monotonic(), fields))
-            if key in fields:
-                return fields
-        pytest.fail(f"no {key} within {timeout_s} s; got {self.messages}")
-
-    def sequence(self) -> list[str]:
-        """The state messages in order (watchdog pings and status-only lines left out)."""
-        out = []
-        for _, fields in self.messages:
-            states = [k for k in fields if k not in ("WATCHDOG", "STATUS", "MONOTONIC_USEC")]
-            out += [f"{k}={fields[k]}" for k in states]
-        return out
 
 
 CONFIG = """

@@ -6,18 +6,17 @@ without, it ends with the explicit error event (the default)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_fault, worker_of_session
+from helpers import eventually, greedy_ids, post_fault, worker_of_session
 from structlog.testing import capture_logs
 
 from homing.app import App
 from homing.config import EngineSettings, GatewaySettings, HomingConfig, RouterSettings, SimSettings
-from homing.engines.client import GenerateDone, GenerateParams, TokenChunk
 from homing.engines.pool import WorkerState
 
 pytestmark = pytest.mark.asyncio
@@ -70,26 +69,6 @@ async def _worker_of_session(app: App) -> tuple[WorkerState, WorkerState]:
     worker_id = await worker_of_session(app, MODEL, SESSION)
     first, second = app.pool.workers()
     return (first, second) if first.worker_id == worker_id else (second, first)
-
-
-async def _greedy(
-    app: App, worker: WorkerState, input_ids: Sequence[int], tokens: int
-) -> list[int]:
-    """The worker's own greedy output ids for `input_ids` (`tokens` of them, EOS ignored)."""
-    assert app.pool is not None
-    params = GenerateParams(
-        request_id=f"truth-{len(input_ids)}",
-        input_ids=list(input_ids),
-        max_new_tokens=tokens,
-        temperature=0.0,
-        ignore_eos=True,
-        stream=False,
-    )
-    items = [item async for item in app.pool.client(worker.worker_id).generate(params)]
-    done = items[-1]
-    assert isinstance(done, GenerateDone) and not any(isinstance(i, TokenChunk) for i in items)
-    assert len(done.token_ids) == tokens
-    return list(done.token_ids)
 
 
 async def _stream_and_crash(
@@ -158,8 +137,8 @@ async def test_a_stream_whose_worker_crashes_resumes_on_the_other_without_a_repe
     assert 0 < k < MAX_TOKENS
 
     prompt = _prompt(app)
-    first = await _greedy(app, other, prompt, MAX_TOKENS)  # a healthy worker's answer
-    rest = await _greedy(app, other, prompt + first[:k], MAX_TOKENS - k)
+    first = await greedy_ids(app, other.worker_id, prompt, MAX_TOKENS)  # a healthy worker's answer
+    rest = await greedy_ids(app, other.worker_id, prompt + first[:k], MAX_TOKENS - k)
     assert app.model is not None
     expected = app.model.tokenizer.decode(first[:k] + rest)
     text = "".join(c["text"] for e in events for c in e["choices"])
@@ -199,12 +178,12 @@ async def test_every_choice_of_a_stream_migrates_and_its_stop_string_still_ends_
     (entry,) = [e for e in logs if e["event"] == "request_migrated"]
     assert (entry["to_worker"], entry["choices"]) == (other.worker_id, [0, 1])
     prompt = _prompt(app)
-    first = await _greedy(app, other, prompt, MAX_TOKENS)
+    first = await greedy_ids(app, other.worker_id, prompt, MAX_TOKENS)
     assert app.model is not None
     tokenizer = app.model.tokenizer
     for index, k in enumerate(entry["tokens"]):
         assert "." not in tokenizer.decode(first[:k])
-        rest = await _greedy(app, other, prompt + first[:k], MAX_TOKENS - k)
+        rest = await greedy_ids(app, other.worker_id, prompt + first[:k], MAX_TOKENS - k)
         whole = tokenizer.decode(first[:k] + rest)
         assert "." in whole
         text = "".join(c["text"] for e in events for c in e["choices"] if c["index"] == index)

@@ -6,13 +6,13 @@ never migrates, since the new worker's grammar would start from its initial stat
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_fault, worker_of_session
+from helpers import eventually, greedy_ids, post_fault, worker_of_session
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -25,7 +25,6 @@ from homing.config import (
     RouterSettings,
     SimSettings,
 )
-from homing.engines.client import GenerateDone, GenerateParams
 from homing.engines.pool import WorkerState
 
 pytestmark = pytest.mark.asyncio
@@ -81,25 +80,6 @@ def _worker(app: App, worker_id: str) -> WorkerState:
     assert app.pool is not None
     (w,) = [w for w in app.pool.workers() if w.worker_id == worker_id]
     return w
-
-
-async def _greedy(
-    app: App, worker: WorkerState, input_ids: Sequence[int], tokens: int
-) -> list[int]:
-    """The worker's own greedy output ids for `input_ids` (`tokens` of them, EOS ignored)."""
-    assert app.pool is not None
-    params = GenerateParams(
-        request_id=f"truth-{len(input_ids)}",
-        input_ids=list(input_ids),
-        max_new_tokens=tokens,
-        temperature=0.0,
-        ignore_eos=True,
-        stream=False,
-    )
-    items = [item async for item in app.pool.client(worker.worker_id).generate(params)]
-    done = items[-1]
-    assert isinstance(done, GenerateDone) and len(done.token_ids) == tokens
-    return list(done.token_ids)
 
 
 def _texts(event: dict[str, Any]) -> list[str]:
@@ -174,8 +154,8 @@ async def test_a_migration_whose_new_worker_fails_at_once_is_retried_on_a_third_
     assert [(e["worker"], e["to_worker"], e["tokens"]) for e in retried] == [
         (b.worker_id, c.worker_id, [k])
     ]
-    first = await _greedy(app, c, prompt, MAX_TOKENS)
-    rest = await _greedy(app, c, prompt + first[:k], MAX_TOKENS - k)
+    first = await greedy_ids(app, c.worker_id, prompt, MAX_TOKENS)
+    rest = await greedy_ids(app, c.worker_id, prompt + first[:k], MAX_TOKENS - k)
     text = "".join(t for e in events for t in _texts(e))
     assert text == app.model.tokenizer.decode(first[:k] + rest)
     finishes = [c_["finish_reason"] for e in events for c_ in e["choices"] if c_["finish_reason"]]

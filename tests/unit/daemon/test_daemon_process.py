@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,41 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import NotifyListener, free_port
 from structlog.testing import capture_logs
 
 from homing.config import HomingConfig
 from homing.daemon.runner import Daemon
-from tests.helpers import free_port
-
-
-class NotifyListener:
-    """A datagram socket standing in for systemd's notification socket."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.path = path
-        self.messages: list[tuple[float, dict[str, str]]] = []
-
-    def until(self, key: str, timeout_s: float, value: str | None = None) -> dict[str, str]:
-        """Read messages until one with `key` (equal to `value` when given); returns it."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                break
-            fields = dict(line.split("=", 1) for line in data.decode().split("\n"))
-            self.messages.append((time.monotonic(), fields))
-            if key in fields and (value is None or fields[key] == value):
-                return fields
-        pytest.fail(f"no {key}={value or '*'} within {timeout_s} s; got {self.messages}")
-
-    def states(self) -> list[str]:
-        """READY, RELOADING and STOPPING messages in order."""
-        keys = ("READY", "RELOADING", "STOPPING")
-        return [f"{k}={f[k]}" for _, f in self.messages for k in keys if k in f]
 
 
 @pytest.fixture
