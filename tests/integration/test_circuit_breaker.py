@@ -29,7 +29,7 @@ from homing.config import (
     HomingConfig,
     SimSettings,
 )
-from homing.engines.client import EngineError, GenerateDone, GenerateParams
+from homing.engines.client import EngineClient, EngineError, GenerateDone, GenerateParams
 from homing.engines.pool import PoolConfig, WorkerPool
 from homing.fleet import ModelDispatch
 from homing.fleet.dispatch import NoReplica
@@ -144,13 +144,15 @@ async def test_a_trial_the_worker_aborts_before_answering_counts_neither_way(
             model.report_failure("w0", REFUSED)
         clock.advance(1.0)
         w0 = pool.state("w0")
-        await post_fault(sim_url, {"stall_s": 1.0})  # no token before the abort
+        await post_fault(sim_url, {"stall_s": 60.0})  # no token before the abort
         with model.lease([1, 2, 3]) as trial:
             stream = trial.client.generate(long_generation("aborted-trial-1"), timeout_s=30)
             first = asyncio.create_task(anext(stream))
+            await _until_the_worker_holds_a_request(pool.client("w0"))
             # An Abort of a prefix ends the request's stream with "abort" (SGLang's rule):
             # an empty chunk, then the complete message.
             await pool.client("w0").abort("aborted-trial")
+            await post_fault(sim_url, {"stall_s": 0.0})
             items = [await first, *[item async for item in stream]]
             last = items[-1]
             assert isinstance(last, GenerateDone) and last.finish_reason == "abort"
@@ -159,6 +161,16 @@ async def test_a_trial_the_worker_aborts_before_answering_counts_neither_way(
         assert (w0.breaker, w0.breaker_trial, w0.breaker_opens) == ("half_open", False, 1)
     finally:
         await pool.stop()
+
+
+async def _until_the_worker_holds_a_request(client: EngineClient) -> None:
+    """Poll GetLoads until the worker has a running or waiting request (at most 10 s)."""
+    async with asyncio.timeout(10.0):
+        while True:
+            load = (await client.loads()).loads[0]
+            if load.num_running_reqs + load.num_waiting_reqs > 0:
+                return
+            await asyncio.sleep(0.01)
 
 
 @pytest.fixture
