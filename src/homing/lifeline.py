@@ -44,3 +44,18 @@ def exit_with_parent(parent_pid: int) -> bool:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     return os.getppid() == parent_pid
+
+
+#: Run before a child's real command, in its process (`python -c LIFELINE PARENT_PID PROGRAM
+#: ARGS...`): ask Linux to SIGTERM it when its parent (us) dies (PR_SET_PDEATHSIG = 1, kept
+#: across exec), exit if the parent is already gone, then exec the command (PROGRAM is an
+#: absolute path). A SIGKILLed parent so leaves no engine behind. Done in the child rather
+#: than in a `preexec_fn`, which runs Python between fork and exec.
+LIFELINE = (
+    "import contextlib, ctypes, os, signal, sys\n"
+    "with contextlib.suppress(OSError, AttributeError):\n"
+    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)

@@ -44,7 +44,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from homing.engines.client import DEFAULT_CHANNEL_OPTIONS, EngineClient
-from homing.lifeline import child_environ
+from homing.lifeline import LIFELINE, child_environ
 
 log = structlog.get_logger(__name__)
 
@@ -386,21 +386,6 @@ async def _group_gone(pgid: int, within_s: float, *, kill: bool = False) -> bool
         await asyncio.sleep(0.1)
 
 
-#: Run before SGLang, in its process: ask Linux to SIGTERM it when its parent (us) dies
-#: (PR_SET_PDEATHSIG = 1, kept across exec), exit if the parent is already gone, then exec
-#: SGLang's command line. A SIGKILLed `homing worker` so leaves no SGLang behind (SGLang's
-#: schedulers die with SGLang's launcher by their own PR_SET_PDEATHSIG). Done in the child
-#: rather than in a `preexec_fn`, which runs Python between fork and exec.
-_LIFELINE = (
-    "import contextlib, ctypes, os, signal, sys\n"
-    "with contextlib.suppress(OSError, AttributeError):\n"
-    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit(1)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
-)
-
-
 async def start_sglang(
     launch: SglangLaunch,
     *,
@@ -421,7 +406,7 @@ async def start_sglang(
     process = await asyncio.create_subprocess_exec(
         launch.python,
         "-c",
-        _LIFELINE,
+        LIFELINE,
         str(os.getpid()),
         *command.argv,
         env=env,
