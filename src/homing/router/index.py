@@ -163,6 +163,23 @@ class PrefixMatch:
     approximate: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class CacheValue:
+    """What removing one worker would lose of the index's blocks (`PrefixIndex.cache_value`).
+
+    `unique_blocks`: distinct blocks credited to the worker's live slots in any tier (device,
+    host/disk) that no other worker's live slot holds in any tier and that are not in the
+    shared pool; a block it holds on device and on host counts once.
+    `unique_recent_blocks`: those of them a lookup matched (or a re-store touched) since the
+    last eviction pass (the CLOCK reference set). `blocks`: every credit of the worker,
+    `worker_blocks` (a block on device and host counts twice there).
+    """
+
+    unique_blocks: int = 0
+    unique_recent_blocks: int = 0
+    blocks: int = 0
+
+
 @dataclass
 class IndexStats:
     """Monotonic counters for logs and metrics (in blocks unless stated)."""
@@ -304,6 +321,46 @@ class PrefixIndex:
         if w.exact is not None:
             slots.append(w.exact)
         return sum(self._count[s] for s in slots if self._live >> s & 1)
+
+    def cache_value(self, worker_id: str) -> CacheValue:
+        """What removing `worker_id` would lose (see `CacheValue`); zeros for a worker the
+        index does not know or credits with nothing. Bits of retired slots (flushed workers,
+        expired generations) are not holders, so a block shared only with a flushed worker is
+        unique. A pure read (marks nothing recent). O(blocks in the index + host-tier
+        entries): for a scale-down decision, not per request."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return CacheValue()
+        live = self._live
+        own = 0
+        for slot in [s for s, _ in w.approx] + [s for s, _ in w.bookings]:
+            own |= self._one[slot]
+        if w.exact is not None:
+            own |= self._one[w.exact]
+        own &= live  # only live slots count, as in `worker_blocks`
+        if not own:
+            return CacheValue()
+        others = live & ~own
+        host, shared, recent = self._host, self._shared, self._recent
+        unique = unique_recent = 0
+        for key, m in self._holders.items():
+            if not m & own or m & others or key in shared:
+                continue
+            if host and host.get(key, 0) & others:
+                continue
+            unique += 1
+            if key in recent:
+                unique_recent += 1
+        holders = self._holders
+        for key, hm in host.items():
+            if not hm & own or hm & others or key in shared:
+                continue
+            if holders.get(key, 0) & live:
+                continue  # held on device by another worker, or counted in the loop above
+            unique += 1
+            if key in recent:
+                unique_recent += 1
+        return CacheValue(unique, unique_recent, self.worker_blocks(worker_id))
 
     def mode(self, worker_id: str) -> WorkerMode:
         """ "exact" once the worker's stream delivered a stored event since its last flush,

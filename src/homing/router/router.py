@@ -35,6 +35,7 @@ from homing.router.index import (
     DEFAULT_APPROX_TTL_S,
     DEFAULT_BOOKING_TTL_S,
     DEFAULT_MAX_BLOCKS,
+    CacheValue,
     PrefixIndex,
     WorkerMode,
 )
@@ -286,6 +287,12 @@ class Router:
     def worker_mode(self, worker_id: str) -> WorkerMode:
         """ "exact" (mirrored from KV events) or "approximate" (own records with a TTL)."""
         return self.index.mode(worker_id)
+
+    def cache_value(self, worker_id: str) -> CacheValue:
+        """What removing `worker_id` would lose of the index (`PrefixIndex.cache_value`):
+        blocks only it holds, those matched recently, all its credits. O(blocks in the
+        index): for a scale-down decision, not per request."""
+        return self.index.cache_value(worker_id)
 
     def last_event_at(self, worker_id: str) -> float | None:
         """Clock time (s) of the last batch applied for `worker_id`, None if none yet."""
