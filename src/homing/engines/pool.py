@@ -272,6 +272,7 @@ class _Worker:
     breaker_timer: TimerHandle | None = None
     trial_lease: LeaseMark | None = None  # the half-open trial's lease while it is out
     rank_samples: dict[int | None, LoadSample] = field(default_factory=dict)
+    warm: bool = False  # joins cordoned (WorkerSpec.warm)
 
 
 @dataclass(eq=False)
@@ -304,10 +305,13 @@ class WorkerRefused(Exception):
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """A worker to add: its `grpc://host:port` URL and `version` label."""
+    """A worker to add: its `grpc://host:port` URL and `version` label. `warm`: it joins
+    cordoned (started and discovered, taking no requests until `uncordon`: a warm-pool
+    replica)."""
 
     url: str
     version: str = ""
+    warm: bool = False
 
 
 #: Longest worker URL accepted (characters); a host name is at most 253 (RFC 1035).
@@ -383,7 +387,9 @@ class WorkerPool:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         specs = [w if isinstance(w, WorkerSpec) else WorkerSpec(w) for w in workers]
-        specs = [WorkerSpec(check_worker_url(spec.url), spec.version) for spec in specs]
+        specs = [
+            WorkerSpec(check_worker_url(spec.url), spec.version, warm=spec.warm) for spec in specs
+        ]
         urls = [spec.url for spec in specs]
         if len(set(urls)) != len(urls):
             raise ValueError(f"duplicate worker urls in {urls}")
@@ -439,6 +445,7 @@ class WorkerPool:
         w = _Worker(
             state=WorkerState(worker_id=worker_id, url=spec.url, version=spec.version),
             client=EngineClient(spec.url, worker_id=worker_id),
+            warm=spec.warm,
         )
         self._workers[worker_id] = w
         return w
@@ -483,7 +490,7 @@ class WorkerPool:
         or duplicate URL and `WorkerRefused` (nothing kept) for a worker of another model
         or tokenizer.
         """
-        spec = WorkerSpec(check_worker_url(spec.url), spec.version)
+        spec = WorkerSpec(check_worker_url(spec.url), spec.version, warm=spec.warm)
         if any(w.state.url == spec.url for w in self._workers.values()):
             raise ValueError(f"worker {spec.url} is already in the pool")
         w = self._register(spec)
@@ -1045,6 +1052,8 @@ class WorkerPool:
         self._set_status(w, HealthStatus(healthy=True))
         if w.state.phase is Phase.JOINING:
             self._apply(w, Action.JOINED)
+            if w.warm:  # in the same step: no request can be routed to it in between
+                self._apply(w, Action.CORDON)
 
     # ------------------------------------------------------------------ I/O tasks
 

@@ -30,6 +30,7 @@ from typing import Protocol
 from homing.engines.client import EngineClient, EngineError, EngineStream, GenerateParams
 from homing.engines.pool import LeaseMark, WorkerPool, WorkerState
 from homing.fleet.stream_interval import StreamIntervalPolicy
+from homing.obs.demand import DemandMeter
 from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
 from homing.router.types import WorkerSnapshot
 from homing.text.tokenizer import TextTokenizer
@@ -44,6 +45,11 @@ class Admitter(Protocol):
 
     def dispatch(self) -> None:
         """A replica may have room: wake the next waiter."""
+        ...
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting now."""
         ...
 
 
@@ -136,6 +142,7 @@ class ModelDispatch:
     `intervals`: how many tokens the engine packs per streamed chunk (None: the worker's).
     `max_context_length` / `max_prompt_tokens` (tokens) come from the pool's discovery and
     stay known after the last worker leaves; `created`: Unix seconds, for `/v1/models`.
+    `demand`: gets each routing decision's uncached prompt tokens (None: not metered).
     """
 
     model_id: str
@@ -144,6 +151,7 @@ class ModelDispatch:
     router: Router
     admission: Admitter | None = None
     intervals: StreamIntervalPolicy | None = None
+    demand: DemandMeter | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _leases: dict[str, set[Lease]] = field(default_factory=dict)
 
@@ -194,6 +202,8 @@ class ModelDispatch:
         except NoWorkerAvailable:
             raise NoReplica(self.model_id) from None
         worker_id = decision.worker_id
+        if self.demand is not None:
+            self.demand.routed(decision.uncached_tokens)
         mark = self.pool.open_lease(worker_id)
         slots_cm = contextlib.ExitStack()
         for _ in range(slots):
@@ -248,6 +258,11 @@ class ModelDispatch:
     def workers(self) -> list[WorkerState]:
         """Every worker of the model (live states)."""
         return self.pool.workers()
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting in the admission queue (0 without one)."""
+        return self.admission.queued if self.admission is not None else 0
 
     @property
     def ready_workers(self) -> int:

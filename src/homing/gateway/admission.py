@@ -249,6 +249,11 @@ class AdmissionController:
         self._consumed: dict[str, tuple[float | None, int]] = {}
         self._ticker: asyncio.Task[None] | None = None
 
+    @property
+    def queued(self) -> int:
+        """Requests waiting now."""
+        return len(self.queue)
+
     def overloaded(self) -> bool:
         """Whether every healthy replica is overloaded now."""
         return all_overloaded(

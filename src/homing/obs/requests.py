@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from homing.obs.demand import DemandMeter
 from homing.obs.replica import AttemptRecord, ReplicaSnapshot, ReplicaStats, WorkerView
 from homing.obs.slo import BURN_WINDOWS, Slo, SloTracker, Verdict, judge
 
@@ -275,6 +276,7 @@ class RequestRecorder(Collector):
         self.replicas = ReplicaStats(now=now)
         self.opened = 0
         self._watched: dict[str, Callable[[], Iterable[WorkerView]]] = {}
+        self._demand: dict[str, DemandMeter] = {}
         self._in_flight: dict[str, Any] = {}
         # Workers that left (insertion-ordered, the oldest dropped past `_GONE_KEPT`): a
         # request of theirs that ends later is counted without its worker label.
@@ -300,11 +302,18 @@ class RequestRecorder(Collector):
             t = self._trackers[model] = SloTracker(self.slo(model), now=self._now)
         return t
 
+    def meter_demand(self, model: str, meter: DemandMeter) -> None:
+        """Report `model`'s arrivals (`started`) and first-token times (`done`) to `meter`."""
+        self._demand[model] = meter
+
     def started(self, model: str) -> None:
         """A request of `model` opened (its `done` follows exactly once); counted in
         `opened` (all models, since start)."""
         self.opened += 1
         self._gauge(model).inc()
+        meter = self._demand.get(model)
+        if meter is not None:
+            meter.arrived()
 
     def ended(self, model: str) -> None:
         """A request of `model` closed."""
@@ -336,6 +345,9 @@ class RequestRecorder(Collector):
             )
             if verdict is not None:
                 self.tracker(r.model).record(verdict, r.completion_tokens)
+            meter = self._demand.get(r.model)
+            if meter is not None and r.ttft_s is not None:
+                meter.first_token(r.ttft_s)
         if r.worker and r.worker_part is not None:
             self.replicas.record_attempt(replace(r.worker_part, worker_id=r.worker))
         elif r.worker:
