@@ -106,12 +106,21 @@ $(TINY_MODEL)/.built: $(SGLANG_VENV)/.installed $(VENV)/.installed $(SGLANG_DIR)
 ## make sglang-cpu: the SGLang CPU env (.venv-sglang) and the tiny model (~80 s the first time)
 sglang-cpu: $(TINY_MODEL)/.built
 
+# The kubernetes actuator's tests run a real kube-apiserver 1.20.2 + etcd on loopback, built
+# from Debian bookworm's kubernetes source package with Debian's Go into .cache/k8s/bin
+# (deploy/k8s-test/build.sh: ~5 minutes and 1.8 GB of disk the first time; nothing once built).
+.PHONY: k8s
+K8S_DIR := .cache/k8s
+k8s:
+	deploy/k8s-test/build.sh $(K8S_DIR)
+
 ## make test: the whole suite (unit + integration over loopback, against simulated and real
-## SGLang workers; builds the SGLang CPU env and installs redis-server if missing)
-test: proto redis-server prometheus tmux systemd sglang-cpu
+## SGLang workers and a real Kubernetes API server; builds the SGLang CPU env and the API
+## server, and installs redis-server if missing)
+test: proto redis-server prometheus tmux systemd sglang-cpu k8s
 	$(SGLANG_PY) -m pytest -q -p no:cacheprovider $(SGLANG_DIR)/sgl_kernel/tests
 	HOMING_REQUIRE_SGLANG=1 HOMING_REQUIRE_PROMETHEUS=1 HOMING_REQUIRE_TMUX=1 HOMING_REQUIRE_SYSTEMD=1 \
-	    $(PY) -m pytest -q $(PYTEST_ARGS)
+	    HOMING_REQUIRE_K8S=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 ## make bench: replay 300 Mooncake requests against a running gateway (start `make run` first);
 ## the summary in bench-out/bench.json, its plots in bench-out/plots/

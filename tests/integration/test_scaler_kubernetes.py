@@ -1,0 +1,364 @@
+"""The `kubernetes` actuator against a real kube-apiserver 1.20.2 + etcd on loopback.
+
+Nothing runs Pods there (no controller-manager, no kubelet), so `FakeCluster` plays both:
+its controller watches the Deployment's `spec.replicas` and creates Pods (a simulated worker
+process each, whose gRPC port the Pod's container port `grpc` names) or deletes them, the
+lowest `pod-deletion-cost` first and the newest among equals, as the ReplicaSet controller
+does; its kubelet marks a Pod Ready (podIP 127.0.0.1) through `pods/status` once
+`ready_gate` is open. The actuator runs on a `ManualClock`, so cold starts are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from helpers import eventually
+from k8s_api import KubeApiServer, kube_api
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio import watch as k8s_watch
+from structlog.testing import capture_logs
+
+from homing.clock import ManualClock
+from homing.engines.client import EngineClient
+from homing.scaler.actuators.base import ActuatorError, MemberState
+from homing.scaler.actuators.kubernetes import (
+    DELETION_COST,
+    LOWEST_DELETION_COST,
+    KubernetesActuator,
+)
+from homing.sim.process import spawn_sim, terminate
+
+__all__ = ["kube_api"]  # the session fixture, imported for these tests
+
+NAME = "llama"
+SELECTOR = f"app={NAME}"
+
+
+def pod_body(name: str, labels: dict[str, str], port: int) -> dict[str, object]:
+    """A Pod whose one container names `port` as `grpc`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "homing-sim",
+                    "ports": [{"name": "grpc", "containerPort": port}],
+                }
+            ]
+        },
+    }
+
+
+def workload_body(kind: str, replicas: int) -> dict[str, object]:
+    """A Deployment or StatefulSet of `replicas` Pods labelled app=llama."""
+    spec: dict[str, object] = {
+        "replicas": replicas,
+        "selector": {"matchLabels": {"app": NAME}},
+        "template": {
+            "metadata": {"labels": {"app": NAME}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "engine",
+                        "image": "homing-sim",
+                        "ports": [{"name": "grpc", "containerPort": 50051}],
+                    }
+                ]
+            },
+        },
+    }
+    if kind == "StatefulSet":
+        spec["serviceName"] = NAME
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": NAME}, "spec": spec}
+
+
+class FakeCluster:
+    """The ReplicaSet controller and kubelet of one Deployment (module docstring)."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
+        self.core = k8s.CoreV1Api(api)
+        self.apps = k8s.AppsV1Api(api)
+        self.namespace = namespace
+        self.ready_gate = asyncio.Event()
+        self.ready_gate.set()
+        self.sims: dict[str, asyncio.subprocess.Process] = {}
+        self.ready: set[str] = set()
+        self.deleted: list[tuple[str, str]] = []  # (pod, its deletion cost when deleted)
+        self._order: list[str] = []  # pods, oldest first
+        self._count = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._run: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._run = asyncio.get_running_loop().create_task(self._controller())
+
+    async def _controller(self) -> None:
+        watcher = k8s_watch.Watch()
+        async with watcher:
+            async for event in watcher.stream(
+                self.apps.list_namespaced_deployment,
+                self.namespace,
+                field_selector=f"metadata.name={NAME}",
+            ):
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    await self._reconcile(int(event["object"].spec.replicas or 0))
+
+    async def _reconcile(self, desired: int) -> None:
+        while len(self._order) < desired:
+            await self._create()
+        if len(self._order) > desired:
+            pods = (
+                await self.core.list_namespaced_pod(self.namespace, label_selector=SELECTOR)
+            ).items
+            cost = {
+                p.metadata.name: (p.metadata.annotations or {}).get(DELETION_COST, "0")
+                for p in pods
+            }
+            # Lowest cost first; among equals the newest (the ReplicaSet controller's order).
+            victims = sorted(
+                self._order, key=lambda n: (int(cost.get(n, "0")), -self._order.index(n))
+            )[: len(self._order) - desired]
+            for name in victims:
+                self._order.remove(name)
+                self.deleted.append((name, cost.get(name, "0")))
+                await self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+                await terminate([self.sims.pop(name)], 2.0)
+
+    async def _create(self) -> None:
+        self._count += 1
+        name = f"{NAME}-{self._count}"
+        process, ready = await spawn_sim(
+            ["--workers", "1", "--port", "0", "--parent-pid", str(os.getpid())]
+        )
+        self.sims[name] = process
+        port = int(ready["workers"][0]["url"].rsplit(":", 1)[1])
+        await self.core.create_namespaced_pod(self.namespace, pod_body(name, {"app": NAME}, port))
+        self._order.append(name)
+        task = asyncio.get_running_loop().create_task(self._kubelet(name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _kubelet(self, name: str) -> None:
+        await self.ready_gate.wait()
+        if name not in self._order:
+            return
+        status = {
+            "status": {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+        }
+        await self.core.patch_namespaced_pod_status(name, self.namespace, status)
+        self.ready.add(name)
+
+    async def close(self) -> None:
+        for task in [*self._tasks, *([self._run] if self._run else [])]:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await terminate(self.sims.values(), 2.0)
+
+
+@pytest_asyncio.fixture
+async def api(kube_api: KubeApiServer) -> AsyncIterator[tuple[k8s.ApiClient, str]]:
+    """An API client (admin) and a fresh namespace of this test's own."""
+    configuration = k8s.Configuration()
+    await k8s_config.load_kube_config(
+        config_file=kube_api.kubeconfig, client_configuration=configuration
+    )
+    async with k8s.ApiClient(configuration=configuration) as client:
+        namespace = f"t-{uuid.uuid4().hex[:10]}"
+        await k8s.CoreV1Api(client).create_namespace({"metadata": {"name": namespace}})
+        yield client, namespace
+        await k8s.CoreV1Api(client).delete_namespace(namespace)
+
+
+async def deployment(api: tuple[k8s.ApiClient, str], replicas: int) -> FakeCluster:
+    """Create the Deployment and start its fake controller and kubelet."""
+    client, namespace = api
+    await k8s.AppsV1Api(client).create_namespaced_deployment(
+        namespace, workload_body("Deployment", replicas)
+    )
+    cluster = FakeCluster(client, namespace)
+    cluster.start()
+    assert await eventually(lambda: len(cluster.ready) == replicas, 60)
+    return cluster
+
+
+def actuator(
+    kube_api: KubeApiServer, namespace: str, clock: ManualClock, **kwargs: object
+) -> KubernetesActuator:
+    return KubernetesActuator(
+        namespace=namespace,
+        name=str(kwargs.pop("name", NAME)),
+        selector=SELECTOR,
+        clock=clock,
+        kubeconfig=kube_api.kubeconfig,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def states(act: KubernetesActuator) -> dict[str, MemberState]:
+    return {m.member_id: m.state for m in act.members()}
+
+
+async def replicas(api: tuple[k8s.ApiClient, str]) -> int:
+    client, namespace = api
+    scale = await k8s.AppsV1Api(client).read_namespaced_deployment_scale(NAME, namespace)
+    return int(scale.spec.replicas)
+
+
+async def test_start_scales_up_and_new_pods_become_ready_members_with_cold_start(
+    kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
+) -> None:
+    cluster = await deployment(api, 1)
+    clock = ManualClock(100.0)
+    act = actuator(kube_api, api[1], clock)
+    try:
+        await act.open()
+        assert states(act) == {f"{NAME}-1": MemberState.READY}
+        assert act.cold_start_s() is None  # it was Ready before the actuator looked
+        cluster.ready_gate.clear()
+        await act.start(2)
+        assert await replicas(api) == 3
+        assert await eventually(lambda: len(act.members()) == 3, 60)
+        new = [m for m in act.members() if m.member_id != f"{NAME}-1"]
+        assert [m.state for m in new] == [MemberState.STARTING] * 2
+        assert [m.asked_at for m in new] == [100.0, 100.0]
+        clock.advance(7.0)
+        cluster.ready_gate.set()
+        assert await eventually(lambda: set(states(act).values()) == {MemberState.READY}, 30)
+        new = [m for m in act.members() if m.member_id != f"{NAME}-1"]
+        assert [m.ready_at for m in new] == [107.0, 107.0]
+        assert act.cold_start_s() == 7.0
+        for member in new:
+            assert member.url is not None and member.url.startswith("grpc://127.0.0.1:")
+            engine = EngineClient(member.url, worker_id=member.member_id)
+            try:
+                assert (await engine.model_info()).served_model_name
+            finally:
+                await engine.close()
+    finally:
+        await act.close()
+        await cluster.close()
+
+
+async def test_stop_annotates_the_pod_scales_down_and_returns_once_it_is_gone(
+    kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
+) -> None:
+    cluster = await deployment(api, 2)
+    act = actuator(kube_api, api[1], ManualClock())
+    try:
+        await act.open()
+        assert await eventually(lambda: len(act.members()) == 2, 10)
+        seen: list[dict[str, MemberState]] = []
+        act.subscribe(lambda: seen.append(states(act)))
+        # The oldest Pod: without the annotation the controller would delete the newest.
+        await act.stop(f"{NAME}-1")
+        assert cluster.deleted == [(f"{NAME}-1", LOWEST_DELETION_COST)]
+        assert await replicas(api) == 1
+        assert states(act) == {f"{NAME}-2": MemberState.READY}
+        assert {f"{NAME}-1": MemberState.STOPPING, f"{NAME}-2": MemberState.READY} in seen
+    finally:
+        await act.close()
+        await cluster.close()
+
+
+async def test_a_watch_from_a_compacted_version_gets_410_and_is_relisted(
+    kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
+) -> None:
+    cluster = await deployment(api, 1)
+    act = actuator(kube_api, api[1], ManualClock(), watch_timeout_s=1)
+    try:
+        await act.open()
+        assert act.relists == 1
+        # Writes elsewhere move etcd's revision past the actuator's; compacting there makes
+        # the watch it resumes (each second) too old.
+        other = f"{api[1]}-other"
+        await k8s.CoreV1Api(api[0]).create_namespace({"metadata": {"name": other}})
+        # Two writes: a watch from revision R starts at R + 1, which must be compacted too.
+        await k8s.CoreV1Api(api[0]).create_namespaced_config_map(
+            other, {"metadata": {"name": "bump"}}
+        )
+        with capture_logs() as logs:
+            kube_api.compact()
+            assert await eventually(lambda: act.relists >= 2, 10)
+        # 410 re-lists at once (any other failure would wait for the frozen clock's backoff).
+        assert "kubernetes_watch_gone" in [entry["event"] for entry in logs]
+        # And it watches again: a scale-up's Pod shows up.
+        await act.start(1)
+        assert await eventually(lambda: len(act.members()) == 2, 60)
+        assert await eventually(lambda: set(states(act).values()) == {MemberState.READY}, 30)
+        await k8s.CoreV1Api(api[0]).delete_namespace(other)
+    finally:
+        await act.close()
+        await cluster.close()
+
+
+async def test_a_missing_deployment_is_an_actuator_error_saying_not_found(
+    kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
+) -> None:
+    act = actuator(kube_api, api[1], ManualClock(), name="absent")
+    try:
+        with pytest.raises(ActuatorError, match="NOT FOUND") as error:
+            await act.start(1)
+        assert "absent" in str(error.value)
+    finally:
+        await act.close()
+
+
+async def test_a_statefulset_refuses_to_stop_any_but_its_highest_ordinal(
+    kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
+) -> None:
+    client, namespace = api
+    await k8s.AppsV1Api(client).create_namespaced_stateful_set(
+        namespace, workload_body("StatefulSet", 2)
+    )
+    for ordinal in (0, 1):
+        await k8s.CoreV1Api(client).create_namespaced_pod(
+            namespace, pod_body(f"{NAME}-{ordinal}", {"app": NAME}, 50051)
+        )
+    act = actuator(kube_api, namespace, ManualClock(), kind="StatefulSet")
+    try:
+        await act.open()
+        assert set(states(act)) == {f"{NAME}-0", f"{NAME}-1"}
+        with pytest.raises(ActuatorError, match=f"only {NAME}-1 can be stopped"):
+            await act.stop(f"{NAME}-0")
+        scale = await k8s.AppsV1Api(client).read_namespaced_stateful_set_scale(NAME, namespace)
+        assert scale.spec.replicas == 2
+    finally:
+        await act.close()
+
+
+async def test_a_failed_pod_leaves_as_a_failed_start(
+    kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
+) -> None:
+    client, namespace = api
+    await k8s.CoreV1Api(client).create_namespaced_pod(
+        namespace, pod_body(f"{NAME}-x", {"app": NAME}, 50051)
+    )
+    await k8s.AppsV1Api(client).create_namespaced_deployment(
+        namespace, workload_body("Deployment", 1)
+    )
+    act = actuator(kube_api, namespace, ManualClock())
+    try:
+        await act.open()
+        assert states(act) == {f"{NAME}-x": MemberState.STARTING}
+        await k8s.CoreV1Api(client).patch_namespaced_pod_status(
+            f"{NAME}-x", namespace, {"status": {"phase": "Failed", "reason": "Evicted"}}
+        )
+        assert await eventually(lambda: act.members() == [], 10)
+        assert act.failed_starts == 1
+    finally:
+        await act.close()
