@@ -15,6 +15,7 @@ says what may change); signals and systemd's notifications are `homing.daemon.ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Awaitable, Mapping
@@ -58,18 +59,29 @@ from homing.gateway.quotas.types import QuotaKind
 from homing.gateway.retry_budget import RetryPolicy
 from homing.gateway.service import InferenceService
 from homing.gateway.tls import read_pem_pair, server_ssl_context
+from homing.obs.demand import DemandMeter
 from homing.obs.loop_busy import LoopBusySampler
 from homing.obs.metrics import FleetMetrics, RouterMetrics
 from homing.obs.requests import RequestMetrics, RequestRecorder
 from homing.obs.slo import Slo
 from homing.router import Router
 from homing.router.settings import apply_model_settings, policy_configs, router_from_settings
+from homing.scaler.actuators.base import Actuator
+from homing.scaler.build import build_actuator, start_members
+from homing.scaler.capacity import CapacityEstimator
+from homing.scaler.loop import PoolScaler, Scaler
+from homing.scaler.metrics import ScalerMetrics
+from homing.scaler.settings import gpus_per_replica, scaler_config, seed_capacity
 from homing.text.tokenizer import TextTokenizer
 
 log = structlog.get_logger("homing.app")
 
 #: Seconds the requests cut at the drain timeout get to send their error and end.
 CUT_GRACE_S = 2.0
+
+#: The SLO burn-rate window the autoscaler's fast path reads (seconds): the shortest of
+#: `homing.obs.slo.BURN_WINDOWS`, the one a traffic step moves first.
+SCALER_BURN_WINDOW_S = 300.0
 
 
 class App:
@@ -110,6 +122,13 @@ class App:
         self._background: set[asyncio.Task[None]] = set()
         self._ids = WorkerIds()
         self._pools: list[WorkerPool] = []  # every pool built, stopped in `stop`
+        # By served model's index (config order): its autoscaler's actuator, if it has one.
+        self._actuators: dict[int, Actuator] = {}
+        self.scaler: Scaler | None = None
+        self.scaler_metrics: ScalerMetrics | None = None
+        self._scaler_task: asyncio.Task[None] | None = None
+        # Each autoscaled model's demand as the gateway sees it (homing.obs.demand).
+        self.demand: dict[str, DemandMeter] = {}
         self._clock: Clock = SystemClock()
         # The loop's busy share, sampled once a second: the gauge, and auto stream intervals.
         self.loop_busy = LoopBusySampler(self._clock, [self.gateway_metrics.loop_busy.set])
@@ -180,7 +199,7 @@ class App:
         try:
             specs = cfg.served_models()
             # Workers start in parallel; pools are built in config order (ids in that order).
-            launched = await gather_or_cancel(*(self._launch(m) for m in specs))
+            launched = await gather_or_cancel(*(self._launch(m, i) for i, m in enumerate(specs)))
             models = await gather_or_cancel(
                 *(self._start_model(m, *w) for m, w in zip(specs, launched, strict=True))
             )
@@ -188,6 +207,7 @@ class App:
             await self._start_gateway(self.fleet)
             if cfg.admin.enabled:
                 await self._start_admin(self.fleet)
+            self._start_scaler(specs, list(models))
         except BaseException:
             await self.stop()
             raise
@@ -211,12 +231,27 @@ class App:
             return str(inherited.getsockname()[0])
         return self.config.gateway.host
 
-    async def _launch(self, spec: ModelSettings) -> tuple[list[str | WorkerSpec], float]:
+    async def _launch(
+        self, spec: ModelSettings, index: int
+    ) -> tuple[list[str | WorkerSpec], float]:
         """The model's workers, started first when homing runs its own (embedded), and the
-        health-probe timeout for them (seconds)."""
+        health-probe timeout for them (seconds). With the model's autoscaler on, its
+        actuator starts them (`min_replicas`, at least one: the pool learns its model from
+        a worker) and is kept for the scaler (`_actuators[index]`)."""
         cfg = self.config
         workers: list[str | WorkerSpec] = [WorkerSpec(u, v) for u, v in spec.worker_specs()]
         health_timeout_s = cfg.engines.health_timeout_s
+        scaler = cfg.scaler_of(spec)
+        if scaler.enabled:
+            if not workers and cfg.engines.launch == "sglang":
+                health_timeout_s = cfg.sglang.health_timeout_s
+            actuator = build_actuator(cfg, spec, scaler, clock=self._clock)
+            self._actuators[index] = actuator
+            count = 0 if workers else max(1, scaler.min_replicas)
+            urls = await start_members(actuator, count, scaler.startup_timeout_s + 30.0)
+            known = {w.url for w in workers if isinstance(w, WorkerSpec)}
+            workers += [WorkerSpec(u, spec.version) for u in urls if u not in known]
+            return workers, health_timeout_s
         if not workers and cfg.engines.launch == "sglang":
             # Real engines: HealthCheck is a generation inside the engine (SglangSettings).
             health_timeout_s = cfg.sglang.health_timeout_s
@@ -303,6 +338,10 @@ class App:
             model_id=model_id, tokenizer=tokenizer, pool=pool, router=router, intervals=intervals
         )
         dispatch.admission = self._admission(dispatch, router_settings)
+        if cfg.scaler_of(spec).enabled:
+            meter = self.demand[model_id] = DemandMeter(now=self._clock.now)
+            dispatch.demand = meter
+            self.recorder.meter_demand(model_id, meter)
         self.router_metrics[model_id] = RouterMetrics(
             router,
             model=model_id,
@@ -414,6 +453,73 @@ class App:
         self.grpc_port = self.grpc.port
         await self.grpc.start()
 
+    def _start_scaler(self, specs: list[ModelSettings], models: list[ModelDispatch]) -> None:
+        """The autoscaler of every model whose `scaler` is enabled, as one task."""
+        assert self.fleet is not None
+        cfg = self.config
+        pools: list[PoolScaler] = []
+        recorder = self.recorder
+        for i, (spec, dispatch) in enumerate(zip(specs, models, strict=True)):
+            actuator = self._actuators.get(i)
+            if actuator is None:
+                continue
+            settings = cfg.scaler_of(spec)
+            model_id = dispatch.model_id
+            sim = spec.sim if not spec.workers and cfg.engines.launch == "sim" else None
+            slo = self.recorder.slo(model_id)
+            decode, prefill, source = seed_capacity(settings, sim, slo)
+            gpus = gpus_per_replica(settings, sim)
+            if self.scaler_metrics is None:
+                self.scaler_metrics = ScalerMetrics(self.gateway_metrics.registry)
+            pools.append(
+                PoolScaler(
+                    dispatch=dispatch,
+                    fleet=self.fleet,
+                    actuator=actuator,
+                    config=scaler_config(settings, gpus=gpus),
+                    estimator=CapacityEstimator(
+                        tpot_slo_s=slo.rule_tpot_s,
+                        seed_decode_streams=decode,
+                        seed_prefill_tokens_per_s=prefill,
+                    ),
+                    demand=self.demand[model_id],
+                    snapshot=lambda w, window, m=model_id: recorder.replicas.snapshot(m, w, window),
+                    burn_rate=lambda m=model_id: recorder.tracker(m).burn_rate(
+                        SCALER_BURN_WINDOW_S
+                    ),
+                    ttft_slo_s=slo.rule_ttft_s,
+                    clock=self._clock,
+                    advisory=settings.mode == "advisory",
+                    drain_timeout_s=cfg.gateway.request_timeout_s + CUT_GRACE_S,
+                    version=spec.version,
+                    metrics=self.scaler_metrics,
+                )
+            )
+            log.info(
+                "scaler_on",
+                model=model_id,
+                mode=settings.mode,
+                actuator=actuator.kind,
+                replicas=[settings.min_replicas, settings.max_replicas],
+                decode_streams_per_replica=round(decode, 2),
+                prefill_tokens_per_s_per_replica=round(prefill, 1),
+                capacity_source=source,
+                gpus_per_replica=gpus,
+            )
+        if not pools:
+            return
+        scaler = self.scaler = Scaler(
+            pools,
+            clock=self._clock,
+            tick_s=min(p.config.tick_s for p in pools),
+            gpu_budget=cfg.scaler.gpu_budget,
+        )
+        scaler.start()
+        task = asyncio.get_running_loop().create_task(scaler.run(), name="scaler")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        self._scaler_task = task
+
     async def _start_admin(self, fleet: Fleet) -> None:
         """The admin API on its socket (and TCP port when configured)."""
         service = self.service
@@ -454,6 +560,11 @@ class App:
         self._stopping = True
         self.loop_busy.stop()
         drain = self.config.gateway.drain_timeout_s
+        if self._scaler_task is not None:  # no scaling decision races the shutdown
+            self._scaler_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scaler_task
+            self._scaler_task = None
         if self.admin is not None:
             await self.admin.stop()  # no worker operation may race the shutdown
             self.admin = None
@@ -496,6 +607,12 @@ class App:
         await asyncio.gather(*(pool.stop() for pool in pools))
         launchers, self.launchers = self.launchers, []
         await asyncio.gather(*(launcher.stop() for launcher in launchers))
+        # The actuators stop what they started (local processes) once the pools are down.
+        if self.scaler is not None:
+            await self.scaler.close()
+            self.scaler = None
+        actuators, self._actuators = list(self._actuators.values()), {}
+        await asyncio.gather(*(a.close() for a in actuators), return_exceptions=True)
 
     # -- readiness and status --
 

@@ -299,6 +299,107 @@ class ObsSettings(_Section):
     tenant_labels: bool = Field(default=False, strict=True)
 
 
+class ExecActuatorSettings(_Section):
+    """The `exec` actuator (`[scaler.exec]`): `command` is called with `scale N` (the desired
+    replica count) and `list`, and prints its members, one `<id> <grpc://host:port or ->` per
+    line (homing.scaler.actuators.exec); `list` every `poll_s`, each call at most
+    `timeout_s`."""
+
+    command: list[str] = Field(min_length=1)
+    poll_s: _Seconds = 2.0
+    timeout_s: _Seconds = 60.0
+
+
+class KubernetesActuatorSettings(_Section):
+    """The `kubernetes` actuator (`[scaler.kubernetes]`): scales the Deployment or
+    StatefulSet `name` in `namespace` through its `scale` subresource and finds its workers
+    by watching the Pods that match `selector` (their IP, the container port named
+    `port_name`, their Ready condition). `kubeconfig`: a file (None: in-cluster config, else
+    the default kubeconfig)."""
+
+    namespace: str = Field(default="default", min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253)
+    kind: Literal["Deployment", "StatefulSet"] = "Deployment"
+    selector: str = Field(min_length=1, max_length=1024)
+    port_name: str = Field(default="grpc", min_length=1, max_length=63)
+    kubeconfig: str | None = None
+
+
+class ScalerSettings(_Section):
+    """The autoscaler of a model's pool (`[scaler]` for every model, `[[models]] scaler` for
+    one; homing.scaler.policy has the rules and each default's source).
+
+    `enabled`: run it. `mode`: "active" acts; "advisory" logs and exports each decision
+    (metrics `homing_scaler_*`) without acting. `actuator`: "local" starts and stops workers
+    on this host (the model's simulated workers, or `sglang` ones), "exec" calls a script
+    (`exec`), "kubernetes" scales a workload (`kubernetes`); `command`: with "local", a
+    command template to start each replica with instead (placeholders `{host}`, `{port}`,
+    `{model}`, `{index}`; homing.scaler.actuators.local), ready within `startup_timeout_s`.
+    Every `tick_s` it sizes the
+    pool: demand over the measured goodput per replica (decode streams and prefill tokens/s,
+    seeded by `decode_streams_per_replica` / `prefill_tokens_per_s_per_replica`, None: from
+    the simulated worker's timing model, else conservative defaults) plus `headroom`, in
+    [`min_replicas`, `max_replicas`]; a fast path adds steps sized by the measured cold
+    start (`default_cold_start_s` before one is measured); it scales down only after
+    `scale_down_window_s` below, `scale_down_cooldown_s` after a scale-up, beyond
+    `hysteresis`, by at most `max_scale_down_fraction` at a time. `warm_replicas` started
+    but idle (None: from the growth expected during one cold start, at most
+    `max_warm_replicas`). `scale_to_zero` with `min_replicas = 0`: no replica after
+    `idle_to_zero_s` without requests. `gpus_per_replica` (None: the simulated preset's TP,
+    else 1) counts against `gpu_budget` (all pools together; set it in `[scaler]`).
+    """
+
+    enabled: bool = Field(default=False, strict=True)
+    mode: Literal["active", "advisory"] = "active"
+    actuator: Literal["local", "exec", "kubernetes"] = "local"
+    tick_s: _Seconds = 5.0
+    min_replicas: int = Field(default=1, ge=0, le=10_000, strict=True)
+    max_replicas: int = Field(default=8, ge=1, le=10_000, strict=True)
+    headroom: float = Field(default=0.2, ge=0, le=10, allow_inf_nan=False, strict=True)
+    target_utilisation: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False, strict=True)
+    scale_down_window_s: _Seconds = 120.0
+    scale_down_cooldown_s: float = Field(default=60.0, ge=0, allow_inf_nan=False, strict=True)
+    hysteresis: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False, strict=True)
+    max_scale_down_fraction: float = Field(
+        default=0.25, gt=0, le=1, allow_inf_nan=False, strict=True
+    )
+    warm_replicas: int | None = Field(default=None, ge=0, le=10_000, strict=True)
+    max_warm_replicas: int = Field(default=2, ge=0, le=10_000, strict=True)
+    default_cold_start_s: _Seconds = 60.0
+    scale_to_zero: bool = Field(default=False, strict=True)
+    idle_to_zero_s: _Seconds = 300.0
+    gpus_per_replica: int | None = Field(default=None, ge=1, le=1024, strict=True)
+    gpu_budget: int | None = Field(default=None, ge=1, strict=True)
+    decode_streams_per_replica: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, strict=True
+    )
+    prefill_tokens_per_s_per_replica: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, strict=True
+    )
+    startup_timeout_s: _Seconds = 300.0
+    command: list[str] | None = Field(default=None, min_length=1)
+    exec: ExecActuatorSettings | None = None
+    kubernetes: KubernetesActuatorSettings | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScalerSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("scaler.min_replicas must not exceed max_replicas")
+        if self.min_replicas == 0 and not self.scale_to_zero:
+            raise ValueError("scaler.min_replicas = 0 needs scale_to_zero = true")
+        if self.actuator == "exec" and self.exec is None:
+            raise ValueError('scaler.actuator = "exec" needs a [scaler.exec] command')
+        if self.actuator == "kubernetes" and self.kubernetes is None:
+            raise ValueError('scaler.actuator = "kubernetes" needs a [scaler.kubernetes] table')
+        if self.command is not None:
+            if self.actuator != "local":
+                raise ValueError('scaler.command is the "local" actuator\'s command template')
+            from homing.scaler.actuators.local import CommandTemplate
+
+            CommandTemplate(list(self.command))  # ValueError naming a bad placeholder
+        return self
+
+
 class ModelSettings(_Section):
     """One served model (`[[models]]`): its pool of workers and how requests are routed.
 
@@ -314,6 +415,7 @@ class ModelSettings(_Section):
     or "auto": from 1 up to `max_stream_interval` while the gateway's event loop is the
     bottleneck (homing.fleet.stream_interval); larger chunks cost the gateway less per
     token and make the client see tokens in bursts. The first token is never held back.
+    `slo` / `scaler`: this model's SLO and autoscaler (default: the top-level sections).
     """
 
     name: str | None = Field(default=None, min_length=1, max_length=256)
@@ -326,6 +428,7 @@ class ModelSettings(_Section):
     stream_interval: StreamInterval = 1
     max_stream_interval: MaxStreamInterval = 8
     slo: SloSettings | None = None
+    scaler: ScalerSettings | None = None
 
     @field_validator("workers")
     @classmethod
@@ -578,6 +681,8 @@ class HomingConfig(_Section):
     slo: SloSettings = Field(default_factory=SloSettings)
     obs: ObsSettings = Field(default_factory=ObsSettings)
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
+    # The autoscaler of every model without its own (`[[models]] scaler`); off by default.
+    scaler: ScalerSettings = Field(default_factory=ScalerSettings)
 
     @model_validator(mode="after")
     def _models(self) -> HomingConfig:
@@ -593,7 +698,21 @@ class HomingConfig(_Section):
         urls = [url for m in self.models for url, _ in m.worker_specs()]
         if len(set(urls)) != len(urls):
             raise ValueError("a worker URL is listed twice")
+        for m in self.models:
+            if m.scaler is not None and m.scaler.gpu_budget is not None:
+                raise ValueError("gpu_budget is for all pools together: set it in [scaler]")
+        for m in self.served_models():
+            scaler = self.scaler_of(m)
+            if scaler.enabled and scaler.actuator == "local" and m.workers:
+                raise ValueError(
+                    'scaler.actuator = "local" starts the model\'s own workers; a model with '
+                    'listed workers needs actuator "exec" or "kubernetes"'
+                )
         return self
+
+    def scaler_of(self, model: ModelSettings) -> ScalerSettings:
+        """The autoscaler settings of `model`: its own, else `[scaler]`."""
+        return model.scaler if model.scaler is not None else self.scaler
 
     def served_models(self) -> list[ModelSettings]:
         """The models to serve: `models`, or the one model `engines` / `sim` describe."""

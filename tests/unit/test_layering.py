@@ -19,6 +19,7 @@ FORBIDDEN = {
     "homing.sim": ("homing.bench", "homing.gateway", "homing.app", "homing.daemon"),
     "homing.engines": ("homing.daemon", "homing.app", "homing.gateway", "homing.fleet"),
     "homing.bench": ("homing.gateway",),
+    "homing.scaler": ("homing.gateway", "homing.app", "homing.daemon", "homing.bench"),
 }
 """Package -> the packages its modules may not import (a name or any module under it)."""
 
@@ -87,3 +88,23 @@ def test_the_import_walk_sees_imports_inside_functions_and_relative_ones(tmp_pat
     )
     names = {name for _, name in imported_modules(probe, tmp_path)}
     assert {"homing.gateway.auth", "homing.bench.traces", "homing.app"} <= names
+
+
+#: Decision modules: pure over plain data (DESIGN.md, "Principles" 1), so no I/O module.
+PURE = (
+    "homing.scaler.policy",
+    "homing.scaler.capacity",
+    "homing.scaler.budget",
+    "homing.scaler.victim",
+    "homing.obs.demand",
+    "homing.engines.outliers",
+)
+IO_MODULES = ("asyncio", "socket", "grpc", "aiohttp", "subprocess", "time", "redis", "os")
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_decision_modules_import_no_io(module: str) -> None:
+    """A pure decision module imports no I/O, wall clock or event loop module."""
+    path = SRC.joinpath(*module.split(".")).with_suffix(".py")
+    names = [name for _, name in imported_modules(path)]
+    assert [n for n in names if _violates(n, IO_MODULES)] == []

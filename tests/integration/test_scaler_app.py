@@ -1,0 +1,231 @@
+"""The autoscaler inside `homing serve`, over real simulated workers started by its local
+actuator: a load step scales the pool up and the new replicas serve; a warm replica is
+promoted at once; scale-down drains its victim (its stream completes) before stopping it;
+advisory mode decides and never acts; zero traffic is safe.
+
+Ticks are driven by the test (`app.scaler.step()`, the background tick set to an hour), so
+each decision happens at a known point of the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from helpers import eventually, http_get, post_fault
+from stream_load import StreamLoad
+from structlog.testing import capture_logs
+
+from homing.app import App
+from homing.config import (
+    GatewaySettings,
+    HomingConfig,
+    RouterSettings,
+    ScalerSettings,
+    SimSettings,
+)
+from homing.engines.lifecycle import Phase
+from homing.scaler.actuators.base import MemberState
+
+pytestmark = pytest.mark.asyncio
+
+MODEL = "llama-3.1-8b"
+HOUR = 3600.0
+
+
+def _config(policy: str = "cache_aware", **scaler: Any) -> HomingConfig:
+    settings = {
+        "enabled": True,
+        "tick_s": HOUR,  # the test steps the scaler itself
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "headroom": 0.0,
+        "decode_streams_per_replica": 2.0,
+        "prefill_tokens_per_s_per_replica": 1e9,  # decode decides in these tests
+        "warm_replicas": 0,
+        "default_cold_start_s": 5.0,
+        "scale_down_window_s": 0.5,
+        "scale_down_cooldown_s": 0.0,
+        "startup_timeout_s": 60.0,
+        **scaler,
+    }
+    return HomingConfig(
+        gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=1.0),
+        router=RouterSettings(policy=policy),
+        sim=SimSettings(workers=1, speedup=10.0),
+        scaler=ScalerSettings(**settings),
+    )
+
+
+@pytest_asyncio.fixture
+async def make_app() -> AsyncIterator[Any]:
+    """`await make_app(**scaler settings)`: a started App, stopped at the end."""
+    started: list[App] = []
+
+    async def make(**scaler: Any) -> App:
+        app = App(_config(**scaler))
+        await app.start()
+        started.append(app)
+        return app
+
+    try:
+        yield make
+    finally:
+        for app in started:
+            await app.stop()
+
+
+def _phases(app: App) -> list[str]:
+    assert app.pool is not None
+    return sorted(w.phase.value for w in app.pool.workers())
+
+
+def _ready(app: App) -> int:
+    assert app.pool is not None
+    return sum(1 for w in app.pool.workers() if w.phase is Phase.READY and w.healthy)
+
+
+def _actuator(app: App) -> Any:
+    assert app.scaler is not None
+    return app.scaler.pools[0].actuator
+
+
+async def _long_stream(
+    app: App, session: aiohttp.ClientSession, max_tokens: int, prompt: str
+) -> str:
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    url = f"http://127.0.0.1:{app.http_port}/v1/completions"
+    async with session.post(url, json=body) as resp:
+        assert resp.status == 200
+        return (await resp.read()).decode()
+
+
+async def test_a_load_step_scales_the_pool_up_and_the_new_replicas_serve(make_app: Any) -> None:
+    """Six streams at two per replica: one tick asks for three replicas; the actuator starts
+    two more, they join ready, and the load reaches them."""
+    app = await make_app()
+    assert _ready(app) == 1
+    assert app.model is not None and app.scaler is not None
+    async with StreamLoad(app.http_port, model=MODEL, concurrency=6, max_tokens=400) as load:
+        assert await eventually(lambda: app.model.pool.total_in_flight >= 5, 10.0)
+        decisions = await app.scaler.step()
+        d = decisions[MODEL]
+        assert (d.desired_ready, d.reason) == (3, "scale_up"), d
+        assert await eventually(lambda: _ready(app) == 3, 60.0), _phases(app)
+        served_before = dict(load.by_worker)
+        assert await eventually(lambda: len(load.by_worker) == 3, 30.0), load.by_worker
+    assert load.failed == []
+    assert set(load.by_worker) - set(served_before) or len(served_before) == 3
+    members = _actuator(app).members()
+    assert len(members) == 3 and all(m.state is MemberState.READY for m in members)
+    assert _actuator(app).cold_start_s() > 0
+
+
+async def test_a_warm_replica_is_promoted_at_once(make_app: Any) -> None:
+    """With one warm replica kept, it joins cordoned (no requests); a step that needs one
+    more ready replica uncordons it in that same step, with no new start needed first."""
+    app = await make_app(warm_replicas=1)
+    assert app.scaler is not None and app.pool is not None
+    d = (await app.scaler.step())[MODEL]
+    assert (d.desired_ready, d.desired_warm) == (1, 1)
+    assert await eventually(lambda: _phases(app) == ["cordoned", "ready"], 60.0), _phases(app)
+    warm = next(w for w in app.pool.workers() if w.phase is Phase.CORDONED)
+    async with StreamLoad(app.http_port, model=MODEL, concurrency=4, max_tokens=400) as load:
+        assert await eventually(lambda: app.pool.total_in_flight >= 3, 10.0)
+        d = (await app.scaler.step())[MODEL]
+        assert d.desired_ready == 2
+        assert app.pool.state(warm.worker_id).phase is Phase.READY  # promoted in the step
+        assert await eventually(lambda: load.by_worker[warm.worker_id] > 0, 10.0)
+    assert load.failed == []
+
+
+async def test_scale_down_drains_its_victim_and_the_stream_on_it_completes(
+    make_app: Any,
+) -> None:
+    """Two replicas, one slow stream on each; demand for one: the victim is drained (no new
+    requests), its stream runs to its end with no error, then its process is stopped."""
+    app = await make_app(policy="round_robin", min_replicas=2, max_replicas=2)
+    assert app.scaler is not None and app.pool is not None
+    assert await eventually(lambda: _ready(app) == 2, 30.0)
+    for w in app.pool.workers():
+        await post_fault(w.url, {"slowdown": 30})
+    async with aiohttp.ClientSession() as session:
+        streams = [
+            asyncio.create_task(_long_stream(app, session, 300, f"story {i}")) for i in range(2)
+        ]
+        assert await eventually(
+            lambda: sorted(w.in_flight for w in app.pool.workers()) == [1, 1], 10.0
+        )
+        pool_scaler = app.scaler.pools[0]
+        pool_scaler.reconfigure(dataclasses.replace(pool_scaler.config, min_replicas=1))
+        with capture_logs() as logs:
+            for _ in range(20):  # the stable window (0.5 s) passes between steps
+                d = (await app.scaler.step())[MODEL]
+                if d.desired_ready == 1:
+                    break
+                await asyncio.sleep(0.1)
+            assert d.desired_ready == 1, d
+        draining = [w for w in app.pool.workers() if w.phase is Phase.DRAINING]
+        assert len(draining) == 1 and draining[0].in_flight == 1
+        victim = draining[0]
+        assert [e["worker"] for e in logs if e["event"] == "scaler_draining"] == [victim.worker_id]
+        for w in app.pool.workers():
+            await post_fault(w.url, {"slowdown": 1})
+        bodies = await asyncio.gather(*streams)
+    for body in bodies:
+        assert body.rstrip().endswith("data: [DONE]") and '"error"' not in body
+    assert await app.pool.wait_gone(victim.worker_id, 30.0)
+    actuator = _actuator(app)
+    assert await eventually(lambda: len(actuator.members()) == 1, 30.0)
+    assert [m.url for m in actuator.members()] != [victim.url]
+
+
+async def test_advisory_mode_decides_and_never_acts(make_app: Any) -> None:
+    """Advisory: the decision (three replicas) is logged and exported; no replica is started
+    and the pool keeps its one worker."""
+    app = await make_app(mode="advisory")
+    assert app.scaler is not None and app.model is not None
+    async with StreamLoad(app.http_port, model=MODEL, concurrency=6, max_tokens=400) as load:
+        assert await eventually(lambda: app.model.pool.total_in_flight >= 5, 10.0)
+        with capture_logs() as logs:
+            d = (await app.scaler.step())[MODEL]
+        assert d.desired_ready == 3
+        decision = next(e for e in logs if e["event"] == "scaler_decision")
+        assert (decision["mode"], decision["desired_ready"]) == ("advisory", 3)
+        await asyncio.sleep(0)  # nothing was scheduled to act
+        assert len(_actuator(app).members()) == 1 and len(app.model.pool.workers()) == 1
+    assert load.failed == []
+    status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{app.http_port}/metrics")
+    text = body.decode()
+    assert status == 200
+    assert (
+        f'homing_scaler_decisions_total{{mode="advisory",model="{MODEL}",reason="scale_up"}} 1.0'
+        in text
+    )
+    assert f'homing_scaler_desired_replicas{{kind="ready",model="{MODEL}"}} 3.0' in text
+
+
+async def test_zero_traffic_keeps_the_minimum_with_finite_figures(make_app: Any) -> None:
+    """No request at all: the decision is the minimum, every figure of its chain is finite,
+    and nothing is started or stopped."""
+    app = await make_app()
+    assert app.scaler is not None
+    for _ in range(3):
+        d = (await app.scaler.step())[MODEL]
+        assert d.desired_ready == 1 and d.desired_warm == 0
+        assert all(math.isfinite(v) for v in d.chain.values()), d.chain
+    assert len(_actuator(app).members()) == 1
+    assert json.dumps(d.chain)  # plain numbers, loggable

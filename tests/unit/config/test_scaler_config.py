@@ -1,0 +1,100 @@
+"""`[scaler]` and `[[models]] scaler`: off by default, the policy's config and seeds they
+make, and every inconsistent or ill-typed setting refused with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from homing.config import ConfigError, SimSettings, load_config
+from homing.obs.slo import Slo
+from homing.scaler.policy import ScalerConfig
+from homing.scaler.settings import (
+    FALLBACK_DECODE_STREAMS,
+    gpus_per_replica,
+    scaler_config,
+    seed_capacity,
+)
+
+
+def _load(tmp_path: Path, text: str):  # type: ignore[no-untyped-def]
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def test_the_scaler_is_off_by_default_and_its_defaults_are_the_policys() -> None:
+    cfg = load_config(None)
+    s = cfg.scaler_of(cfg.served_models()[0])
+    assert s.enabled is False and s.mode == "active" and s.actuator == "local"
+    assert scaler_config(s, gpus=1) == ScalerConfig()
+
+
+def test_a_models_own_scaler_replaces_the_top_level_one(tmp_path: Path) -> None:
+    cfg = _load(
+        tmp_path,
+        '[scaler]\nenabled = true\nmax_replicas = 4\n\n[[models]]\nname = "a"\n\n'
+        '[[models]]\nname = "b"\n[models.scaler]\nenabled = true\nmode = "advisory"\n'
+        "max_replicas = 2\n",
+    )
+    a, b = cfg.served_models()
+    assert (cfg.scaler_of(a).max_replicas, cfg.scaler_of(a).mode) == (4, "active")
+    assert (cfg.scaler_of(b).max_replicas, cfg.scaler_of(b).mode) == (2, "advisory")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[scaler]\nmin_replicas = 3\nmax_replicas = 2\n", "min_replicas must not exceed"),
+        ("[scaler]\nmin_replicas = 0\n", "min_replicas = 0 needs scale_to_zero"),
+        ('[scaler]\nactuator = "exec"\n', r"needs a \[scaler.exec\] command"),
+        ('[scaler]\nactuator = "kubernetes"\n', r"needs a \[scaler.kubernetes\] table"),
+        ('[scaler]\ncommand = ["x", "{prt}"]\n', "unknown placeholder {prt}"),
+        ("[scaler]\ncommand = []\n", "scaler.command"),
+        ('[scaler]\nhysteresis = "0.1"\n', "scaler.hysteresis"),
+        ("[scaler]\nmax_replicas = 0\n", "scaler.max_replicas"),
+        ("[scaler]\ntick_s = 0\n", "scaler.tick_s"),
+        ("[scaler]\ndecode_streams_per_replica = nan\n", "scaler.decode_streams_per_replica"),
+        ('[scaler]\nmode = "dry"\n', "scaler.mode"),
+        ("[scaler]\nwarm = 1\n", "scaler.warm"),
+        (
+            '[scaler]\nenabled = true\n[engines]\nworkers = ["grpc://127.0.0.1:5"]\n',
+            'actuator = "local" starts the model\'s own workers',
+        ),
+        (
+            '[[models]]\nname = "a"\n[models.scaler]\ngpu_budget = 8\n',
+            r"set it in \[scaler\]",
+        ),
+    ],
+)
+def test_a_bad_scaler_setting_is_refused_with_its_reason(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, text)
+
+
+def test_seeds_come_from_the_config_then_the_timing_model_then_the_fallback(
+    tmp_path: Path,
+) -> None:
+    cfg = _load(tmp_path, "[scaler]\ndecode_streams_per_replica = 12.0\n")
+    slo = Slo()
+    sim = SimSettings(model="llama-3.1-8b", speedup=1.0)
+    decode, prefill, source = seed_capacity(cfg.scaler, sim, slo)
+    assert decode == 12.0 and prefill > 1000 and source == "timing model"
+    fast_decode, fast_prefill, _ = seed_capacity(
+        load_config(None).scaler, SimSettings(model="llama-3.1-8b", speedup=10.0), slo
+    )
+    slow_decode, slow_prefill, _ = seed_capacity(load_config(None).scaler, sim, slo)
+    assert fast_decode > slow_decode and fast_prefill == pytest.approx(10 * slow_prefill)
+    assert seed_capacity(load_config(None).scaler, None, slo)[0] == FALLBACK_DECODE_STREAMS
+    assert seed_capacity(load_config(None).scaler, None, slo)[2] == "fallback"
+
+
+def test_gpus_per_replica_is_the_sim_presets_tp_unless_set(tmp_path: Path) -> None:
+    s = load_config(None).scaler
+    assert gpus_per_replica(s, SimSettings(model="llama-3.1-70b")) == 8
+    assert gpus_per_replica(s, SimSettings(model="llama-3.1-8b")) == 1
+    assert gpus_per_replica(s, None) == 1
+    assert gpus_per_replica(_load(tmp_path, "[scaler]\ngpus_per_replica = 4\n").scaler, None) == 4
