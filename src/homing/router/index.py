@@ -324,43 +324,59 @@ class PrefixIndex:
 
     def cache_value(self, worker_id: str) -> CacheValue:
         """What removing `worker_id` would lose (see `CacheValue`); zeros for a worker the
-        index does not know or credits with nothing. Bits of retired slots (flushed workers,
-        expired generations) are not holders, so a block shared only with a flushed worker is
-        unique. A pure read (marks nothing recent). O(blocks in the index + host-tier
-        entries): for a scale-down decision, not per request."""
-        w = self._workers.get(worker_id)
-        if w is None:
-            return CacheValue()
+        index does not know or credits with nothing (`cache_values` for one worker)."""
+        return self.cache_values([worker_id])[worker_id]
+
+    def cache_values(self, worker_ids: Iterable[str]) -> dict[str, CacheValue]:
+        """`CacheValue` of each of `worker_ids`, in one pass over the index. A block is
+        unique to a worker when every live slot holding it (device or lower tier) is that
+        worker's and it is not in the shared pool; one held on device and host counts once.
+        Bits of retired slots (flushed workers, expired generations) are not holders, so a
+        block shared only with a flushed worker is unique. A pure read (marks nothing
+        recent). O(blocks in the index + host-tier entries): for a scale-down decision, not
+        per request."""
+        wanted = list(dict.fromkeys(worker_ids))
         live = self._live
-        own = 0
-        for slot in [s for s, _ in w.approx] + [s for s, _ in w.bookings]:
-            own |= self._one[slot]
-        if w.exact is not None:
-            own |= self._one[w.exact]
-        own &= live  # only live slots count, as in `worker_blocks`
-        if not own:
-            return CacheValue()
-        others = live & ~own
-        host, shared, recent = self._host, self._shared, self._recent
-        unique = unique_recent = 0
-        for key, m in self._holders.items():
-            if not m & own or m & others or key in shared:
+        slot_owner: dict[int, str] = {}  # live slot bit -> requested worker
+        for worker_id in wanted:
+            w = self._workers.get(worker_id)
+            if w is None:
                 continue
-            if host and host.get(key, 0) & others:
-                continue
-            unique += 1
-            if key in recent:
-                unique_recent += 1
-        holders = self._holders
-        for key, hm in host.items():
-            if not hm & own or hm & others or key in shared:
-                continue
-            if holders.get(key, 0) & live:
-                continue  # held on device by another worker, or counted in the loop above
-            unique += 1
-            if key in recent:
-                unique_recent += 1
-        return CacheValue(unique, unique_recent, self.worker_blocks(worker_id))
+            slots = [s for s, _ in w.approx] + [s for s, _ in w.bookings]
+            if w.exact is not None:
+                slots.append(w.exact)
+            for slot in slots:
+                if live >> slot & 1:
+                    slot_owner[self._one[slot]] = worker_id
+        ours = 0
+        for bit in slot_owner:
+            ours |= bit
+        unique = dict.fromkeys(wanted, 0)
+        recent_unique = dict.fromkeys(wanted, 0)
+        if ours:
+            host, shared, recent, holders = self._host, self._shared, self._recent, self._holders
+            keys = holders.keys() | host.keys() if host else holders.keys()
+            for key in keys:
+                m = (holders.get(key, 0) | host.get(key, 0) if host else holders[key]) & live
+                if not m & ours or m & ~ours or key in shared:
+                    continue  # nobody of ours, or someone else holds it too
+                owner = slot_owner.get(m & -m)  # the lowest bit's worker
+                if m & (m - 1):  # several slots: unique only if one worker has them all
+                    rest = m & (m - 1)
+                    same = True
+                    while rest:
+                        bit = rest & -rest
+                        if slot_owner.get(bit) != owner:
+                            same = False
+                            break
+                        rest &= rest - 1
+                    if not same:
+                        continue
+                assert owner is not None
+                unique[owner] += 1
+                if key in recent:
+                    recent_unique[owner] += 1
+        return {w: CacheValue(unique[w], recent_unique[w], self.worker_blocks(w)) for w in wanted}
 
     def mode(self, worker_id: str) -> WorkerMode:
         """ "exact" once the worker's stream delivered a stored event since its last flush,

@@ -294,6 +294,10 @@ class Router:
         index): for a scale-down decision, not per request."""
         return self.index.cache_value(worker_id)
 
+    def cache_values(self, worker_ids: Iterable[str]) -> dict[str, CacheValue]:
+        """`cache_value` of each of `worker_ids` in one pass over the index."""
+        return self.index.cache_values(worker_ids)
+
     def last_event_at(self, worker_id: str) -> float | None:
         """Clock time (s) of the last batch applied for `worker_id`, None if none yet."""
         return self._last_event_at.get(worker_id)

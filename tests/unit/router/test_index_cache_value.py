@@ -171,3 +171,17 @@ def test_router_cache_value_is_its_index_s() -> None:
     router.apply_events("w1", [stored_chain(SYSTEM, 10)])
     assert router.cache_value("w0") == CacheValue(3, 0, 5)
     assert router.cache_value("w0") == router.index.cache_value("w0")
+
+
+def test_cache_values_of_several_workers_in_one_pass_match_each_alone() -> None:
+    """Asking for both workers at once gives each the value it has alone: a block both hold
+    is unique to neither, even though both are asked for."""
+    index = two_workers()
+    index.match(W0_TOKENS[:12])
+    together = index.cache_values(["w0", "w1", "nobody"])
+    assert together == {
+        "w0": index.cache_value("w0"),
+        "w1": index.cache_value("w1"),
+        "nobody": CacheValue(0, 0, 0),
+    }
+    assert together["w0"] == CacheValue(3, 1, 5)
