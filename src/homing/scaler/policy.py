@@ -19,10 +19,10 @@ replicas already taking requests or already asked for):
    reported a waiting queue on `queue_growth_ticks` ticks in a row. Target = max(need,
    current) + step, step = max(fast_step_min, ceil(growth x cold_start)); growth = the
    least-squares slope (>= 0, replicas/s) of raw over the last `growth_ticks` ticks;
-   cold_start = `cold_start_s` or `default_cold_start_s`. While the previous fast step's
-   replicas are still starting (starting > 0 and ready below that step's target) no new step
-   is added (held_by "starting") unless cold_start has passed since that step: they are
-   late, one more step (and again one cold start later). A tick with an indicator firing
+   cold_start = `cold_start_s` or `default_cold_start_s`. At most one step per cold_start:
+   before that the last step's replicas are starting, or have just landed while the
+   indicators (windows of TTFT and burn rate) still lag (held_by "starting"); replicas still
+   starting a cold start later are late, and one more step goes. A tick with an indicator firing
    counts as "current was not enough" in the scale-down window.
 3. Scale-down (need < current, no indicator firing), each check in this order, the first
    that fails naming `held_by`: the surplus current - need must exceed hysteresis x
@@ -39,9 +39,14 @@ replicas already taking requests or already asked for):
    Idle gives target 0 at once ("to_zero"); otherwise the floor is 1, so a queued request
    or an arrival at zero gives >= 1 at once, with no window. Any target above 0 at 0 ready
    is "from_zero".
+4b. Scale-up rate: a target is at most current + max(`max_scale_up_replicas`,
+   ceil(`max_scale_up_fraction` x ready)) (held_by "scale_up_rate"): the Kubernetes HPA's
+   default scale-up policy (4 pods or 100% per period), so a burst never starts a whole
+   cluster in one tick.
 5. Warm pool: `warm_replicas` when set, else 0 at a target of 0 and otherwise
    min(max_warm_replicas, ceil(growth x cold_start)) (a steady load keeps none, a ramp
-   enough to absorb one cold start); clamped so desired_ready + desired_warm <=
+   enough to absorb one cold start), held at its largest over `scale_down_window_s` (a warm
+   replica costs a cold start to bring back); clamped so desired_ready + desired_warm <=
    max_replicas.
 6. A decision depends on the signals and the policy's previous ticks only; call `decide`
    once per tick.
@@ -93,6 +98,8 @@ class ScalerConfig:
     idle_to_zero_s: float = 300.0
     gpus_per_replica: int = 1
     growth_ticks: int = 4
+    max_scale_up_replicas: int = 4
+    max_scale_up_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0 or self.max_replicas < max(1, self.min_replicas):
@@ -119,6 +126,8 @@ class ScalerConfig:
             raise ValueError("max_warm_replicas and idle_to_zero_s must not be negative")
         if self.gpus_per_replica < 1:
             raise ValueError("gpus_per_replica must be at least 1")
+        if self.max_scale_up_replicas < 1 or not self.max_scale_up_fraction > 0:
+            raise ValueError("need max_scale_up_replicas >= 1 and max_scale_up_fraction > 0")
 
 
 @dataclass(frozen=True)
@@ -223,8 +232,8 @@ class ScalingPolicy:
         self._last_up_at: float | None = None
         self._prev_target: int | None = None
         self._waiting_ticks = 0
+        self._warm_window: deque[tuple[float, int]] = deque()
         self._fast_at: float | None = None
-        self._fast_target: int | None = None
 
     def decide(self, s: PoolSignals) -> Decision:
         """This tick's decision for the pool; records it in the policy's history."""
@@ -303,9 +312,10 @@ class ScalingPolicy:
         elif pressure:
             base = max(need, current)
             target = base
-            pending = starting > 0 and self._fast_target is not None and ready < self._fast_target
-            late = pending and self._fast_at is not None and now - self._fast_at >= cold
-            if not pending or late:
+            # One step per cold start: before that the last step's replicas are starting, or
+            # have just landed while the indicators (windows of TTFT and burn) still lag.
+            recent = self._fast_at is not None and now - self._fast_at < cold
+            if not recent:
                 step = max(cfg.fast_step_min, math.ceil(growth * cold - EPSILON))
                 if base + step > cfg.max_replicas:
                     held_by = "max_replicas"
@@ -313,7 +323,6 @@ class ScalingPolicy:
                 if target > base:
                     fast = True
                     self._fast_at = now
-                    self._fast_target = target
             else:
                 held_by = "starting"
             reason = self._reason(target, current, fast)
@@ -327,6 +336,14 @@ class ScalingPolicy:
         self._window.append((now, window_value))
         while self._window and self._window[0][0] < now - cfg.scale_down_window_s:
             self._window.popleft()
+        # Scale-up rate: at most max(max_scale_up_replicas, fraction x ready) more replicas
+        # than current per tick, so one burst cannot start a whole cluster at once.
+        rate_cap = current + max(
+            cfg.max_scale_up_replicas, math.ceil(cfg.max_scale_up_fraction * ready - EPSILON)
+        )
+        if target > rate_cap:
+            target = rate_cap
+            held_by = "scale_up_rate"
         if ready == 0 and target > 0:
             reason = "from_zero"
 
@@ -342,6 +359,13 @@ class ScalingPolicy:
             warm = 0
         else:
             warm = min(cfg.max_warm_replicas, max(0, math.ceil(growth * cold - EPSILON)))
+        # Held like ready replicas: it rises at once and falls only after the stable window
+        # (a warm replica costs a cold start to bring back).
+        self._warm_window.append((now, warm))
+        while self._warm_window and self._warm_window[0][0] < now - cfg.scale_down_window_s:
+            self._warm_window.popleft()
+        if target > 0 or cfg.warm_replicas is not None:
+            warm = max(v for _, v in self._warm_window)
         warm = max(0, min(warm, cfg.max_replicas - target))
 
         chain = {

@@ -52,6 +52,7 @@ def sig(now: float, **fields: Any) -> PoolSignals:
 def cfg(**fields: Any) -> ScalerConfig:
     fields.setdefault("max_replicas", 50)
     fields.setdefault("headroom", 0.0)
+    fields.setdefault("max_scale_up_replicas", 1000)  # the rate cap has its own test
     return ScalerConfig(**fields)
 
 
@@ -228,10 +229,14 @@ def test_a_late_start_allows_one_more_step() -> None:
     assert again.desired_ready == d.desired_ready
 
 
-def test_once_the_step_is_ready_a_firing_indicator_steps_again() -> None:
-    policy = ScalingPolicy(cfg())
+def test_a_landed_step_settles_one_cold_start_before_the_next() -> None:
+    """The step's replica is ready but the lagging indicator still fires: no new step until
+    one cold start (10 s) after the last; then, still firing, one more."""
+    policy = ScalingPolicy(cfg(default_cold_start_s=10.0))
     assert policy.decide(sig(0.0, in_flight=40, ttft_p95_s=0.9)).desired_ready == 5
     d = policy.decide(sig(TICK, ready=5, in_flight=40, ttft_p95_s=0.9))
+    assert (d.fast, d.desired_ready, d.held_by) == (False, 5, "starting")
+    d = policy.decide(sig(2 * TICK, ready=5, in_flight=40, ttft_p95_s=0.9))
     assert d.fast and d.desired_ready == 6
 
 
@@ -385,3 +390,30 @@ def test_config_values_out_of_range_are_refused() -> None:
 def test_slope_is_the_least_squares_fit() -> None:
     assert slope([(0.0, 1.0), (5.0, 2.0), (10.0, 3.0)]) == pytest.approx(0.2)
     assert slope([(0.0, 1.0)]) == 0.0
+
+
+def test_a_burst_scales_up_at_most_the_rate_cap_a_tick() -> None:
+    """400 streams at 10 per replica want 40 replicas; from 4 ready one tick adds at most
+    max(4, 100% of 4) = 4, the next (8 ready) 8: a burst never starts a cluster at once."""
+    policy = ScalingPolicy(cfg(max_replicas=100, max_scale_up_replicas=4))
+    d = policy.decide(sig(0.0, in_flight=400))
+    assert (d.desired_ready, d.held_by) == (8, "scale_up_rate")
+    d = policy.decide(sig(TICK, ready=8, in_flight=400))
+    assert (d.desired_ready, d.held_by) == (16, "scale_up_rate")
+    few = ScalingPolicy(cfg(max_replicas=100, max_scale_up_replicas=1, max_scale_up_fraction=0.25))
+    assert few.decide(sig(0.0, in_flight=400)).desired_ready == 5
+
+
+def test_the_warm_pool_falls_only_after_the_stable_window() -> None:
+    """Growth asks for warm replicas at once; when it flattens they are kept for the window
+    (a warm replica costs a cold start to bring back), then released."""
+    policy = ScalingPolicy(cfg(scale_down_window_s=30.0, max_warm_replicas=2))
+    now = ramp(policy, cold=10.0)
+    grown = policy.decide(sig(now + TICK, ready=5, in_flight=50, cold_start_s=10.0))
+    assert grown.desired_warm == 2
+    flat = [
+        policy.decide(sig(now + TICK * (2 + i), ready=5, in_flight=50, cold_start_s=10.0))
+        for i in range(10)
+    ]
+    assert [d.desired_warm for d in flat[:4]] == [2, 2, 2, 2]  # within 30 s of the growth
+    assert flat[-1].desired_warm == 0
