@@ -1,11 +1,13 @@
 """The `kubernetes` actuator against a real kube-apiserver 1.20.2 + etcd on loopback.
 
 Nothing runs Pods there (no controller-manager, no kubelet), so `FakeCluster` plays both:
-its controller watches the Deployment's `spec.replicas` and creates Pods (a simulated worker
-process each, whose gRPC port the Pod's container port `grpc` names) or deletes them, the
-lowest `pod-deletion-cost` first and the newest among equals, as the ReplicaSet controller
-does; its kubelet marks a Pod Ready (podIP 127.0.0.1) through `pods/status` once
-`ready_gate` is open. The actuator runs on a `ManualClock`, so cold starts are exact.
+its controller watches the Deployment's `spec.replicas` and, while `controller_gate` is
+open, brings the live Pods (those without a deletionTimestamp) to it: it creates Pods (a
+simulated worker process each, whose gRPC port the Pod's container port `grpc` names) or
+deletes the surplus in the ReplicaSet controller's order (not Ready before Ready, then the
+lowest `pod-deletion-cost`, then the newest); its kubelet marks a Pod Ready (podIP
+127.0.0.1) through `pods/status` once `ready_gate` is open. Pods without a nodeName go at
+once when deleted. The actuator runs on a `ManualClock`, so cold starts are exact.
 """
 
 from __future__ import annotations
@@ -91,18 +93,29 @@ class FakeCluster:
         self.namespace = namespace
         self.ready_gate = asyncio.Event()
         self.ready_gate.set()
+        self.controller_gate = asyncio.Event()
+        self.controller_gate.set()
         self.sims: dict[str, asyncio.subprocess.Process] = {}
         self.ready: set[str] = set()
-        self.deleted: list[tuple[str, str]] = []  # (pod, its deletion cost when deleted)
-        self._order: list[str] = []  # pods, oldest first
+        self.desired: int | None = None  # the Deployment's spec.replicas as last watched
+        self.reconciles = 0  # reconciliations finished
+        self.deleted: list[tuple[str, str]] = []  # (pod, its deletion cost), whoever deleted
+        self.controller_deleted: list[str] = []  # the pods this controller deleted
+        self._changed = asyncio.Event()
+        self._order: list[str] = []  # live pods it created, oldest first
         self._count = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._run: asyncio.Task[None] | None = None
+        self._runs: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self._run = asyncio.get_running_loop().create_task(self._controller())
+        loop = asyncio.get_running_loop()
+        self._runs = [
+            loop.create_task(self._watch_deployment()),
+            loop.create_task(self._watch_pods()),
+            loop.create_task(self._controller()),
+        ]
 
-    async def _controller(self) -> None:
+    async def _watch_deployment(self) -> None:
         watcher = k8s_watch.Watch()
         async with watcher:
             async for event in watcher.stream(
@@ -111,26 +124,51 @@ class FakeCluster:
                 field_selector=f"metadata.name={NAME}",
             ):
                 if event["type"] in ("ADDED", "MODIFIED"):
-                    await self._reconcile(int(event["object"].spec.replicas or 0))
+                    self.desired = int(event["object"].spec.replicas or 0)
+                    self._changed.set()
+
+    async def _watch_pods(self) -> None:
+        watcher = k8s_watch.Watch()
+        async with watcher:
+            async for event in watcher.stream(
+                self.core.list_namespaced_pod, self.namespace, label_selector=SELECTOR
+            ):
+                if event["type"] == "DELETED":
+                    meta = event["object"].metadata
+                    cost = (meta.annotations or {}).get(DELETION_COST, "0")
+                    self.deleted.append((meta.name, cost))
+
+    async def _controller(self) -> None:
+        while True:
+            await self._changed.wait()
+            await self.controller_gate.wait()
+            self._changed.clear()
+            assert self.desired is not None
+            await self._reconcile(self.desired)
+            self.reconciles += 1
 
     async def _reconcile(self, desired: int) -> None:
+        pods = (await self.core.list_namespaced_pod(self.namespace, label_selector=SELECTOR)).items
+        live = {p.metadata.name: p for p in pods if p.metadata.deletion_timestamp is None}
+        for name in [n for n in self._order if n not in live]:  # deleted by someone else
+            self._order.remove(name)
+            await terminate([self.sims.pop(name)], 2.0)
         while len(self._order) < desired:
             await self._create()
         if len(self._order) > desired:
-            pods = (
-                await self.core.list_namespaced_pod(self.namespace, label_selector=SELECTOR)
-            ).items
-            cost = {
-                p.metadata.name: (p.metadata.annotations or {}).get(DELETION_COST, "0")
-                for p in pods
-            }
-            # Lowest cost first; among equals the newest (the ReplicaSet controller's order).
-            victims = sorted(
-                self._order, key=lambda n: (int(cost.get(n, "0")), -self._order.index(n))
-            )[: len(self._order) - desired]
-            for name in victims:
+
+            def rank(name: str) -> tuple[bool, int, int]:
+                pod = live[name]
+                ready = any(
+                    c.type == "Ready" and c.status == "True"
+                    for c in (pod.status.conditions if pod.status else None) or []
+                )
+                cost = int((pod.metadata.annotations or {}).get(DELETION_COST, "0"))
+                return ready, cost, -self._order.index(name)
+
+            for name in sorted(self._order, key=rank)[: len(self._order) - desired]:
                 self._order.remove(name)
-                self.deleted.append((name, cost.get(name, "0")))
+                self.controller_deleted.append(name)
                 await self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
                 await terminate([self.sims.pop(name)], 2.0)
 
@@ -162,8 +200,13 @@ class FakeCluster:
         await self.core.patch_namespaced_pod_status(name, self.namespace, status)
         self.ready.add(name)
 
+    async def live(self) -> set[str]:
+        """The names of the Pods there now without a deletionTimestamp."""
+        pods = (await self.core.list_namespaced_pod(self.namespace, label_selector=SELECTOR)).items
+        return {p.metadata.name for p in pods if p.metadata.deletion_timestamp is None}
+
     async def close(self) -> None:
-        for task in [*self._tasks, *([self._run] if self._run else [])]:
+        for task in [*self._tasks, *self._runs]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -216,7 +259,7 @@ def states(act: KubernetesActuator) -> dict[str, MemberState]:
 async def replicas(api: tuple[k8s.ApiClient, str]) -> int:
     client, namespace = api
     scale = await k8s.AppsV1Api(client).read_namespaced_deployment_scale(NAME, namespace)
-    return int(scale.spec.replicas)
+    return int(scale.spec.replicas or 0)
 
 
 async def test_start_scales_up_and_new_pods_become_ready_members_with_cold_start(
@@ -254,7 +297,70 @@ async def test_start_scales_up_and_new_pods_become_ready_members_with_cold_start
         await cluster.close()
 
 
-async def test_stop_annotates_the_pod_scales_down_and_returns_once_it_is_gone(
+async def test_replicas_asked_for_are_starting_members_until_their_pods_replace_them(
+    kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
+) -> None:
+    cluster = await deployment(api, 0)
+    clock = ManualClock(100.0)
+    act = actuator(kube_api, api[1], clock)
+    try:
+        await act.open()
+        assert act.members() == []
+        cluster.controller_gate.clear()  # a slow controller (or a quota): no Pods yet
+        cluster.ready_gate.clear()
+        sizes: list[int] = []
+        act.subscribe(lambda: sizes.append(len(act.members())))
+        await act.start(2)
+        assert await replicas(api) == 2
+        assert [(m.member_id, m.url, m.state, m.asked_at) for m in act.members()] == [
+            ("ask-1", None, MemberState.STARTING, 100.0),
+            ("ask-2", None, MemberState.STARTING, 100.0),
+        ]
+        cluster.controller_gate.set()
+        assert await eventually(lambda: set(states(act)) == {f"{NAME}-1", f"{NAME}-2"}, 60)
+        assert [(m.state, m.asked_at) for m in act.members()] == [(MemberState.STARTING, 100.0)] * 2
+        assert max(sizes) == 2  # each Pod took its placeholder's place, never beside it
+        clock.advance(5.0)
+        cluster.ready_gate.set()
+        assert await eventually(lambda: set(states(act).values()) == {MemberState.READY}, 30)
+        assert act.cold_start_s() == 5.0
+        assert act.failed_starts == 0
+    finally:
+        await act.close()
+        await cluster.close()
+
+
+async def test_an_ask_no_pod_came_for_is_given_back_at_the_startup_timeout_or_on_stop(
+    kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
+) -> None:
+    cluster = await deployment(api, 0)
+    clock = ManualClock()
+    act = actuator(kube_api, api[1], clock, startup_timeout_s=60.0)
+    try:
+        await act.open()
+        cluster.controller_gate.clear()  # no Pod ever comes
+        await act.start(2)
+        assert set(states(act)) == {"ask-1", "ask-2"}
+        await act.stop("ask-2")
+        assert await replicas(api) == 1
+        assert set(states(act)) == {"ask-1"}
+        clock.advance(59.0)
+        assert set(states(act)) == {"ask-1"}
+        with capture_logs() as logs:
+            clock.advance(1.0)
+            assert act.members() == []
+            assert await eventually(lambda: cluster.desired == 0, 10)
+        assert act.failed_starts == 1
+        failed = [entry for entry in logs if entry["event"] == "scaler_start_failed"]
+        assert [entry["member"] for entry in failed] == ["ask-1"]
+        assert "60 s" in failed[0]["reason"]
+        assert await replicas(api) == 0
+    finally:
+        await act.close()
+        await cluster.close()
+
+
+async def test_stop_annotates_the_pod_scales_down_deletes_it_and_returns_once_it_is_gone(
     kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
 ) -> None:
     cluster = await deployment(api, 2)
@@ -266,11 +372,49 @@ async def test_stop_annotates_the_pod_scales_down_and_returns_once_it_is_gone(
         act.subscribe(lambda: seen.append(states(act)))
         # The oldest Pod: without the annotation the controller would delete the newest.
         await act.stop(f"{NAME}-1")
+        assert await eventually(lambda: len(cluster.deleted) == 1, 10)
         assert cluster.deleted == [(f"{NAME}-1", LOWEST_DELETION_COST)]
         assert await replicas(api) == 1
+        assert await cluster.live() == {f"{NAME}-2"}
         assert states(act) == {f"{NAME}-2": MemberState.READY}
         assert {f"{NAME}-1": MemberState.STOPPING, f"{NAME}-2": MemberState.READY} in seen
     finally:
+        await act.close()
+        await cluster.close()
+
+
+async def test_stop_removes_a_ready_victim_not_the_pod_still_starting(
+    kube_api: KubeApiServer, api: tuple[k8s.ApiClient, str]
+) -> None:
+    cluster = await deployment(api, 1)
+    act = actuator(kube_api, api[1], ManualClock())
+    stopping: asyncio.Task[None] | None = None
+    try:
+        await act.open()
+        cluster.ready_gate.clear()
+        await act.start(1)
+        assert await eventually(lambda: f"{NAME}-2" in states(act), 60)
+        assert states(act) == {f"{NAME}-1": MemberState.READY, f"{NAME}-2": MemberState.STARTING}
+        # The ReplicaSet controller acts two hops after the scale (Deployment controller, then
+        # ReplicaSet): the gate holds it until the actuator is done.
+        cluster.controller_gate.clear()
+        stopping = asyncio.get_running_loop().create_task(act.stop(f"{NAME}-1"))
+        stopped = await eventually(stopping.done, 10)
+        assert await eventually(lambda: cluster.desired == 1, 10)
+        before = cluster.reconciles
+        cluster.controller_gate.set()
+        assert await eventually(lambda: cluster.reconciles > before, 30)
+        # Ranking not Ready first, the controller would have taken the starting Pod.
+        assert cluster.controller_deleted == []
+        assert stopped
+        assert await cluster.live() == {f"{NAME}-2"}
+        assert await replicas(api) == 1
+        assert states(act) == {f"{NAME}-2": MemberState.STARTING}
+        assert await eventually(lambda: len(cluster.deleted) == 1, 10)
+        assert cluster.deleted == [(f"{NAME}-1", LOWEST_DELETION_COST)]
+    finally:
+        if stopping is not None and not stopping.done():
+            stopping.cancel()
         await act.close()
         await cluster.close()
 

@@ -14,26 +14,41 @@ was created after one (the oldest such ask still unmatched), else the Pod's
 creationTimestamp on this clock; a cold start (asked_at -> the first time it is seen Ready)
 is measured for Pods seen not Ready first or matched to an ask.
 
+Every replica asked for is a member from the ask on: until a Pod is matched to it, an ask
+is a STARTING placeholder (member_id `ask-<n>`, url None, asked_at the ask's time), which
+the matched Pod replaces; so a scale-up a ResourceQuota or a slow controller holds back is
+counted as asked for and not asked again. A placeholder still unmatched `startup_timeout_s`
+after its ask is a failed start (`scaler_start_failed`, `failed_starts`) and replicas are
+patched down by one for it; `stop("ask-<n>")` cancels the ask the same way (no Pod to wait
+for). Startup timeouts of Pods are left to Kubernetes (startup/readiness probes): a Pod that
+never gets Ready stays STARTING.
+
 `start(count)` reads the scale subresource and patches `spec.replicas` to current + count
-(with the read resourceVersion as a precondition; retried on 409 Conflict). `stop(pod)`
-annotates the Pod `controller.kubernetes.io/pod-deletion-cost: "-2147483647"` (the
-ReplicaSet controller deletes the cheapest Pod first; Kubernetes 1.21+ honours it, beta
-from 1.22), patches replicas to current - 1 and returns once the Pod is gone from the
-watch. A StatefulSet always removes its highest ordinal, so there only `{name}-{replicas-1}`
-can be stopped (and it is not annotated). Every API failure is an `ActuatorError` naming the
+(with the read resourceVersion as a precondition; retried on 409 Conflict). `stop(pod)` of a
+Deployment annotates the Pod `controller.kubernetes.io/pod-deletion-cost: "-2147483647"`,
+patches replicas to current - 1, deletes the Pod itself (its own grace period; 404 counts as
+done) and returns once the Pod is gone from the watch. The delete is what picks the victim:
+the ReplicaSet controller ranks unscheduled < pending < not ready < ready before it reads
+the deletion cost (Kubernetes 1.21+, beta from 1.22), so with any Pod starting it would
+remove that one; it acts two hops after the scale (Deployment controller, then ReplicaSet),
+by when the victim's delete has normally landed and nothing is left to choose, and the
+annotation covers a controller that gets there first while all Pods are Ready. A
+StatefulSet always removes its highest ordinal, so there only `{name}-{replicas-1}` can be
+stopped (neither annotated nor deleted). Every API failure is an `ActuatorError` naming the
 call, the HTTP status and the server's message (on 403, the RBAC permission it needs).
-Startup timeouts are left to Kubernetes (startup/readiness probes): a Pod that never gets
-Ready stays STARTING.
+
+RBAC in `namespace`: get and patch `deployments/scale` (or `statefulsets/scale`); list and
+watch `pods`; patch and delete `pods` (a Deployment's `stop`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,7 +61,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from homing.clock import Clock
+from homing.clock import Clock, TimerHandle
 from homing.scaler.actuators.base import (
     ActuatorError,
     ColdStarts,
@@ -83,6 +98,20 @@ class _Pod:
     ready_at: float | None = None
 
 
+@dataclass
+class _Ask:
+    """One replica asked for that no Pod has been matched to yet."""
+
+    seq: int
+    asked_at: float  # clock seconds
+    wall: float  # time.time() of the ask, to compare with creationTimestamps
+    timer: TimerHandle | None = None  # its startup timeout
+
+    @property
+    def member_id(self) -> str:
+        return f"ask-{self.seq}"
+
+
 def _parse_time(stamp: str | None) -> float | None:
     """Wall-clock seconds of an RFC 3339 timestamp ("2024-01-01T00:00:00Z"); None if absent."""
     if not stamp:
@@ -97,10 +126,12 @@ class KubernetesActuator:
     `port_name`: the name of the container port the engine serves gRPC on, or its number.
     `kubeconfig`: a kubeconfig file; None loads the in-cluster service account when
     KUBERNETES_SERVICE_HOST is set, else the default kubeconfig (~/.kube/config, $KUBECONFIG).
-    `stop_timeout_s` (clock seconds) bounds `stop`; `request_timeout_s` (real seconds) each
-    API call; `watch_timeout_s` is the server-side length of one watch before it is resumed.
-    Call `open()` (or any of `start`/`stop`) inside the event loop before `members()` says
-    anything; `close()` stops watching. Raises `ActuatorError` as the module docstring says.
+    `stop_timeout_s` (clock seconds) bounds `stop`; `startup_timeout_s` (clock seconds) how
+    long an ask may wait for its Pod; `request_timeout_s` (real seconds) each API call;
+    `watch_timeout_s` is the server-side length of one watch before it is resumed. Call
+    `open()` (or any of `start`/`stop`) inside the event loop before `members()` says
+    anything; `close()` stops watching and forgets unmatched asks. Raises `ActuatorError` as
+    the module docstring says.
     """
 
     def __init__(
@@ -114,6 +145,7 @@ class KubernetesActuator:
         port_name: str | int = "grpc",
         kubeconfig: str | None = None,
         stop_timeout_s: float = 300.0,
+        startup_timeout_s: float = 600.0,
         request_timeout_s: float = 30.0,
         watch_timeout_s: int = 240,
     ) -> None:
@@ -130,12 +162,15 @@ class KubernetesActuator:
         self._clock = clock
         self._kubeconfig = kubeconfig
         self._stop_timeout_s = stop_timeout_s
+        self._startup_timeout_s = startup_timeout_s
         self._request_timeout_s = request_timeout_s
         self._watch_timeout_s = watch_timeout_s
         self._pods: dict[str, _Pod] = {}
         self._stopping: set[str] = set()
         self._failed: set[str] = set()  # Pods already counted as failed starts
-        self._asks: deque[tuple[float, float]] = deque()  # (clock time, wall time) per replica
+        self._asks: dict[str, _Ask] = {}  # by member_id, oldest first
+        self._ask_seq = itertools.count(1)
+        self._background: set[asyncio.Task[None]] = set()  # replicas given back for asks
         self._gone: dict[str, asyncio.Event] = {}
         self._cold = ColdStarts()
         self._listeners = Listeners()
@@ -148,7 +183,8 @@ class KubernetesActuator:
     # -- the Actuator protocol -------------------------------------------------------------
 
     def members(self) -> list[Member]:
-        """One member per Pod seen now, by Pod name."""
+        """One member per Pod seen now, by Pod name, then one per unmatched ask, oldest
+        first."""
         return list(self._last)
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
@@ -165,13 +201,31 @@ class KubernetesActuator:
             raise ValueError(f"count must be at least 1, not {count}")
         await self.open()
         async with self._scale_lock:
-            await self._scale(count, lambda _: None)
+            # Asked before the patch: the controller may create a Pod before the reply comes.
+            now, wall = self._clock.now(), time.time()
+            asks = [_Ask(next(self._ask_seq), now, wall) for _ in range(count)]
+            for ask in asks:
+                self._asks[ask.member_id] = ask
+                self._arm(ask)
+            try:
+                await self._scale(count, lambda _: None)
+            except BaseException:
+                for ask in asks:
+                    self._forget(ask)
+                self._publish()
+                raise
+            self._publish()
 
     async def stop(self, member_id: str) -> None:
         """Make `member_id`'s Pod the one removed, scale down by one and wait (at most
-        `stop_timeout_s`) until the Pod is gone; ActuatorError when it is not a member, is
-        not the StatefulSet's highest ordinal, or is still there at the timeout."""
+        `stop_timeout_s`) until the Pod is gone; for an `ask-<n>` placeholder, cancel that ask
+        (replicas - 1) and return once patched. ActuatorError when it is not a member, is not
+        the StatefulSet's highest ordinal, or is still there at the timeout."""
         await self.open()
+        ask = self._asks.get(member_id)
+        if ask is not None:
+            await self._cancel(ask)
+            return
         if member_id not in self._pods:
             raise ActuatorError(
                 f"{member_id} is not a Pod of {self.workload}/{self.name} in namespace "
@@ -191,6 +245,7 @@ class KubernetesActuator:
                     ),
                 )
                 await self._scale(-1, lambda _: None)
+                await self._delete(member_id)
             self._stopping.add(member_id)
             self._publish()
         try:
@@ -209,12 +264,16 @@ class KubernetesActuator:
             self._publish()
 
     async def close(self) -> None:
-        """Stop watching and close the API client (the Pods stay as they are)."""
+        """Stop watching, forget unmatched asks (replicas given back for expired ones are
+        patched first) and close the API client (the Pods stay as they are)."""
         task, self._watch_task = self._watch_task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for ask in list(self._asks.values()):
+            self._forget(ask)
+        await asyncio.gather(*self._background, return_exceptions=True)
         api, self._api = self._api, None
         if api is not None:
             await api.close()
@@ -376,13 +435,14 @@ class KubernetesActuator:
         now = self._clock.now()
         if known is None:
             created = _parse_time(meta.get("creationTimestamp"))
-            ask = None
+            ask = next(iter(self._asks.values()), None)
             # creationTimestamp has whole seconds: a Pod created within the second of an ask
             # may belong to it.
-            if self._asks and (created is None or created >= int(self._asks[0][1])):
-                ask = self._asks.popleft()
+            if ask is not None and created is not None and created < int(ask.wall):
+                ask = None
             if ask is not None:
-                asked_at = ask[0]
+                self._forget(ask)
+                asked_at = ask.asked_at
             elif created is not None:
                 asked_at = now - max(0.0, time.time() - created)
             else:
@@ -427,7 +487,7 @@ class KubernetesActuator:
 
     def _publish(self) -> None:
         """Recompute the members; notify the listeners when they changed."""
-        members = tuple(
+        pods = tuple(
             Member(
                 member_id=pod.name,
                 url=pod.url,
@@ -443,9 +503,83 @@ class KubernetesActuator:
             )
             for pod in sorted(self._pods.values(), key=lambda p: p.name)
         )
+        asks = tuple(
+            Member(
+                member_id=ask.member_id,
+                url=None,
+                state=MemberState.STARTING,
+                asked_at=ask.asked_at,
+                ready_at=None,
+            )
+            for ask in self._asks.values()
+        )
+        members = pods + asks
         if members != self._last:
             self._last = members
             self._listeners.notify()
+
+    # -- asks ------------------------------------------------------------------------------
+
+    def _arm(self, ask: _Ask) -> None:
+        """(Re)start `ask`'s startup timeout, counted from its asked_at."""
+        left = self._startup_timeout_s - (self._clock.now() - ask.asked_at)
+        ask.timer = self._clock.call_later(max(0.0, left), lambda: self._expire(ask))
+
+    def _forget(self, ask: _Ask) -> None:
+        """Drop `ask` (matched, cancelled or expired) and its timer; idempotent."""
+        self._asks.pop(ask.member_id, None)
+        if ask.timer is not None:
+            ask.timer.cancel()
+            ask.timer = None
+
+    def _expire(self, ask: _Ask) -> None:
+        """No Pod came for `ask` in time: a failed start, and its replica is given back."""
+        if self._asks.get(ask.member_id) is not ask:
+            return
+        self._forget(ask)
+        self.failed_starts += 1
+        log.warning(
+            "scaler_start_failed",
+            actuator="kubernetes",
+            member=ask.member_id,
+            reason=f"no Pod of {self.workload}/{self.name} came within "
+            f"{self._startup_timeout_s:g} s of the scale-up (a ResourceQuota, an admission "
+            f"webhook or a stalled controller?)",
+        )
+        self._publish()
+        task = asyncio.get_running_loop().create_task(self._give_back(ask))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _give_back(self, ask: _Ask) -> None:
+        """Patch replicas down by one for an expired `ask`; a failure is logged."""
+        try:
+            async with self._scale_lock:
+                if self._api is not None:
+                    await self._scale(-1, lambda _: None)
+        except ActuatorError as error:
+            log.warning(
+                "scaler_kubernetes_give_back_failed",
+                workload=f"{self.workload}/{self.name}",
+                namespace=self.namespace,
+                member=ask.member_id,
+                error=str(error),
+            )
+
+    async def _cancel(self, ask: _Ask) -> None:
+        """`stop` of a placeholder: drop the ask at once, patch replicas down by one; on
+        failure the ask is back (its timeout still counted from asked_at) and it raises."""
+        self._forget(ask)
+        self._publish()
+        try:
+            async with self._scale_lock:
+                await self._scale(-1, lambda _: None)
+        except BaseException:
+            self._asks[ask.member_id] = ask
+            self._asks = dict(sorted(self._asks.items(), key=lambda item: item[1].seq))
+            self._arm(ask)
+            self._publish()
+            raise
 
     # -- scale subresource -----------------------------------------------------------------
 
@@ -497,8 +631,6 @@ class KubernetesActuator:
                 )
             except _Conflict:
                 continue
-            now, wall = self._clock.now(), time.time()
-            self._asks.extend((now, wall) for _ in range(delta))
             log.info(
                 "scaler_kubernetes_scaled",
                 workload=f"{self.workload}/{self.name}",
@@ -507,6 +639,20 @@ class KubernetesActuator:
                 replicas_to=target,
             )
             return
+
+    async def _delete(self, pod: str) -> None:
+        """Delete `pod` with its own grace period; already gone (404) counts as done."""
+        try:
+            await self._call(
+                f"delete Pod {pod}",
+                "delete pods",
+                self._core().delete_namespaced_pod(
+                    pod, self.namespace, _request_timeout=self._request_timeout_s
+                ),
+            )
+        except ActuatorError as error:
+            if not isinstance(error.__cause__, ApiException) or error.__cause__.status != 404:
+                raise
 
     # -- API calls -------------------------------------------------------------------------
 
