@@ -8,6 +8,7 @@ and the script's call log with a deadline, never by fixed sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ from homing.embedded import SimLauncher
 from homing.engines.client import EngineClient
 from homing.scaler.actuators.base import ActuatorError, MemberState
 from homing.scaler.actuators.exec import ExecActuator
-from homing.scaler.actuators.local import CommandTemplate, LocalActuator
+from homing.scaler.actuators.local import CommandSpawner, CommandTemplate, LocalActuator
 
 SCRIPT = Path(__file__).resolve().parent.parent / "data" / "exec_actuator.py"
 FAST_SIM = SimSettings(workers=1, speedup=10.0)
@@ -315,5 +316,30 @@ async def test_exec_member_not_ready_within_its_startup_timeout_is_given_up_and_
         assert actuator.members() == []
         (failed,) = [e for e in logs if e["event"] == "scaler_start_failed"]
         assert failed["member"] == "job-0" and "not ready within 10 s" in failed["reason"]
+    finally:
+        await actuator.close()
+
+
+async def test_local_starts_at_most_max_concurrent_starts_processes_at_once(
+    tmp_path: Path,
+) -> None:
+    """With one start slot, of two members asked for only the first has a process until it
+    is ready; the second stays STARTING with none, then starts and serves too."""
+    actuator = LocalActuator(
+        CommandSpawner(CommandTemplate(SIM_COMMAND), model="llama-3.1-8b", log_dir=tmp_path),
+        clock=SystemClock(),
+        stop_grace_s=5.0,
+        max_concurrent_starts=1,
+    )
+    try:
+        await actuator.start(2)
+        first, second = (m.member_id for m in actuator.members())
+        assert await eventually(lambda: actuator.pid(first) is not None, 30)
+        while actuator.members()[0].state is MemberState.STARTING:
+            assert actuator.pid(second) is None  # waiting for the slot
+            await asyncio.sleep(0.01)
+        assert await eventually(
+            lambda: [m.state for m in actuator.members()] == [MemberState.READY] * 2, 60
+        )
     finally:
         await actuator.close()

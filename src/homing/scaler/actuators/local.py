@@ -59,6 +59,8 @@ LOG_TAIL_LINES = 5
 LOG_TAIL_BYTES = 4096
 #: Placeholders a `CommandTemplate` may use.
 PLACEHOLDERS = frozenset({"port", "host", "model", "index"})
+#: Replica processes one local actuator starts at once (the CPUs of a small host).
+MAX_CONCURRENT_STARTS = 4
 #: The loopback address command-template replicas are told to bind and are reached on.
 HOST = "127.0.0.1"
 
@@ -92,6 +94,10 @@ class CommandTemplate:
                         f"command template: {where} {text!r} has unknown placeholder "
                         f"{{{name}}}; known: {', '.join(sorted(PLACEHOLDERS))}"
                     )
+        try:  # a format spec or conversion (`{port:zz}`, `{port!z}`) fails only on filling in
+            self.render(port=1, model="model", index=0)
+        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as err:
+            raise ValueError(f"command template: cannot be filled in: {err}") from None
 
     def render(
         self, *, port: int, model: str, index: int, host: str = HOST
@@ -308,8 +314,10 @@ def _free_port() -> int:
 class LocalActuator:
     """Replicas as child processes started by `spawner` (see the module docstring).
 
-    `startup_timeout_s`: per start, from asked to ready. `stop_grace_s`: SIGTERM to SIGKILL.
-    Members are named `local-<index>`.
+    `startup_timeout_s`: per start, from its spawn to ready. `stop_grace_s`: SIGTERM to
+    SIGKILL. `max_concurrent_starts`: processes starting at once (the others stay STARTING,
+    queued): a start loads weights and imports a framework, so one host starting dozens at
+    once starves them all. Members are named `local-<index>`.
     """
 
     kind = "local"
@@ -321,7 +329,11 @@ class LocalActuator:
         clock: Clock,
         startup_timeout_s: float = 120.0,
         stop_grace_s: float = 25.0,
+        max_concurrent_starts: int = MAX_CONCURRENT_STARTS,
     ) -> None:
+        if max_concurrent_starts < 1:
+            raise ValueError("max_concurrent_starts must be at least 1")
+        self._start_slots = asyncio.Semaphore(max_concurrent_starts)
         self.spawner = spawner
         self.clock = clock
         self.startup_timeout_s = startup_timeout_s
@@ -415,10 +427,11 @@ class LocalActuator:
             self._pids[member_id] = pid
 
         try:
-            async with self.clock.timeout(self.startup_timeout_s):
-                replica = await self.spawner.spawn(
-                    member_id, index, clock=self.clock, started=started
-                )
+            async with self._start_slots:  # the timeout counts from the spawn, not the wait
+                async with self.clock.timeout(self.startup_timeout_s):
+                    replica = await self.spawner.spawn(
+                        member_id, index, clock=self.clock, started=started
+                    )
         except TimeoutError:
             self._failed(member_id, f"did not answer within {self.startup_timeout_s:g} s")
             return
