@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
 import socket
 import time
 from collections.abc import Awaitable, Mapping
-from typing import get_args
+from typing import Any, get_args
 
 import structlog
 from aiohttp import web
@@ -32,6 +34,7 @@ from homing.config import (
     ModelSettings,
     RouterModelSettings,
     RouterSettings,
+    ScalerSettings,
     SloSettings,
     TenantSettings,
 )
@@ -69,6 +72,13 @@ from homing.router.settings import apply_model_settings, policy_configs, router_
 from homing.scaler.actuators.base import Actuator
 from homing.scaler.build import build_actuator, start_members
 from homing.scaler.capacity import CapacityEstimator
+from homing.scaler.leader import (
+    Elector,
+    KubernetesElector,
+    RedisElector,
+    SingleElector,
+    lease_name,
+)
 from homing.scaler.loop import PoolScaler, Scaler
 from homing.scaler.metrics import ScalerMetrics
 from homing.scaler.settings import gpus_per_replica, scaler_config, seed_capacity
@@ -127,6 +137,8 @@ class App:
         self.scaler: Scaler | None = None
         self.scaler_metrics: ScalerMetrics | None = None
         self._scaler_task: asyncio.Task[None] | None = None
+        self._electors: list[asyncio.Task[None]] = []
+        self._leader_redis: Any = None  # the Redis client of the scaler's leases
         # Each autoscaled model's demand as the gateway sees it (homing.obs.demand).
         self.demand: dict[str, DemandMeter] = {}
         self._clock: Clock = SystemClock()
@@ -248,7 +260,9 @@ class App:
             actuator = build_actuator(cfg, spec, scaler, clock=self._clock)
             self._actuators[index] = actuator
             count = 0 if workers else max(1, scaler.min_replicas)
-            urls = await start_members(actuator, count, scaler.startup_timeout_s + 30.0)
+            urls = await start_members(
+                actuator, count, scaler.startup_timeout_s + 30.0, clock=self._clock
+            )
             known = {w.url for w in workers if isinstance(w, WorkerSpec)}
             workers += [WorkerSpec(u, spec.version) for u in urls if u not in known]
             return workers, health_timeout_s
@@ -493,6 +507,7 @@ class App:
                     drain_timeout_s=cfg.gateway.request_timeout_s + CUT_GRACE_S,
                     version=spec.version,
                     metrics=self.scaler_metrics,
+                    elector=self._elector(settings, model_id),
                 )
             )
             log.info(
@@ -514,11 +529,68 @@ class App:
             tick_s=min(p.config.tick_s for p in pools),
             gpu_budget=cfg.scaler.gpu_budget,
         )
+        for p in pools:
+            if p.config.scale_to_zero and p.config.min_replicas == 0 and not p.advisory:
+                self._hold_at_zero(p, scaler)
         scaler.start()
+        for p in pools:
+            if not isinstance(p.elector, SingleElector):
+                elect = asyncio.get_running_loop().create_task(
+                    p.elector.run(), name=f"scaler-leader-{p.model}"
+                )
+                self._electors.append(elect)
         task = asyncio.get_running_loop().create_task(scaler.run(), name="scaler")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         self._scaler_task = task
+
+    def _elector(self, settings: ScalerSettings, model_id: str) -> Elector:
+        """Who actuates `model_id`'s pool among the gateway instances (`scaler.leader`)."""
+        identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        if settings.leader == "redis":
+            import redis.asyncio as aioredis
+
+            url = settings.leader_redis_url or self.config.quotas.redis_url
+            if self._leader_redis is None:
+                self._leader_redis = aioredis.Redis.from_url(url)
+            return RedisElector(
+                self._leader_redis,
+                name=model_id,
+                identity=identity,
+                clock=self._clock,
+                lease_s=settings.leader_lease_s,
+                key_prefix=self.config.quotas.key_prefix,
+            )
+        if settings.leader == "kubernetes":
+            k = settings.kubernetes
+            namespace = settings.leader_namespace or (k.namespace if k else "default")
+            return KubernetesElector(
+                namespace=namespace,
+                name=lease_name(model_id),
+                identity=identity,
+                clock=self._clock,
+                lease_s=settings.leader_lease_s,
+                kubeconfig=k.kubeconfig if k else None,
+            )
+        return SingleElector()
+
+    def _hold_at_zero(self, p: PoolScaler, scaler: Scaler) -> None:
+        """Scale to zero: the model's requests wait at no replica, wake the scaler, and are
+        refused past the queue timeout with the expected start as Retry-After."""
+        admission = p.dispatch.admission
+        if not isinstance(admission, AdmissionController) or not admission.settings.enabled:
+            log.warning("scale_to_zero_without_admission", model=p.model)
+            return
+        admission.hold_when_empty = True
+        admission.on_hold = scaler.wake
+        actuator, default = p.actuator, p.config.default_cold_start_s
+
+        def expected_start_s() -> float:
+            measured = actuator.cold_start_s()
+            return measured if measured is not None else default
+
+        admission.expected_start_s = expected_start_s
+        p.dispatch.scales_from_zero = True
 
     async def _start_admin(self, fleet: Fleet) -> None:
         """The admin API on its socket (and TCP port when configured)."""
@@ -550,7 +622,7 @@ class App:
         ready, healthy worker); called on health flips and lifecycle transitions."""
         if self.grpc is None or self.fleet is None or self._stopping:
             return
-        serving = any(m.ready_workers for m in self.fleet.models.values())
+        serving = any(m.can_serve for m in self.fleet.models.values())
         task = asyncio.get_running_loop().create_task(self.grpc.set_serving(serving))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -559,12 +631,32 @@ class App:
         """Drain and stop; safe to call more than once and after a failed start."""
         self._stopping = True
         self.loop_busy.stop()
-        drain = self.config.gateway.drain_timeout_s
         if self._scaler_task is not None:  # no scaling decision races the shutdown
             self._scaler_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._scaler_task
             self._scaler_task = None
+        if self.scaler is not None:  # it no longer joins members nor stops them
+            await self.scaler.close()
+            self.scaler = None
+        electors, self._electors = self._electors, []
+        for task in electors:  # each releases its lease: another instance leads at once
+            task.cancel()
+        await asyncio.gather(*electors, return_exceptions=True)
+        if self._leader_redis is not None:
+            await self._leader_redis.aclose()
+            self._leader_redis = None
+        try:
+            await self._stop_serving()
+        finally:
+            # The actuators stop what they started (local processes) once the pools are
+            # down, or after whatever failed above.
+            actuators, self._actuators = list(self._actuators.values()), {}
+            await asyncio.gather(*(a.close() for a in actuators), return_exceptions=True)
+
+    async def _stop_serving(self) -> None:
+        """`stop` after the autoscaler: listeners, the drain, admission, quotas, pools."""
+        drain = self.config.gateway.drain_timeout_s
         if self.admin is not None:
             await self.admin.stop()  # no worker operation may race the shutdown
             self.admin = None
@@ -607,12 +699,6 @@ class App:
         await asyncio.gather(*(pool.stop() for pool in pools))
         launchers, self.launchers = self.launchers, []
         await asyncio.gather(*(launcher.stop() for launcher in launchers))
-        # The actuators stop what they started (local processes) once the pools are down.
-        if self.scaler is not None:
-            await self.scaler.close()
-            self.scaler = None
-        actuators, self._actuators = list(self._actuators.values()), {}
-        await asyncio.gather(*(a.close() for a in actuators), return_exceptions=True)
 
     # -- readiness and status --
 

@@ -129,6 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
     from homing.daemon.activation import ActivationError
     from homing.daemon.runner import Daemon
     from homing.obs.logging import configure_logging
+    from homing.scaler.actuators.base import ActuatorError
 
     configure_logging(args.log_level)
     try:
@@ -142,6 +143,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ActivationError as err:
         print(f"homing: {error_message(err)}", file=sys.stderr)
         return 2
+    except ActuatorError as err:  # the autoscaler could not start its first replicas
+        print(f"homing: autoscaler: {error_message(err)}", file=sys.stderr)
+        return 1
     except (RuntimeError, TimeoutError) as err:  # a worker that did not start
         print(f"homing: {error_message(err)}", file=sys.stderr)
         return 1

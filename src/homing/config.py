@@ -305,7 +305,7 @@ class ExecActuatorSettings(_Section):
     line (homing.scaler.actuators.exec); `list` every `poll_s`, each call at most
     `timeout_s`."""
 
-    command: list[str] = Field(min_length=1)
+    command: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
     poll_s: _Seconds = 2.0
     timeout_s: _Seconds = 60.0
 
@@ -342,11 +342,17 @@ class ScalerSettings(_Section):
     [`min_replicas`, `max_replicas`]; a fast path adds steps sized by the measured cold
     start (`default_cold_start_s` before one is measured); it scales down only after
     `scale_down_window_s` below, `scale_down_cooldown_s` after a scale-up, beyond
-    `hysteresis`, by at most `max_scale_down_fraction` at a time. `warm_replicas` started
+    `hysteresis`, by at most `max_scale_down_fraction` at a time; up by at most
+    max(`max_scale_up_replicas`, `max_scale_up_fraction` x ready) a tick. `warm_replicas` started
     but idle (None: from the growth expected during one cold start, at most
     `max_warm_replicas`). `scale_to_zero` with `min_replicas = 0`: no replica after
     `idle_to_zero_s` without requests. `gpus_per_replica` (None: the simulated preset's TP,
     else 1) counts against `gpu_budget` (all pools together; set it in `[scaler]`).
+    `leader`: with several gateway instances, the one that actuates the pool: "single"
+    (this instance alone), "redis" (a lease in Redis at `leader_redis_url`, default
+    `quotas.redis_url`) or "kubernetes" (a coordination.k8s.io Lease in `leader_namespace`,
+    default the workload's namespace), renewed within `leader_lease_s`; the others follow
+    the pool's membership and report their decisions as "follower" (homing.scaler.leader).
     """
 
     enabled: bool = Field(default=False, strict=True)
@@ -360,6 +366,10 @@ class ScalerSettings(_Section):
     scale_down_window_s: _Seconds = 120.0
     scale_down_cooldown_s: float = Field(default=60.0, ge=0, allow_inf_nan=False, strict=True)
     hysteresis: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False, strict=True)
+    max_scale_up_replicas: int = Field(default=4, ge=1, le=10_000, strict=True)
+    max_scale_up_fraction: float = Field(
+        default=1.0, gt=0, le=100, allow_inf_nan=False, strict=True
+    )
     max_scale_down_fraction: float = Field(
         default=0.25, gt=0, le=1, allow_inf_nan=False, strict=True
     )
@@ -377,9 +387,13 @@ class ScalerSettings(_Section):
         default=None, gt=0, allow_inf_nan=False, strict=True
     )
     startup_timeout_s: _Seconds = 300.0
-    command: list[str] | None = Field(default=None, min_length=1)
+    command: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
     exec: ExecActuatorSettings | None = None
     kubernetes: KubernetesActuatorSettings | None = None
+    leader: Literal["single", "redis", "kubernetes"] = "single"
+    leader_lease_s: _Seconds = 10.0
+    leader_redis_url: str | None = None
+    leader_namespace: str | None = Field(default=None, min_length=1, max_length=253)
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalerSettings:
@@ -703,6 +717,15 @@ class HomingConfig(_Section):
                 raise ValueError("gpu_budget is for all pools together: set it in [scaler]")
         for m in self.served_models():
             scaler = self.scaler_of(m)
+            if (
+                scaler.enabled
+                and scaler.scale_to_zero
+                and not (self.admission.enabled and self.admission.max_queued > 0)
+            ):
+                raise ValueError(
+                    "scaler.scale_to_zero holds requests in the admission queue while a "
+                    "replica starts: it needs admission.enabled and admission.max_queued > 0"
+                )
             if scaler.enabled and scaler.actuator == "local" and m.workers:
                 raise ValueError(
                     'scaler.actuator = "local" starts the model\'s own workers; a model with '

@@ -125,10 +125,10 @@ async def test_a_load_step_scales_the_pool_up_and_the_new_replicas_serve(make_ap
         d = decisions[MODEL]
         assert (d.desired_ready, d.reason) == (3, "scale_up"), d
         assert await eventually(lambda: _ready(app) == 3, 60.0), _phases(app)
-        served_before = dict(load.by_worker)
         assert await eventually(lambda: len(load.by_worker) == 3, 30.0), load.by_worker
     assert load.failed == []
-    assert set(load.by_worker) - set(served_before) or len(served_before) == 3
+    started = {w.worker_id for w in app.pool.workers()} - {"w0"}
+    assert len(started) == 2 and all(load.by_worker[w] > 0 for w in started)
     members = _actuator(app).members()
     assert len(members) == 3 and all(m.state is MemberState.READY for m in members)
     assert _actuator(app).cold_start_s() > 0
@@ -218,14 +218,132 @@ async def test_advisory_mode_decides_and_never_acts(make_app: Any) -> None:
     assert f'homing_scaler_desired_replicas{{kind="ready",model="{MODEL}"}} 3.0' in text
 
 
-async def test_zero_traffic_keeps_the_minimum_with_finite_figures(make_app: Any) -> None:
-    """No request at all: the decision is the minimum, every figure of its chain is finite,
-    and nothing is started or stopped."""
-    app = await make_app()
-    assert app.scaler is not None
-    for _ in range(3):
+async def test_zero_traffic_scales_down_to_the_minimum_with_finite_figures(
+    make_app: Any,
+) -> None:
+    """No request at all, three replicas, minimum one: once the stable window has passed the
+    pool goes down to one (a quarter, at least one, per tick), every figure of every chain is
+    finite, and no metric of the scaler is NaN."""
+    app = await make_app(min_replicas=3)
+    assert app.scaler is not None and app.pool is not None
+    assert await eventually(lambda: _ready(app) == 3, 30.0)
+    pool_scaler = app.scaler.pools[0]
+    pool_scaler.reconfigure(dataclasses.replace(pool_scaler.config, min_replicas=1))
+    for _ in range(40):
         d = (await app.scaler.step())[MODEL]
-        assert d.desired_ready == 1 and d.desired_warm == 0
+        assert d.desired_warm == 0
         assert all(math.isfinite(v) for v in d.chain.values()), d.chain
-    assert len(_actuator(app).members()) == 1
-    assert json.dumps(d.chain)  # plain numbers, loggable
+        if len(_actuator(app).members()) == 1 and d.desired_ready == 1:
+            break
+        await asyncio.sleep(0.2)  # the stable window (0.5 s) passes between steps
+    assert (d.desired_ready, len(_actuator(app).members())) == (1, 1)
+    assert await eventually(lambda: len(app.pool.workers()) == 1, 30.0)
+    status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{app.http_port}/metrics")
+    scaler_lines = [line for line in body.decode().splitlines() if "homing_scaler_" in line]
+    assert status == 200 and scaler_lines
+    assert not [line for line in scaler_lines if line.endswith("NaN")]
+
+
+def _completion(app: App) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "wake up", "max_tokens": 4}
+
+
+async def _to_zero(app: App) -> None:
+    """Step the idle pool to zero replicas and wait until its last worker has left."""
+    assert app.scaler is not None and app.pool is not None
+    assert (await app.scaler.step())[MODEL].desired_ready == 1  # idle counts from here
+    await asyncio.sleep(0.6)  # idle_to_zero_s (0.5 s) without a request
+    d = (await app.scaler.step())[MODEL]
+    assert (d.desired_ready, d.reason) == (0, "to_zero"), d
+    assert await eventually(lambda: app.pool.workers() == [], 30.0), _phases(app)
+    assert await eventually(lambda: _actuator(app).members() == [], 30.0)
+
+
+async def test_scaled_to_zero_a_request_waits_starts_a_replica_and_is_served(
+    make_app: Any,
+) -> None:
+    """At zero the model stays listed and the gateway ready; a request waits in the admission
+    queue, wakes the scaler (its own tick is an hour away), and is served by the replica that
+    starts for it."""
+    app = await make_app(scale_to_zero=True, min_replicas=0, idle_to_zero_s=0.5)
+    await _to_zero(app)
+    base = f"http://127.0.0.1:{app.http_port}"
+    status, body = await asyncio.to_thread(http_get, base + "/v1/models")
+    assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == [MODEL]
+    status, body = await asyncio.to_thread(http_get, base + "/ready")
+    assert status == 200
+    assert json.loads(body)["models"][MODEL] == {
+        "ready_workers": 0,
+        "workers": 0,
+        "scales_from_zero": True,
+    }
+    async with aiohttp.ClientSession() as session:
+        async with session.post(base + "/v1/completions", json=_completion(app)) as resp:
+            assert resp.status == 200, await resp.text()
+            worker = resp.headers["x-homing-worker"]
+            assert (await resp.json())["usage"]["completion_tokens"] == 4
+    assert app.pool is not None and [w.worker_id for w in app.pool.workers()] == [worker]
+
+
+async def test_past_the_queue_timeout_at_zero_the_503_gives_the_expected_start_time(
+    make_app: Any,
+) -> None:
+    """A request that waits longer than `queue_timeout_s` for the replica starting at zero
+    gets 503 no_capacity with Retry-After = the measured cold start, rounded up."""
+    app = await make_app(scale_to_zero=True, min_replicas=0, idle_to_zero_s=0.5)
+    assert app.admission is not None
+    app.admission.settings = app.admission.settings.model_copy(update={"queue_timeout_s": 0.2})
+    await _to_zero(app)
+    cold = _actuator(app).cold_start_s()
+    assert cold is not None and cold > 0.2
+    expected = max(1, math.ceil(cold))
+    url = f"http://127.0.0.1:{app.http_port}/v1/completions"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, json=_completion(app)) as resp:
+            assert resp.status == 503
+            assert resp.headers["Retry-After"] == str(expected)
+            assert await resp.json() == {
+                "error": {
+                    "message": (
+                        f"No replica of model '{MODEL}' is running; one is being started "
+                        f"(about {expected} s), and the request waited 0.2 s in the admission "
+                        "queue. Retry later."
+                    ),
+                    "type": "service_unavailable_error",
+                    "param": None,
+                    "code": "no_capacity",
+                }
+            }
+    assert app.pool is not None
+    assert await eventually(lambda: _ready(app) == 1, 60.0)  # the start goes on and serves
+
+
+async def test_of_two_instances_one_actuates_and_the_other_takes_over_when_it_stops(
+    make_app: Any, redis_server: Any
+) -> None:
+    """Two gateways with a Redis lease on the same model: one leads; the other decides and
+    reports as a follower but starts nothing; once the leader stops (releasing its lease) the
+    follower leads within a lease and acts."""
+    leased = {"leader": "redis", "leader_lease_s": 1.0, "leader_redis_url": redis_server.url}
+    first = await make_app(**leased)
+    second = await make_app(**leased)
+    apps = [first, second]
+    electors = [a.scaler.pools[0].elector for a in apps]
+    assert await eventually(lambda: sum(e.is_leader for e in electors) == 1, 10.0)
+    leader, follower = apps if electors[0].is_leader else apps[::-1]
+    assert follower.model is not None
+    async with StreamLoad(follower.http_port, model=MODEL, concurrency=6, max_tokens=400):
+        assert await eventually(lambda: follower.model.pool.total_in_flight >= 5, 10.0)
+        with capture_logs() as logs:
+            d = (await follower.scaler.step())[MODEL]
+        assert d.desired_ready == 3
+        decision = next(e for e in logs if e["event"] == "scaler_decision")
+        assert decision["mode"] == "follower"
+        assert len(_actuator(follower).members()) == 1  # it did not act
+        old_token = leader.scaler.pools[0].elector.token
+        await leader.stop()
+        elector = follower.scaler.pools[0].elector
+        assert await eventually(lambda: elector.is_leader, 3.0)
+        assert elector.token > old_token
+        assert (await follower.scaler.step())[MODEL].desired_ready == 3
+        assert await eventually(lambda: len(_actuator(follower).members()) == 3, 10.0)

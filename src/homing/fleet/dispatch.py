@@ -143,6 +143,8 @@ class ModelDispatch:
     `max_context_length` / `max_prompt_tokens` (tokens) come from the pool's discovery and
     stay known after the last worker leaves; `created`: Unix seconds, for `/v1/models`.
     `demand`: gets each routing decision's uncached prompt tokens (None: not metered).
+    `scales_from_zero`: its autoscaler starts a replica for a request that arrives at none
+    (the request waits in admission), so the model can serve with no replica running.
     """
 
     model_id: str
@@ -152,6 +154,7 @@ class ModelDispatch:
     admission: Admitter | None = None
     intervals: StreamIntervalPolicy | None = None
     demand: DemandMeter | None = None
+    scales_from_zero: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     _leases: dict[str, set[Lease]] = field(default_factory=dict)
 
@@ -268,3 +271,8 @@ class ModelDispatch:
     def ready_workers(self) -> int:
         """Workers new requests may go to now."""
         return len(self.pool.routable_workers())
+
+    @property
+    def can_serve(self) -> bool:
+        """A request may be served: a worker is ready, or one is started for it."""
+        return self.scales_from_zero or self.ready_workers > 0

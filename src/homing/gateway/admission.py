@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -248,6 +249,15 @@ class AdmissionController:
         # worker -> (load_at, in_flight after launch) of its last grant; see `grantable`
         self._consumed: dict[str, tuple[float | None, int]] = {}
         self._ticker: asyncio.Task[None] | None = None
+        # Scale to zero: with no routable replica a request waits for one (rather than the
+        # router's 503), `on_hold` tells the autoscaler at once, and a wait past
+        # `queue_timeout_s` is a 503 whose Retry-After is `expected_start_s()`.
+        self.hold_when_empty = False
+        self.on_hold: Callable[[], None] | None = None
+        self.expected_start_s: Callable[[], float] | None = None
+
+    def _empty(self) -> bool:
+        return next(iter(self.snapshots()), None) is None
 
     @property
     def queued(self) -> int:
@@ -265,7 +275,8 @@ class AdmissionController:
         tenant's share full, or `queue_timeout_s` passed)."""
         if not self.settings.enabled:
             return
-        if not self.queue and not self._granted and not self.overloaded():
+        holding = self.hold_when_empty and self._empty()
+        if not holding and not self.queue and not self._granted and not self.overloaded():
             return
         item_id = next(self._ids)
         offer: Offer = "queue_full"
@@ -286,6 +297,8 @@ class AdmissionController:
         self._futures[item_id] = future
         self._gauge()
         self._ensure_ticker()
+        if holding and self.on_hold is not None:
+            self.on_hold()
         queued_at = self.clock.now()
         try:
             async with self.clock.timeout(self.settings.queue_timeout_s):
@@ -293,7 +306,8 @@ class AdmissionController:
         except TimeoutError:
             if not (future.done() and not future.cancelled()):
                 self.queue.remove(item_id)
-                raise self._reject("timeout", tenant, request_id) from None
+                reason = "no_replica" if self.hold_when_empty and self._empty() else "timeout"
+                raise self._reject(reason, tenant, request_id) from None
             # granted just as the timeout fired: take the turn
         except BaseException:
             if (
@@ -349,6 +363,7 @@ class AdmissionController:
     def _reject(self, reason: str, tenant: str | None, request_id: str) -> APIError:
         self.metrics.admission_rejected.labels(reason=reason).inc()
         busy = f"Every replica of model '{self.model_id}' is overloaded"
+        retry_after = self.settings.retry_after_s
         if reason == "tenant_full":
             message = (
                 f"{busy} and your requests already fill your share of the admission queue "
@@ -359,6 +374,15 @@ class AdmissionController:
                 f"{busy} and the admission queue is full; a higher-priority request took "
                 "this one's place. Retry later."
             )
+        elif reason == "no_replica":
+            start_s = self.expected_start_s() if self.expected_start_s is not None else 0.0
+            if math.isfinite(start_s):
+                retry_after = max(retry_after, math.ceil(start_s))
+            message = (
+                f"No replica of model '{self.model_id}' is running; one is being started "
+                f"(about {retry_after} s), and the request waited "
+                f"{self.settings.queue_timeout_s:g} s in the admission queue. Retry later."
+            )
         elif reason == "timeout":
             message = (
                 f"{busy}; the request waited {self.settings.queue_timeout_s:g} s in the "
@@ -367,7 +391,7 @@ class AdmissionController:
         else:
             message = f"{busy} and the admission queue is full; retry later."
         log.info("admission_rejected", request_id=request_id, tenant=tenant, reason=reason)
-        return no_capacity(message, retry_after_s=self.settings.retry_after_s)
+        return no_capacity(message, retry_after_s=retry_after)
 
     def _gauge(self) -> None:
         self.metrics.admission_queue_depth.labels(model=self.model_id).set(len(self.queue))

@@ -281,13 +281,19 @@ class HttpApi:
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        """Readiness: 200 when some served model has a ready, healthy worker (the instance
-        can serve), else 503. The body counts them over all models and per model."""
+        """Readiness: 200 when some served model has a ready, healthy worker or is scaled to
+        zero with its autoscaler ready to start one (the instance can serve), else 503.
+        The body counts them over all models and per model."""
+        fleet = self.service.fleet.models.values()
         models = {
-            m.model_id: {"ready_workers": m.ready_workers, "workers": len(m.workers())}
-            for m in self.service.fleet.models.values()
+            m.model_id: {
+                "ready_workers": m.ready_workers,
+                "workers": len(m.workers()),
+                **({"scales_from_zero": True} if m.scales_from_zero else {}),
+            }
+            for m in fleet
         }
-        ready = any(m["ready_workers"] > 0 for m in models.values())
+        ready = any(m.can_serve for m in fleet)
         body = {
             "ready": ready,
             "healthy_workers": sum(m["ready_workers"] for m in models.values()),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from homing.clock import Clock
 from homing.config import HomingConfig, ModelSettings, ScalerSettings
-from homing.scaler.actuators.base import Actuator, MemberState
+from homing.scaler.actuators.base import Actuator, ActuatorError, MemberState
 from homing.scaler.actuators.exec import ExecActuator
 from homing.scaler.actuators.local import CommandTemplate, LocalActuator
 
@@ -40,6 +40,8 @@ def build_actuator(
 
         k = settings.kubernetes
         assert k is not None  # ScalerSettings refuses kubernetes without it
+        if k.kubeconfig is not None and not Path(k.kubeconfig).is_file():
+            raise ActuatorError(f"scaler.kubernetes.kubeconfig {k.kubeconfig!r} is not a file")
         return KubernetesActuator(
             namespace=k.namespace,
             name=k.name,
@@ -48,6 +50,7 @@ def build_actuator(
             port_name=k.port_name,
             clock=clock,
             kubeconfig=k.kubeconfig,
+            startup_timeout_s=settings.startup_timeout_s,
         )
     if settings.command is not None:
         return LocalActuator.for_command(
@@ -71,9 +74,12 @@ def build_actuator(
     )
 
 
-async def start_members(actuator: Actuator, count: int, timeout_s: float) -> list[str]:
-    """Ask `actuator` for `count` replicas and wait until that many members are ready; the
-    URLs of its ready members (with `count` 0: those it already has). RuntimeError when a
+async def start_members(
+    actuator: Actuator, count: int, timeout_s: float, *, clock: Clock
+) -> list[str]:
+    """Have `count` replicas: ask `actuator` for those it does not run yet and wait (on
+    `clock`) until that many members are ready; the URLs of its ready members (with `count`
+    0: those it already has). RuntimeError when a
     start fails, TimeoutError after `timeout_s`."""
     opener = getattr(actuator, "open", None)  # one that watches (kubernetes) syncs first
     if opener is not None:
@@ -82,9 +88,12 @@ async def start_members(actuator: Actuator, count: int, timeout_s: float) -> lis
     unsubscribe = actuator.subscribe(changed.set)
     failed_before = actuator.failed_starts
     try:
-        if count > 0:
-            await actuator.start(count)
-        async with asyncio.timeout(timeout_s):
+        # Members it runs already (a restart of homing over a Deployment or a script's
+        # jobs) count: only the shortfall is asked for.
+        running = sum(1 for m in actuator.members() if m.state is not MemberState.STOPPING)
+        if count > running:
+            await actuator.start(count - running)
+        async with clock.timeout(timeout_s):
             while True:
                 ready = [
                     m.url

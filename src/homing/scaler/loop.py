@@ -34,7 +34,7 @@ import structlog
 
 from homing.clock import Clock
 from homing.engines.lifecycle import IllegalTransition, Phase
-from homing.engines.pool import WorkerSpec, WorkerState
+from homing.engines.pool import WorkerRefused, WorkerSpec, WorkerState
 from homing.fleet import Fleet, ModelDispatch
 from homing.fleet.fleet import FleetError
 from homing.obs.demand import DemandMeter
@@ -42,6 +42,7 @@ from homing.obs.replica import ReplicaSnapshot
 from homing.scaler.actuators.base import Actuator, ActuatorError, MemberState
 from homing.scaler.budget import apportion
 from homing.scaler.capacity import CapacityEstimator, ReplicaSample
+from homing.scaler.leader import Elector, SingleElector
 from homing.scaler.metrics import ScalerMetrics
 from homing.scaler.policy import Decision, PoolSignals, ScalerConfig, ScalingPolicy
 from homing.scaler.victim import VictimCandidate, choose_victims
@@ -60,6 +61,8 @@ class PoolScaler:
     replicas. `demand`: the model's meter. `snapshot`: a worker's replica snapshot over a
     window (seconds). `burn_rate`: the SLO's fast-window burn rate (None: no SLO data).
     `ttft_slo_s`: the SLO's TTFT target. `advisory`: decide and report, never act.
+    `elector`: whether this instance actuates the pool (a follower decides, reports and
+    follows membership); each actuator call is fenced by `Elector.still_leader`.
     `drain_timeout_s`: a victim's drain timeout (above the longest request, so none is cut).
     `gpus_per_replica`: for the GPU budget.
     """
@@ -78,14 +81,18 @@ class PoolScaler:
     drain_timeout_s: float = 630.0
     version: str = ""
     metrics: ScalerMetrics | None = None
+    elector: Elector = field(default_factory=SingleElector)
     policy: ScalingPolicy = field(init=False)
     last: Decision | None = field(default=None, init=False)
     _warm: set[str] = field(default_factory=set, init=False)  # worker ids kept warm
     _owned: dict[str, str] = field(default_factory=dict, init=False)  # url -> member id
-    _joining: set[str] = field(default_factory=set, init=False)  # urls being added
+    _joining: dict[str, bool] = field(default_factory=dict, init=False)  # url -> joins ready
+    _retiring: set[str] = field(default_factory=set, init=False)  # urls drained to be stopped
+    _refused: set[str] = field(default_factory=set, init=False)  # urls the pool refused
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
     _unsubscribe: Callable[[], None] | None = field(default=None, init=False)
     _failed_seen: int = field(default=0, init=False)
+    _closed: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.policy = ScalingPolicy(self.config)
@@ -108,67 +115,108 @@ class PoolScaler:
         self.sync_members()
 
     def sync_members(self) -> None:
-        if self.advisory:
+        """Join each ready member not in the pool yet (never one being retired or refused),
+        and drain each worker whose member is gone. Following is not acting: advisory mode
+        does it too."""
+        if self._closed:
             return
         pool = self.dispatch.pool
         in_pool = {w.url: w for w in pool.workers()}
-        live_urls: set[str] = set()
-        for m in self.actuator.members():
-            if m.url is None:
-                continue
-            live_urls.add(m.url)
-            self._owned[m.url] = m.member_id
-            if m.state is MemberState.READY and m.url not in in_pool and m.url not in self._joining:
-                self._joining.add(m.url)
-                self._spawn(self._join(m.url), f"scaler-join-{self.model}")
+        members = self.actuator.members()
+        owned = {m.url: m.member_id for m in members if m.url is not None}
+        # Keep the URLs of our workers still in the pool (their member may be gone).
+        for url, member in self._owned.items():
+            if url in in_pool and url not in owned:
+                owned[url] = member
+        self._owned = owned
+        for m in members:
+            url = m.url
+            if (
+                m.state is MemberState.READY
+                and url is not None
+                and url not in in_pool
+                and url not in self._joining
+                and url not in self._retiring
+                and url not in self._refused
+            ):
+                self._joining[url] = self._joins_ready()
+                self._spawn(self._join(url), f"scaler-join-{self.model}")
+        live = {m.url for m in members if m.url is not None and m.state is not MemberState.STOPPING}
         for url, w in in_pool.items():  # its member is gone (died, deleted): let it go
-            if url in self._owned and url not in live_urls and w.phase is not Phase.DRAINING:
-                self._owned.pop(url, None)
+            if url in owned and url not in live and url not in self._retiring:
                 self._warm.discard(w.worker_id)
                 self._drain(w.worker_id, reason="member_gone")
 
+    def _joins_ready(self) -> bool:
+        """Whether a member joining now joins ready: the pool's ready workers and the joins
+        already decided ready fall short of the latest decision."""
+        want = self.last.desired_ready if self.last is not None else 0
+        ready = sum(1 for w in self.dispatch.pool.workers() if w.phase is Phase.READY)
+        return ready + sum(self._joining.values()) < want
+
     async def _join(self, url: str) -> None:
         pool = self.dispatch.pool
-        want = self.last.desired_ready if self.last is not None else 0
-        ready = sum(1 for w in pool.workers() if w.phase is Phase.READY)
-        warm = ready >= want
+        ready = self._joining.get(url, False)
         try:
-            state = await pool.add(WorkerSpec(url, self.version, warm=warm))
-        except Exception as err:  # refused, unreachable, malformed: logged, retried next sync
+            state = await pool.add(WorkerSpec(url, self.version, warm=not ready))
+        except WorkerRefused as err:  # another model or tokenizer: never tried again
+            self._refused.add(url)
+            log.error("scaler_join_refused", model=self.model, url=url, error=str(err))
+            member = self._owned.get(url)
+            if member is not None and not self.advisory:
+                self._spawn(self._stop_member(member, url), f"scaler-stop-{member}")
+            return
+        except Exception as err:  # unreachable, malformed: logged, tried again next sync
             log.warning("scaler_join_failed", model=self.model, url=url, error=str(err))
             return
         finally:
-            self._joining.discard(url)
-        if warm:
+            self._joining.pop(url, None)
+        if not ready:
             self._warm.add(state.worker_id)
-        log.info("scaler_joined", model=self.model, worker=state.worker_id, url=url, warm=warm)
+        log.info("scaler_joined", model=self.model, worker=state.worker_id, url=url, warm=not ready)
 
     # -- signals --
 
+    def _prune_warm(self) -> None:
+        """Forget warm ids no longer cordoned by us (left, uncordoned or moved by someone
+        else), so an operator's cordon is never taken for a warm replica."""
+        pool = self.dispatch.pool
+        self._warm = {
+            i for i in self._warm if pool.has(i) and pool.state(i).phase is Phase.CORDONED
+        }
+
     def counts(self) -> dict[str, int]:
-        """Replicas by state: ready, warm, starting (asked for or joining), draining."""
+        """Replicas by state: ready (ready and healthy), warm (cordoned by the scaler),
+        starting (asked for and not stopping, joining, or ready and not joined yet: neither
+        retired nor refused), draining, ejected."""
+        self._prune_warm()
         workers = self.dispatch.pool.workers()
         in_pool = {w.url for w in workers}
+        skip = self._retiring | self._refused
         starting = sum(
             1
             for m in self.actuator.members()
-            if m.state is MemberState.STARTING or (m.url is not None and m.url not in in_pool)
+            if m.url not in skip
+            and (
+                m.state is MemberState.STARTING
+                or (m.state is MemberState.READY and m.url is not None and m.url not in in_pool)
+            )
         )
         starting += sum(1 for w in workers if w.phase is Phase.JOINING)
         return {
-            "ready": sum(1 for w in workers if w.phase is Phase.READY),
-            "warm": sum(
-                1 for w in workers if w.worker_id in self._warm and w.phase is Phase.CORDONED
-            ),
+            "ready": sum(1 for w in workers if w.phase is Phase.READY and w.healthy),
+            "warm": sum(1 for w in workers if w.worker_id in self._warm),
             "starting": starting,
             "draining": sum(1 for w in workers if w.phase is Phase.DRAINING),
+            "ejected": sum(1 for w in workers if w.phase is Phase.EJECTED),
         }
 
     def signals(self) -> PoolSignals:
-        """This tick's `PoolSignals`; feeds the capacity estimator first."""
+        """This tick's `PoolSignals`; feeds the capacity estimator first. `starting` leaves
+        out the replicas starting for the warm pool (they will not take requests)."""
         now = self.clock.now()
         workers = self.dispatch.pool.workers()
-        ready = [w for w in workers if w.phase is Phase.READY]
+        ready = [w for w in workers if w.phase is Phase.READY and w.healthy]
         samples = []
         for w in ready:
             snap = self.snapshot(w, SAMPLE_WINDOW_S)
@@ -184,13 +232,15 @@ class PoolScaler:
         self.estimator.observe(samples)
         demand = self.demand.snapshot()
         counts = self.counts()
+        warm_share = max(0, (self.last.desired_warm if self.last else 0) - counts["warm"])
+        serving = [w for w in workers if w.phase is not Phase.JOINING]
         return PoolSignals(
             now=now,
             ready=counts["ready"],
             warm=counts["warm"],
-            starting=counts["starting"],
+            starting=max(0, counts["starting"] - warm_share),
             draining=counts["draining"],
-            in_flight=sum(w.in_flight for w in ready),
+            in_flight=sum(w.in_flight for w in serving),
             queued=self.dispatch.queued,
             prefill_tokens_per_s=demand.prefill_tokens_per_s,
             arrivals_per_s=demand.arrivals_per_s,
@@ -207,15 +257,16 @@ class PoolScaler:
     # -- acting --
 
     async def apply(self, d: Decision) -> None:
-        """Move the pool toward `d` (module docstring); nothing in advisory mode."""
-        if self.advisory:
+        """Move the pool toward `d` (module docstring); nothing in advisory mode. The
+        promotions, demotions and drains happen in one step, before the only await (the
+        actuator's start)."""
+        if self.advisory or self._closed or not self.elector.is_leader:
             return
         pool = self.dispatch.pool
-        workers = pool.workers()
-        ready = [w for w in workers if w.phase is Phase.READY]
-        warm = [w for w in workers if w.worker_id in self._warm and w.phase is Phase.CORDONED]
         counts = self.counts()
-        need = d.desired_ready - len(ready)
+        workers = pool.workers()
+        warm = [w for w in workers if w.worker_id in self._warm]
+        need = d.desired_ready - counts["ready"]
         warm_left = len(warm)
         if need > 0:
             for w in warm[:need]:  # promote: ready at once
@@ -226,49 +277,63 @@ class PoolScaler:
                     need -= 1
                     warm_left -= 1
         elif need < 0:
-            victims = self._victims(ready, -need)
-            for v in victims:
-                if warm_left < d.desired_warm:  # keep it, idle, as a warm replica
+            for v in self._victims(workers, -need):
+                if warm_left < d.desired_warm and v.phase == Phase.READY.value:
                     with contextlib.suppress(IllegalTransition, KeyError):
-                        pool.cordon(v.worker_id)
+                        pool.cordon(v.worker_id)  # kept, idle, as a warm replica
                         self._warm.add(v.worker_id)
                         warm_left += 1
                         log.info("scaler_to_warm", model=self.model, worker=v.worker_id)
                         continue
                 self._drain(v.worker_id, reason="scale_down")
+        extra_warm = warm_left - d.desired_warm
+        if extra_warm > 0 and need <= 0:
+            idle = sorted((w for w in warm if w.worker_id in self._warm), key=lambda w: w.in_flight)
+            for w in idle[:extra_warm]:
+                self._warm.discard(w.worker_id)
+                self._drain(w.worker_id, reason="warm_surplus")
         wanted = max(0, need) + max(0, d.desired_warm - warm_left)
         more = wanted - counts["starting"]
-        if more > 0:
+        if more > 0 and await self._fenced("start"):
             try:
                 await self.actuator.start(more)
             except ActuatorError as err:
                 log.warning("scaler_start_refused", model=self.model, count=more, error=str(err))
             else:
                 log.info("scaler_asked", model=self.model, count=more)
-        extra_warm = warm_left - d.desired_warm
-        if extra_warm > 0 and need <= 0:
-            idle = [w for w in warm if w.worker_id in self._warm][:extra_warm]
-            for w in idle:
-                self._warm.discard(w.worker_id)
-                self._drain(w.worker_id, reason="warm_surplus")
 
-    def _victims(self, ready: Sequence[WorkerState], count: int) -> list[VictimCandidate]:
-        router = self.dispatch.router
-        candidates = []
-        for w in ready:
-            if w.url not in self._owned:
-                continue  # not ours to stop
-            value = router.cache_value(w.worker_id)
-            candidates.append(
-                VictimCandidate(
-                    worker_id=w.worker_id,
-                    in_flight=w.in_flight,
-                    unique_blocks=value.unique_blocks,
-                    unique_recent_blocks=value.unique_recent_blocks,
-                    phase=w.phase.value,
-                )
+    def _victims(self, workers: Sequence[WorkerState], count: int) -> list[VictimCandidate]:
+        """The `count` cheapest of our own ready or ejected workers to remove."""
+        ours = [
+            w
+            for w in workers
+            if w.url in self._owned
+            and w.url not in self._retiring
+            and w.phase in (Phase.READY, Phase.EJECTED)
+        ]
+        if not ours:
+            return []
+        values = self.dispatch.router.cache_values([w.worker_id for w in ours])
+        candidates = [
+            VictimCandidate(
+                worker_id=w.worker_id,
+                in_flight=w.in_flight,
+                unique_blocks=values[w.worker_id].unique_blocks,
+                unique_recent_blocks=values[w.worker_id].unique_recent_blocks,
+                phase=w.phase.value,
             )
+            for w in ours
+        ]
         return choose_victims(candidates, count)
+
+    async def _fenced(self, action: str) -> bool:
+        """Whether this instance still leads by the store's own word (the fencing check
+        before an actuator call); a deposed leader's call is dropped and logged."""
+        token = self.elector.token
+        if token is not None and await self.elector.still_leader(token):
+            return True
+        log.warning("scaler_not_leader", model=self.model, action=action, token=token)
+        return False
 
     def _drain(self, worker_id: str, *, reason: str) -> None:
         try:
@@ -276,6 +341,7 @@ class PoolScaler:
         except FleetError as err:
             log.warning("scaler_drain_refused", model=self.model, worker=worker_id, error=str(err))
             return
+        self._retiring.add(state.url)
         log.info(
             "scaler_draining",
             model=self.model,
@@ -287,16 +353,28 @@ class PoolScaler:
 
     async def _stop_when_gone(self, worker_id: str, url: str) -> None:
         await self.dispatch.pool.wait_gone(worker_id)
-        member = self._owned.pop(url, None)
         self._warm.discard(worker_id)
+        member = self._owned.get(url)
         if member is None:
+            self._retiring.discard(url)
             return
+        await self._stop_member(member, url)
+        log.info("scaler_stopped", model=self.model, worker=worker_id, member=member)
+
+    async def _stop_member(self, member: str, url: str) -> None:
+        """Stop `member`; its URL stays retired (never joined again) until the actuator no
+        longer lists it."""
+        self._retiring.add(url)
+        if not await self._fenced("stop"):
+            return  # another instance leads: it stops what its own decisions retire
         try:
             await self.actuator.stop(member)
         except ActuatorError as err:
             log.warning("scaler_stop_failed", model=self.model, member=member, error=str(err))
-            return
-        log.info("scaler_stopped", model=self.model, worker=worker_id, member=member)
+            return  # still retired: the next tick does not join it again
+        if not any(m.url == url for m in self.actuator.members()):
+            self._retiring.discard(url)
+            self._owned.pop(url, None)
 
     def _spawn(self, coro: object, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
@@ -307,7 +385,7 @@ class PoolScaler:
 
     def report(self, s: PoolSignals, d: Decision) -> None:
         """Log and export one decision."""
-        mode = "advisory" if self.advisory else "active"
+        mode = "advisory" if self.advisory else "active" if self.elector.is_leader else "follower"
         log.info(
             "scaler_decision",
             model=self.model,
@@ -340,7 +418,8 @@ class PoolScaler:
             m.replicas.labels(model, state).set(n)
         m.decisions.labels(model, d.reason, mode).inc()
         cold = self.actuator.cold_start_s()
-        m.cold_start.labels(model).set(float("nan") if cold is None else cold)
+        if cold is not None:  # no series before the first measurement (never NaN)
+            m.cold_start.labels(model).set(cold)
         m.capacity.labels(model, "decode_streams").set(s.decode_streams_per_replica)
         m.capacity.labels(model, "prefill_tokens_per_s").set(s.prefill_tokens_per_s_per_replica)
         m.demand.labels(model, "streams").set(s.in_flight + s.queued)
@@ -354,6 +433,7 @@ class PoolScaler:
     async def close(self) -> None:
         """Stop following the actuator and end the scaler's own tasks (whoever built the
         actuator closes it)."""
+        self._closed = True
         if self._unsubscribe is not None:
             self._unsubscribe()
         for task in list(self._tasks):
@@ -370,6 +450,11 @@ class Scaler:
     clock: Clock
     tick_s: float = 5.0
     gpu_budget: int | None = None
+    _woken: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def wake(self) -> None:
+        """Tick now rather than at the next `tick_s` (a request waits at zero replicas)."""
+        self._woken.set()
 
     def start(self) -> None:
         """Follow each pool's actuator."""
@@ -377,30 +462,51 @@ class Scaler:
             p.start()
 
     async def run(self) -> None:
-        """`step` every `tick_s` until cancelled; a failed step is logged, not fatal."""
+        """`step` every `tick_s`, or at once when woken, until cancelled; a failed step is
+        logged, not fatal."""
         while True:
-            await self.clock.sleep(self.tick_s)
+            with contextlib.suppress(TimeoutError):
+                async with self.clock.timeout(self.tick_s):
+                    await self._woken.wait()
+            self._woken.clear()
             try:
                 await self.step()
             except Exception:
                 log.exception("scaler_step_failed")
 
     async def step(self) -> dict[str, Decision]:
-        """One tick: signals, decisions, the budget, then each pool's apply. Returns the
-        decisions applied (or reported, in advisory mode) by model."""
+        """One tick: signals, decisions, the budget, then every pool's apply at once (one
+        pool's failure or slow actuator holds up no other). Returns the decisions applied
+        (or reported, in advisory mode) by model."""
+        signals: dict[str, PoolSignals] = {}
+        wants: dict[str, Decision] = {}
+        pools: list[PoolScaler] = []
         for p in self.pools:
-            p.sync_members()  # a join that failed is tried again
-        signals = {p.model: p.signals() for p in self.pools}
-        wants = {p.model: p.policy.decide(signals[p.model]) for p in self.pools}
-        current = {m: s.ready + s.warm + s.starting for m, s in signals.items()}
-        gpus = {p.model: p.config.gpus_per_replica for p in self.pools}
-        floors = {p.model: p.config.min_replicas for p in self.pools}
+            try:
+                p.sync_members()  # a join that failed is tried again
+                signals[p.model] = p.signals()
+                wants[p.model] = p.policy.decide(signals[p.model])
+            except Exception:
+                log.exception("scaler_decide_failed", model=p.model)
+                continue
+            pools.append(p)
+        # GPUs held now: draining and ejected replicas hold theirs too.
+        current = {}
+        for p in pools:
+            s, c = signals[p.model], p.counts()
+            current[p.model] = s.ready + s.warm + c["starting"] + c["draining"] + c["ejected"]
+        gpus = {p.model: p.config.gpus_per_replica for p in pools}
+        floors = {p.model: int(wants[p.model].chain.get("floor", 0)) for p in pools}
         decisions = apportion(wants, current, gpus, self.gpu_budget, min_ready=floors)
-        for p in self.pools:
-            d = decisions[p.model]
-            p.last = d
-            p.report(signals[p.model], d)
-            await p.apply(d)
+        for p in pools:
+            p.last = decisions[p.model]
+            p.report(signals[p.model], decisions[p.model])
+        results = await asyncio.gather(
+            *(p.apply(decisions[p.model]) for p in pools), return_exceptions=True
+        )
+        for p, result in zip(pools, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("scaler_apply_failed", model=p.model, error=repr(result))
         return decisions
 
     async def close(self) -> None:

@@ -87,6 +87,8 @@ def scaler_config(settings: ScalerSettings, *, gpus: int) -> ScalerConfig:
         scale_down_cooldown_s=settings.scale_down_cooldown_s,
         hysteresis=settings.hysteresis,
         max_scale_down_fraction=settings.max_scale_down_fraction,
+        max_scale_up_replicas=settings.max_scale_up_replicas,
+        max_scale_up_fraction=settings.max_scale_up_fraction,
         warm_replicas=settings.warm_replicas,
         max_warm_replicas=settings.max_warm_replicas,
         default_cold_start_s=settings.default_cold_start_s,

@@ -52,6 +52,9 @@ def test_a_models_own_scaler_replaces_the_top_level_one(tmp_path: Path) -> None:
         ('[scaler]\nactuator = "kubernetes"\n', r"needs a \[scaler.kubernetes\] table"),
         ('[scaler]\ncommand = ["x", "{prt}"]\n', "unknown placeholder {prt}"),
         ("[scaler]\ncommand = []\n", "scaler.command"),
+        ('[scaler]\ncommand = ["x", "{port:zz}"]\n', "cannot be filled in: Unknown format code"),
+        ('[scaler]\ncommand = ["x", "{port!z}"]\n', "cannot be filled in: Unknown conversion"),
+        ('[scaler]\nactuator = "exec"\n[scaler.exec]\ncommand = [""]\n', "scaler.exec.command"),
         ('[scaler]\nhysteresis = "0.1"\n', "scaler.hysteresis"),
         ("[scaler]\nmax_replicas = 0\n", "scaler.max_replicas"),
         ("[scaler]\ntick_s = 0\n", "scaler.tick_s"),
@@ -65,6 +68,11 @@ def test_a_models_own_scaler_replaces_the_top_level_one(tmp_path: Path) -> None:
         (
             '[[models]]\nname = "a"\n[models.scaler]\ngpu_budget = 8\n',
             r"set it in \[scaler\]",
+        ),
+        (
+            "[scaler]\nenabled = true\nscale_to_zero = true\nmin_replicas = 0\n"
+            "[admission]\nmax_queued = 0\n",
+            "scale_to_zero holds requests in the admission queue",
         ),
     ],
 )
