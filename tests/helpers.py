@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from homing.app import App
+    from homing.config import HomingConfig
 
 
 def free_port() -> int:
@@ -179,3 +181,26 @@ async def greedy_ids(app: App, worker_id: str, input_ids: Sequence[int], tokens:
     assert isinstance(done, GenerateDone) and not any(isinstance(i, TokenChunk) for i in items)
     assert len(done.token_ids) == tokens
     return list(done.token_ids)
+
+
+@contextlib.asynccontextmanager
+async def app_factory(
+    config: Callable[..., HomingConfig],
+) -> AsyncIterator[Callable[..., Awaitable[App]]]:
+    """`async with app_factory(config) as make:` then `await make(*args, **kwargs)`: a
+    started `App` of `config(*args, **kwargs)`; every one made is stopped on the way out."""
+    from homing.app import App
+
+    started: list[App] = []
+
+    async def make(*args: object, **kwargs: object) -> App:
+        app = App(config(*args, **kwargs))
+        await app.start()
+        started.append(app)
+        return app
+
+    try:
+        yield make
+    finally:
+        for app in started:
+            await app.stop()

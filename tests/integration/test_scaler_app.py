@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, http_get, post_fault
+from helpers import app_factory, eventually, http_get, post_fault
 from stream_load import StreamLoad
 from structlog.testing import capture_logs
 
@@ -67,19 +67,8 @@ def _config(policy: str = "cache_aware", **scaler: Any) -> HomingConfig:
 @pytest_asyncio.fixture
 async def make_app() -> AsyncIterator[Any]:
     """`await make_app(**scaler settings)`: a started App, stopped at the end."""
-    started: list[App] = []
-
-    async def make(**scaler: Any) -> App:
-        app = App(_config(**scaler))
-        await app.start()
-        started.append(app)
-        return app
-
-    try:
+    async with app_factory(_config) as make:
         yield make
-    finally:
-        for app in started:
-            await app.stop()
 
 
 def _phases(app: App) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, greedy_ids, post_fault, worker_of_session
+from helpers import app_factory, eventually, greedy_ids, post_fault, worker_of_session
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -39,19 +39,8 @@ def _config(*, migrate: bool, final_tokens: str = "chunk_and_complete") -> Homin
 async def make_app() -> AsyncIterator[Any]:
     """`await make_app(...)`: a started App over two fresh workers (one is crashed by each
     test), stopped at the end."""
-    started: list[App] = []
-
-    async def make(**kwargs: Any) -> App:
-        app = App(_config(**kwargs))
-        await app.start()
-        started.append(app)
-        return app
-
-    try:
+    async with app_factory(_config) as make:
         yield make
-    finally:
-        for app in started:
-            await app.stop()
 
 
 def _url(app: App, path: str) -> str:

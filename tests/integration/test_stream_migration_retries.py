@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, greedy_ids, post_fault, worker_of_session
+from helpers import app_factory, eventually, greedy_ids, post_fault, worker_of_session
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -52,19 +52,8 @@ def _config(workers: int, *extra_args: str) -> HomingConfig:
 @pytest_asyncio.fixture
 async def make_app() -> AsyncIterator[Any]:
     """`await make_app(workers, *sim_args)`: a started App, stopped at the end."""
-    started: list[App] = []
-
-    async def make(workers: int, *extra_args: str) -> App:
-        app = App(_config(workers, *extra_args))
-        await app.start()
-        started.append(app)
-        return app
-
-    try:
+    async with app_factory(_config) as make:
         yield make
-    finally:
-        for app in started:
-            await app.stop()
 
 
 def _url(app: App, path: str) -> str:
