@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import app_factory, eventually, http_get, post_fault
+from helpers import app_factory, eventually, http_get, post_fault, worker_of_session
 from stream_load import StreamLoad
 from structlog.testing import capture_logs
 
@@ -336,3 +336,71 @@ async def test_of_two_instances_one_actuates_and_the_other_takes_over_when_it_st
         assert elector.token > old_token
         assert (await follower.scaler.step())[MODEL].desired_ready == 3
         assert await eventually(lambda: len(_actuator(follower).members()) == 3, 10.0)
+
+
+async def test_scale_down_during_30_streams_cuts_none(make_app: Any) -> None:
+    """Three replicas with ten streams each and demand for one (30 streams, 30 per replica):
+    the scaler drains two victims over two windows, every one of the 30 streams completes
+    with no error, and the pool ends with one replica."""
+    app = await make_app(policy="round_robin", min_replicas=3, decode_streams_per_replica=30.0)
+    assert app.scaler is not None and app.pool is not None
+    assert await eventually(lambda: _ready(app) == 3, 30.0)
+    for w in app.pool.workers():
+        await post_fault(w.url, {"slowdown": 10})
+    pool_scaler = app.scaler.pools[0]
+    pool_scaler.reconfigure(dataclasses.replace(pool_scaler.config, min_replicas=1))
+    async with aiohttp.ClientSession() as session:
+        streams = [
+            asyncio.create_task(_long_stream(app, session, 600, f"story {i}")) for i in range(30)
+        ]
+        assert await eventually(lambda: app.pool.total_in_flight == 30, 20.0)
+        drained: set[str] = set()
+        for _ in range(60):
+            await app.scaler.step()
+            drained |= {w.worker_id for w in app.pool.workers() if w.phase is Phase.DRAINING}
+            if len(drained) == 2:
+                break
+            await asyncio.sleep(0.2)  # the stable window (0.5 s) passes between steps
+        assert len(drained) == 2, _phases(app)
+        bodies = await asyncio.gather(*streams)
+    cut = [b[-300:] for b in bodies if not b.rstrip().endswith("data: [DONE]") or '"error"' in b]
+    assert cut == []
+    assert await eventually(lambda: len(app.pool.workers()) == 1, 30.0), _phases(app)
+    assert await eventually(lambda: len(_actuator(app).members()) == 1, 30.0)
+
+
+async def test_the_victim_is_the_replica_with_least_cache_value(make_app: Any) -> None:
+    """Two idle replicas; w0 holds the prefixes of eight long prompts only it served, w1
+    none: scaling down to one drains w1 (with equal cache the tie would take w0, the lower
+    id), and w0 still holds its blocks afterwards."""
+    app = await make_app(policy="consistent_hash", min_replicas=2)
+    assert app.scaler is not None and app.pool is not None and app.router is not None
+    assert await eventually(lambda: _ready(app) == 2, 30.0)
+    session = ""
+    for i in range(64):  # a session the ring gives w0
+        if await worker_of_session(app, MODEL, f"s{i}") == "w0":
+            session = f"s{i}"
+            break
+    assert session
+    url = f"http://127.0.0.1:{app.http_port}/v1/completions"
+    async with aiohttp.ClientSession() as http:
+        for i in range(8):
+            body = {"model": MODEL, "prompt": f"document {i}: " + "words " * 300, "max_tokens": 2}
+            async with http.post(url, json=body, headers={"x-session-id": session}) as resp:
+                assert resp.status == 200 and resp.headers["x-homing-worker"] == "w0"
+    assert await eventually(
+        lambda: app.router.cache_values(["w0"])["w0"].unique_blocks >= 100, 10.0
+    ), app.router.cache_values(["w0", "w1"])
+    assert app.router.cache_values(["w1"])["w1"].unique_blocks == 0
+    pool_scaler = app.scaler.pools[0]
+    pool_scaler.reconfigure(dataclasses.replace(pool_scaler.config, min_replicas=1))
+    with capture_logs() as logs:
+        for _ in range(40):
+            d = (await app.scaler.step())[MODEL]
+            if d.desired_ready == 1:
+                break
+            await asyncio.sleep(0.1)
+    assert [e["worker"] for e in logs if e["event"] == "scaler_draining"] == ["w1"]
+    assert await app.pool.wait_gone("w1", 30.0)
+    assert [w.worker_id for w in app.pool.workers()] == ["w0"]
+    assert app.router.cache_values(["w0"])["w0"].unique_blocks >= 100

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -84,6 +85,7 @@ class PoolScaler:
     elector: Elector = field(default_factory=SingleElector)
     policy: ScalingPolicy = field(init=False)
     last: Decision | None = field(default=None, init=False)
+    last_signals: PoolSignals | None = field(default=None, init=False)
     _warm: set[str] = field(default_factory=set, init=False)  # worker ids kept warm
     _owned: dict[str, str] = field(default_factory=dict, init=False)  # url -> member id
     _joining: dict[str, bool] = field(default_factory=dict, init=False)  # url -> joins ready
@@ -383,9 +385,28 @@ class PoolScaler:
 
     # -- reporting --
 
+    def advise(self) -> tuple[PoolSignals, Decision]:
+        """What a tick would decide now, from this moment's signals, without acting and
+        without moving the policy's history or the capacity estimate."""
+        estimator = self.estimator
+        self.estimator = copy.deepcopy(estimator)
+        try:
+            signals = self.signals()
+        finally:
+            self.estimator = estimator
+        return signals, copy.deepcopy(self.policy).decide(signals)
+
+    @property
+    def mode(self) -> str:
+        """ "advisory", "active" (this instance actuates) or "follower" (another does)."""
+        if self.advisory:
+            return "advisory"
+        return "active" if self.elector.is_leader else "follower"
+
     def report(self, s: PoolSignals, d: Decision) -> None:
         """Log and export one decision."""
-        mode = "advisory" if self.advisory else "active" if self.elector.is_leader else "follower"
+        self.last_signals = s
+        mode = self.mode
         log.info(
             "scaler_decision",
             model=self.model,
