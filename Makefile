@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers bench-overhead chaos lint format clean redis-server prometheus tmux systemd wrk native-deps apt-libxxhash
+.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers bench-overhead bench-autoscale chaos lint format clean redis-server prometheus tmux systemd wrk native-deps apt-libxxhash
 
 NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
 
@@ -171,6 +171,14 @@ bench-routers: proto
 bench-overhead: proto wrk
 	mkdir -p bench-out
 	$(PY) -m homing.bench.overhead --rounds 3 --json bench-out/overhead.json
+
+## make bench-autoscale: traffic doubles in five minutes (10 -> 20 streams) against the autoscaler
+## over simulated 70B TP8 workers with a one-minute cold start, all at 10x (~75 s); GPU-seconds
+## against an oracle's and p95 TTFT recovery (bench-out/autoscale.json, bench-out/autoscale.png)
+bench-autoscale: proto
+	mkdir -p bench-out
+	$(PY) -m homing.bench.autoscale --speedup 10 --concurrency 10 \
+	    --json bench-out/autoscale.json --plot bench-out/autoscale.png
 
 ## make chaos: kill -9, stall, 10x slowdown, restart, health flapping, UNAVAILABLE and all at
 ## once on 3 simulated workers behind a real `homing serve`, under 8 streaming clients, 60 s a

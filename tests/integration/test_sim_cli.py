@@ -9,6 +9,7 @@ import sys
 
 import aiohttp
 import grpc
+import pytest
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
@@ -148,3 +149,32 @@ async def test_perf_prints_one_json_object_with_the_calibrated_figures() -> None
     assert 14_000 <= 8192 / (figures["prefill_ms"] / 1e3) <= 20_000
     assert 30 <= figures["decode_step_ms"] <= 50
     assert 1_100_000 < figures["kv_capacity_tokens"] < 1_400_000
+
+
+async def test_a_startup_delay_holds_the_ready_line_and_sigterm_in_it_exits_0() -> None:
+    """`--startup-delay-s 1.5` (an emulated cold start): no ready line for 1.5 s, then one;
+    a SIGTERM during another process's delay exits 0 before any ready line."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    process = await start("--workers", "1", "--port", "0", "--startup-delay-s", "1.5")
+    waiting = await start("--workers", "1", "--port", "0", "--startup-delay-s", "60")
+    try:
+        assert process.stdout is not None and waiting.stdout is not None
+        ready = json.loads(await asyncio.wait_for(process.stdout.readline(), timeout=30))
+        assert ready["event"] == "ready" and loop.time() - began >= 1.5
+        waiting.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(waiting.wait(), timeout=10) == 0
+        assert await waiting.stdout.read() == b""
+    finally:
+        for p in (process, waiting):
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+
+
+@pytest.mark.parametrize("value", ["-1", "inf", "nan"])
+async def test_a_bad_startup_delay_exits_2_with_a_message(value: str) -> None:
+    process = await start("--startup-delay-s", value)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert (process.returncode, stdout) == (2, b"")
+    assert b"--startup-delay-s must be a finite number >= 0" in stderr

@@ -15,6 +15,9 @@ GC_FREEZE_INTERVAL_S the process collects its young generations and freezes what
 long-lived pages are then never walked again, and evicted pages, which are not in reference
 cycles, are still freed by reference counting.
 
+`--startup-delay-s D` emulates a cold start (a large model's weight loading): the process
+waits D wall seconds before it binds and serves (SIGINT / SIGTERM during the wait exit 0).
+
 Logs go to stderr. SIGINT / SIGTERM stop the workers (open streams end with "abort") and the
 process exits 0; when every worker has crashed (an injected `crash` fault) it exits 1 at once;
 a bad option or a port that cannot be bound exits 2 with a message.
@@ -148,6 +151,13 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve the tokenizer bundle with this revision label added (another sha256)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for sampled outputs and jitter")
+    parser.add_argument(
+        "--startup-delay-s",
+        type=float,
+        default=0.0,
+        help="wall seconds to wait before binding and serving: emulates a cold start (a "
+        "large model's weight loading) (default 0)",
+    )
     sub = parser.add_subparsers(dest="sim_command", metavar="{perf}")
     perf = sub.add_parser("perf", help="print the timing model's figures as one JSON object")
     _add_preset_arguments(perf)
@@ -236,6 +246,9 @@ def run_sim(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         if args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        delay_s = getattr(args, "startup_delay_s", 0.0)
+        if not 0 <= delay_s < float("inf"):
+            raise ValueError(f"--startup-delay-s must be a finite number >= 0, got {delay_s}")
         workers: list[SimWorker] = []
 
         def on_crash(worker: SimWorker) -> None:
@@ -255,16 +268,23 @@ def run_sim(args: argparse.Namespace) -> int:
         print(f"homing sim: {exc}", file=sys.stderr)
         return 2
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_serve(workers, crashed))
+        return runner.run(_serve(workers, crashed, delay_s))
 
 
-async def _serve(workers: list[SimWorker], crashed: asyncio.Event) -> int:
+async def _serve(workers: list[SimWorker], crashed: asyncio.Event, delay_s: float = 0.0) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     started: list[SimWorker] = []
     try:
+        if delay_s > 0:  # the emulated cold start; SIGINT / SIGTERM still stop it
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay_s):
+                    await stop.wait()
+            if stop.is_set():
+                log.info("stopped during the startup delay")
+                return 0
         try:
             for worker in workers:
                 await worker.start()
