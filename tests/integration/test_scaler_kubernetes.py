@@ -1,242 +1,38 @@
 """The `kubernetes` actuator against a real kube-apiserver 1.20.2 + etcd on loopback.
 
-Nothing runs Pods there (no controller-manager, no kubelet), so `FakeCluster` plays both:
-its controller watches the Deployment's `spec.replicas` and, while `controller_gate` is
-open, brings the live Pods (those without a deletionTimestamp) to it: it creates Pods (a
-simulated worker process each, whose gRPC port the Pod's container port `grpc` names) or
-deletes the surplus in the ReplicaSet controller's order (not Ready before Ready, then the
-lowest `pod-deletion-cost`, then the newest); its kubelet marks a Pod Ready (podIP
-127.0.0.1) through `pods/status` once `ready_gate` is open. Pods without a nodeName go at
-once when deleted. The actuator runs on a `ManualClock`, so cold starts are exact.
+Nothing runs Pods there (no controller-manager, no kubelet), so `k8s_api.FakeCluster` plays
+both: its controller brings the Deployment's Pods to `spec.replicas` (a simulated worker
+process each) while `controller_gate` is open, deleting the surplus in the ReplicaSet
+controller's order; its kubelet marks a Pod Ready through `pods/status` once `ready_gate`
+is open. The actuator runs on a `ManualClock`, so cold starts are exact.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 from helpers import eventually
-from k8s_api import KubeApiServer, kube_api
+from k8s_api import (
+    NAME,
+    SELECTOR,
+    KubeApiServer,
+    api,
+    deployment,
+    kube_api,
+    pod_body,
+    replicas,
+    workload_body,
+)
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio import watch as k8s_watch
 from structlog.testing import capture_logs
 
 from homing.clock import ManualClock
 from homing.engines.client import EngineClient
 from homing.scaler.actuators.base import ActuatorError, MemberState
-from homing.scaler.actuators.kubernetes import (
-    DELETION_COST,
-    LOWEST_DELETION_COST,
-    KubernetesActuator,
-)
-from homing.sim.process import spawn_sim, terminate
+from homing.scaler.actuators.kubernetes import LOWEST_DELETION_COST, KubernetesActuator
 
-__all__ = ["kube_api"]  # the session fixture, imported for these tests
-
-NAME = "llama"
-SELECTOR = f"app={NAME}"
-
-
-def pod_body(name: str, labels: dict[str, str], port: int) -> dict[str, object]:
-    """A Pod whose one container names `port` as `grpc`."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "containers": [
-                {
-                    "name": "engine",
-                    "image": "homing-sim",
-                    "ports": [{"name": "grpc", "containerPort": port}],
-                }
-            ]
-        },
-    }
-
-
-def workload_body(kind: str, replicas: int) -> dict[str, object]:
-    """A Deployment or StatefulSet of `replicas` Pods labelled app=llama."""
-    spec: dict[str, object] = {
-        "replicas": replicas,
-        "selector": {"matchLabels": {"app": NAME}},
-        "template": {
-            "metadata": {"labels": {"app": NAME}},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "engine",
-                        "image": "homing-sim",
-                        "ports": [{"name": "grpc", "containerPort": 50051}],
-                    }
-                ]
-            },
-        },
-    }
-    if kind == "StatefulSet":
-        spec["serviceName"] = NAME
-    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": NAME}, "spec": spec}
-
-
-class FakeCluster:
-    """The ReplicaSet controller and kubelet of one Deployment (module docstring)."""
-
-    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
-        self.core = k8s.CoreV1Api(api)
-        self.apps = k8s.AppsV1Api(api)
-        self.namespace = namespace
-        self.ready_gate = asyncio.Event()
-        self.ready_gate.set()
-        self.controller_gate = asyncio.Event()
-        self.controller_gate.set()
-        self.sims: dict[str, asyncio.subprocess.Process] = {}
-        self.ready: set[str] = set()
-        self.desired: int | None = None  # the Deployment's spec.replicas as last watched
-        self.reconciles = 0  # reconciliations finished
-        self.deleted: list[tuple[str, str]] = []  # (pod, its deletion cost), whoever deleted
-        self.controller_deleted: list[str] = []  # the pods this controller deleted
-        self._changed = asyncio.Event()
-        self._order: list[str] = []  # live pods it created, oldest first
-        self._count = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._runs: list[asyncio.Task[None]] = []
-
-    def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._runs = [
-            loop.create_task(self._watch_deployment()),
-            loop.create_task(self._watch_pods()),
-            loop.create_task(self._controller()),
-        ]
-
-    async def _watch_deployment(self) -> None:
-        watcher = k8s_watch.Watch()
-        async with watcher:
-            async for event in watcher.stream(
-                self.apps.list_namespaced_deployment,
-                self.namespace,
-                field_selector=f"metadata.name={NAME}",
-            ):
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    self.desired = int(event["object"].spec.replicas or 0)
-                    self._changed.set()
-
-    async def _watch_pods(self) -> None:
-        watcher = k8s_watch.Watch()
-        async with watcher:
-            async for event in watcher.stream(
-                self.core.list_namespaced_pod, self.namespace, label_selector=SELECTOR
-            ):
-                if event["type"] == "DELETED":
-                    meta = event["object"].metadata
-                    cost = (meta.annotations or {}).get(DELETION_COST, "0")
-                    self.deleted.append((meta.name, cost))
-
-    async def _controller(self) -> None:
-        while True:
-            await self._changed.wait()
-            await self.controller_gate.wait()
-            self._changed.clear()
-            assert self.desired is not None
-            await self._reconcile(self.desired)
-            self.reconciles += 1
-
-    async def _reconcile(self, desired: int) -> None:
-        pods = (await self.core.list_namespaced_pod(self.namespace, label_selector=SELECTOR)).items
-        live = {p.metadata.name: p for p in pods if p.metadata.deletion_timestamp is None}
-        for name in [n for n in self._order if n not in live]:  # deleted by someone else
-            self._order.remove(name)
-            await terminate([self.sims.pop(name)], 2.0)
-        while len(self._order) < desired:
-            await self._create()
-        if len(self._order) > desired:
-
-            def rank(name: str) -> tuple[bool, int, int]:
-                pod = live[name]
-                ready = any(
-                    c.type == "Ready" and c.status == "True"
-                    for c in (pod.status.conditions if pod.status else None) or []
-                )
-                cost = int((pod.metadata.annotations or {}).get(DELETION_COST, "0"))
-                return ready, cost, -self._order.index(name)
-
-            for name in sorted(self._order, key=rank)[: len(self._order) - desired]:
-                self._order.remove(name)
-                self.controller_deleted.append(name)
-                await self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
-                await terminate([self.sims.pop(name)], 2.0)
-
-    async def _create(self) -> None:
-        self._count += 1
-        name = f"{NAME}-{self._count}"
-        process, ready = await spawn_sim(
-            ["--workers", "1", "--port", "0", "--parent-pid", str(os.getpid())]
-        )
-        self.sims[name] = process
-        port = int(ready["workers"][0]["url"].rsplit(":", 1)[1])
-        await self.core.create_namespaced_pod(self.namespace, pod_body(name, {"app": NAME}, port))
-        self._order.append(name)
-        task = asyncio.get_running_loop().create_task(self._kubelet(name))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _kubelet(self, name: str) -> None:
-        await self.ready_gate.wait()
-        if name not in self._order:
-            return
-        status = {
-            "status": {
-                "phase": "Running",
-                "podIP": "127.0.0.1",
-                "conditions": [{"type": "Ready", "status": "True"}],
-            }
-        }
-        await self.core.patch_namespaced_pod_status(name, self.namespace, status)
-        self.ready.add(name)
-
-    async def live(self) -> set[str]:
-        """The names of the Pods there now without a deletionTimestamp."""
-        pods = (await self.core.list_namespaced_pod(self.namespace, label_selector=SELECTOR)).items
-        return {p.metadata.name for p in pods if p.metadata.deletion_timestamp is None}
-
-    async def close(self) -> None:
-        for task in [*self._tasks, *self._runs]:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await terminate(self.sims.values(), 2.0)
-
-
-@pytest_asyncio.fixture
-async def api(kube_api: KubeApiServer) -> AsyncIterator[tuple[k8s.ApiClient, str]]:
-    """An API client (admin) and a fresh namespace of this test's own."""
-    configuration = k8s.Configuration()
-    await k8s_config.load_kube_config(
-        config_file=kube_api.kubeconfig, client_configuration=configuration
-    )
-    async with k8s.ApiClient(configuration=configuration) as client:
-        namespace = f"t-{uuid.uuid4().hex[:10]}"
-        await k8s.CoreV1Api(client).create_namespace({"metadata": {"name": namespace}})
-        yield client, namespace
-        await k8s.CoreV1Api(client).delete_namespace(namespace)
-
-
-async def deployment(api: tuple[k8s.ApiClient, str], replicas: int) -> FakeCluster:
-    """Create the Deployment and start its fake controller and kubelet."""
-    client, namespace = api
-    await k8s.AppsV1Api(client).create_namespaced_deployment(
-        namespace, workload_body("Deployment", replicas)
-    )
-    cluster = FakeCluster(client, namespace)
-    cluster.start()
-    assert await eventually(lambda: len(cluster.ready) == replicas, 60)
-    return cluster
+__all__ = ["api", "kube_api"]  # the fixtures, imported for these tests
 
 
 def actuator(
@@ -254,12 +50,6 @@ def actuator(
 
 def states(act: KubernetesActuator) -> dict[str, MemberState]:
     return {m.member_id: m.state for m in act.members()}
-
-
-async def replicas(api: tuple[k8s.ApiClient, str]) -> int:
-    client, namespace = api
-    scale = await k8s.AppsV1Api(client).read_namespaced_deployment_scale(NAME, namespace)
-    return int(scale.spec.replicas or 0)
 
 
 async def test_start_scales_up_and_new_pods_become_ready_members_with_cold_start(
