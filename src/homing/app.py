@@ -602,6 +602,7 @@ class App:
             quotas=self.quotas,
             in_flight=lambda: service.in_flight if service is not None else 0,
             started_at=self._started_at,
+            scaler=lambda: self.scaler,  # it starts after the admin API
         )
         await self.admin.start()
 

@@ -185,3 +185,9 @@ class AdminClient:
     async def get_stats(self) -> pb.Stats:
         """Uptime, requests in flight, per-model worker counts."""
         return await self._call(self._stub.GetStats, pb.GetStatsRequest())
+
+    async def get_scaler(self, model: str = "", *, advise: bool = False) -> pb.GetScalerResponse:
+        """Every autoscaled model's scaler, or `model`'s; with `advise`, also what a tick
+        would decide now (nothing is changed)."""
+        request = pb.GetScalerRequest(model=model, advise=advise)
+        return await self._call(self._stub.GetScaler, request)

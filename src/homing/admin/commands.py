@@ -3,12 +3,16 @@
     homing workers ls [--model M] | add MODEL URL [--version V] | drain ID [--wait]
         [--timeout S] [--grace S] | cordon ID | uncordon ID | rm ID [--force]
     homing models ls | homing tenants ls | homing stats
+    homing scaler status [--model M] | advise [--model M]
 
 Each takes `--admin ADDR` (default `$HOMING_ADMIN`, else the default socket), `--admin-key
 KEY` (default `$HOMING_ADMIN_KEY`) and `--output table|json` (default: table on a terminal,
 json otherwise). Data goes to stdout, diagnostics (`homing: <message>`) to stderr.
-Exit status (`EXIT_*`): 0 done; 1 refused (the server said no, or `drain --wait` timed
-out); 2 usage (argparse); 3 unreachable (no socket, nothing answering).
+`scaler status` and `scaler advise` with no autoscaled model (or `--model` one that is not
+autoscaled) say so in one `homing: ...` line on stderr and exit 0 (with `--output json` the
+empty `pools` list still goes to stdout). Exit status (`EXIT_*`): 0 done; 1 refused (the
+server said no, or `drain --wait` timed out); 2 usage (argparse); 3 unreachable (no socket,
+nothing answering).
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import Message
+
+if TYPE_CHECKING:
+    from homing.v1 import admin_pb2 as pb
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -64,6 +71,10 @@ class Output:
     def json(self, data: Any) -> None:
         """Print `data` as indented JSON."""
         print(json.dumps(data, indent=2))
+
+    def line(self, text: str) -> None:
+        """Print `text` as it is: one line, never wrapped, no markup read from it."""
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def table(self, headers: list[str], rows: list[list[str]], title: str | None = None) -> None:
         """Print a table of `rows` under `headers`."""
@@ -246,8 +257,150 @@ async def _stats(admin: Any, args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
+def scaler_dict(response: pb.GetScalerResponse) -> dict[str, Any]:
+    """A `GetScalerResponse` as `message_dict` data, with a pool's `last` and `advice`, and
+    a decision's `signals`, None when unset (before the first tick; without `advise`)."""
+    data = message_dict(response)
+    for pool, message in zip(data["pools"], response.pools, strict=True):
+        for name in ("last", "advice"):
+            if not message.HasField(name):
+                pool[name] = None
+            elif not getattr(message, name).HasField("signals"):
+                pool[name]["signals"] = None
+    return data
+
+
+SCALER_HEADERS = [
+    "MODEL",
+    "MODE",
+    "ACTUATOR",
+    "READY",
+    "WARM",
+    "STARTING",
+    "DRAINING",
+    "DESIRED-READY",
+    "DESIRED-WARM",
+    "REPLICAS",
+    "REASON",
+    "HELD-BY",
+    "COLD-START",
+    "CAPACITY",
+]
+
+
+def _figure(value: float) -> str:
+    """A chain step or a rate in at most 4 significant digits ("2.5", "1e+09")."""
+    return f"{value:.4g}"
+
+
+def _cold_start(pool: dict[str, Any]) -> str:
+    """The measured cold start, else the policy's assumed default, marked as such."""
+    if pool["cold_start_s"] is not None:
+        return f"{pool['cold_start_s']:.1f} s"
+    return f"{pool['default_cold_start_s']:g} s (default)"
+
+
+def _capacity(pool: dict[str, Any]) -> str:
+    """Per replica: decode streams within the TPOT SLO and prefill tokens/s."""
+    return (
+        f"{_figure(pool['decode_streams_per_replica'])} streams, "
+        f"{_figure(pool['prefill_tokens_per_s_per_replica'])} prefill tok/s"
+    )
+
+
+def _scaler_row(pool: dict[str, Any]) -> list[str]:
+    """One `scaler status` row; the DESIRED, REASON and HELD-BY cells are "-" before the
+    first tick."""
+    last = pool["last"]
+    return [
+        pool["model"],
+        pool["mode"],
+        pool["actuator"],
+        str(pool["ready"]),
+        str(pool["warm"]),
+        str(pool["starting"]),
+        str(pool["draining"]),
+        "-" if last is None else str(last["desired_ready"]),
+        "-" if last is None else str(last["desired_warm"]),
+        f"{pool['min_replicas']}..{pool['max_replicas']}",
+        "-" if last is None else last["reason"],
+        "-" if last is None else last["held_by"] or "-",
+        _cold_start(pool),
+        _capacity(pool),
+    ]
+
+
+def _not_autoscaled(model: str | None) -> str:
+    if model:
+        return f"model {model} is not autoscaled (its [scaler] is not enabled)"
+    return "no model is autoscaled (enable it with [scaler] enabled = true)"
+
+
+async def _scaler_status(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    response = scaler_dict(await admin.get_scaler(args.model or ""))
+    if out.mode == "json":
+        out.json(response)
+    elif response["pools"]:
+        out.table(SCALER_HEADERS, [_scaler_row(p) for p in response["pools"]])
+    if not response["pools"]:
+        print(f"homing: {_not_autoscaled(args.model)}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _decided(d: dict[str, Any]) -> str:
+    """ "ready 3 warm 0 (scale_up, held by window, fast)": a decision in words."""
+    notes = [d["reason"]]
+    if d["held_by"]:
+        notes.append(f"held by {d['held_by']}")
+    if d["fast"]:
+        notes.append("fast path")
+    return f"ready {d['desired_ready']} warm {d['desired_warm']} ({', '.join(notes)})"
+
+
+def _signals_line(s: dict[str, Any]) -> str:
+    """The signals a decision was made from, in one line ("-" where there is no data)."""
+    return (
+        f"from: ready {s['ready']} warm {s['warm']} starting {s['starting']} "
+        f"draining {s['draining']}, {s['in_flight']} in flight, {s['queued']} queued, "
+        f"{_figure(s['arrivals_per_s'])} req/s, {_figure(s['prefill_tokens_per_s'])} prefill "
+        f"tok/s, ttft p95 {_opt(s['ttft_p95_s'], '{:.3f} s')} (slo "
+        f"{_opt(s['ttft_slo_s'], '{:g} s')}), burn rate {_opt(s['burn_rate'], '{:.2f}')}"
+    )
+
+
+#: The line `scaler advise` ends with (table output).
+ADVISE_UNCHANGED = (
+    "nothing was changed: this is what a tick would decide now; the scaler acts only at its "
+    "own ticks"
+)
+
+
+async def _scaler_advise(admin: Any, args: argparse.Namespace, out: Output) -> int:
+    response = scaler_dict(await admin.get_scaler(args.model or "", advise=True))
+    pools = response["pools"]
+    if out.mode == "json":
+        out.json(response)
+    for pool in pools if out.mode == "table" else ():
+        advice = pool["advice"]
+        out.line(
+            f"{pool['model']} ({pool['mode']}, {pool['actuator']} actuator, replicas "
+            f"{pool['min_replicas']}..{pool['max_replicas']}): would decide {_decided(advice)}"
+        )
+        steps = [[c["name"], _figure(c["value"])] for c in advice["chain"]]
+        out.table(["STEP", "VALUE"], steps)
+        if advice["signals"] is not None:
+            out.line(_signals_line(advice["signals"]))
+        out.line("last tick: " + ("none yet" if pool["last"] is None else _decided(pool["last"])))
+    if not pools:
+        print(f"homing: {_not_autoscaled(args.model)}", file=sys.stderr)
+    elif out.mode == "table":
+        out.line(ADVISE_UNCHANGED)
+    return EXIT_OK
+
+
 def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `workers`, `models`, `tenants` and `stats` to the `homing` sub-commands."""
+    """Add `workers`, `models`, `tenants`, `stats` and `scaler` to the `homing`
+    sub-commands."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--admin",
@@ -313,6 +466,14 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "stats", parents=[common], help="uptime, requests in flight, workers per model"
     )
     stats.set_defaults(admin_verb=_stats)
+    scaler = sub.add_parser("scaler", help="the autoscaler's state and advice")
+    ssub = scaler.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = verb(ssub, "status", _scaler_status, "each autoscaled pool: replicas, its last decision")
+    p.add_argument("--model", help="only this model's pool")
+    p = verb(
+        ssub, "advise", _scaler_advise, "what the autoscaler would decide now (changes nothing)"
+    )
+    p.add_argument("--model", help="only this model's pool")
 
 
 #: Longest wait a command may ask for (seconds): a day.

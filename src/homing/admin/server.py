@@ -36,7 +36,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import structlog
@@ -50,6 +50,10 @@ from homing.gateway.auth import Principal
 from homing.gateway.quotas import QuotaGuard, QuotaStoreError, ScopeUsage, scopes_for
 from homing.v1 import admin_pb2 as pb
 from homing.v1 import admin_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from homing.scaler.loop import PoolScaler, Scaler
+    from homing.scaler.policy import Decision, PoolSignals
 
 log = structlog.get_logger("homing.admin")
 
@@ -255,8 +259,81 @@ def _use(limits: QuotaLimits | None, usage: ScopeUsage | None) -> pb.QuotaUse:
     return message
 
 
+def signals_message(s: PoolSignals) -> pb.ScalerSignals:
+    """The `ScalerSignals` of one tick's `s` (`last_arrival_age_s`: seconds from its newest
+    arrival to `s.now`, both on the scaler's clock)."""
+    message = pb.ScalerSignals(
+        ready=s.ready,
+        warm=s.warm,
+        starting=s.starting,
+        draining=s.draining,
+        in_flight=s.in_flight,
+        queued=s.queued,
+        prefill_tokens_per_s=s.prefill_tokens_per_s,
+        arrivals_per_s=s.arrivals_per_s,
+        workers_waiting=s.workers_waiting,
+        decode_streams_per_replica=s.decode_streams_per_replica,
+        prefill_tokens_per_s_per_replica=s.prefill_tokens_per_s_per_replica,
+    )
+    if s.last_arrival_at is not None:
+        message.last_arrival_age_s = max(0.0, s.now - s.last_arrival_at)
+    for name in ("ttft_p95_s", "ttft_slo_s", "burn_rate", "cold_start_s"):
+        value = getattr(s, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
+
+
+def decision_message(d: Decision, s: PoolSignals | None) -> pb.ScalerDecision:
+    """The `ScalerDecision` of `d`, decided from `s` (None: signals not kept); its chain in
+    the order the policy computed it."""
+    message = pb.ScalerDecision(
+        desired_ready=d.desired_ready,
+        desired_warm=d.desired_warm,
+        reason=d.reason,
+        fast=d.fast,
+        chain=[pb.ScalerChainStep(name=k, value=v) for k, v in d.chain.items()],
+    )
+    if d.held_by is not None:
+        message.held_by = d.held_by
+    if s is not None:
+        message.signals.CopyFrom(signals_message(s))
+    return message
+
+
+def scaler_pool_message(p: PoolScaler, *, advise: bool = False) -> pb.ScalerPool:
+    """The `ScalerPool` of `p` now; with `advise`, also `p.advise()` (which acts on
+    nothing)."""
+    counts = p.counts()
+    message = pb.ScalerPool(
+        model=p.model,
+        mode=p.mode,
+        actuator=p.actuator.kind,
+        ready=counts["ready"],
+        warm=counts["warm"],
+        starting=counts["starting"],
+        draining=counts["draining"],
+        ejected=counts["ejected"],
+        min_replicas=p.config.min_replicas,
+        max_replicas=p.config.max_replicas,
+        default_cold_start_s=p.config.default_cold_start_s,
+        decode_streams_per_replica=p.estimator.decode_streams,
+        prefill_tokens_per_s_per_replica=p.estimator.prefill_tokens_per_s,
+    )
+    cold = p.actuator.cold_start_s()
+    if cold is not None:
+        message.cold_start_s = cold
+    if p.last is not None:
+        message.last.CopyFrom(decision_message(p.last, p.last_signals))
+    if advise:
+        signals, decision = p.advise()
+        message.advice.CopyFrom(decision_message(decision, signals))
+    return message
+
+
 class AdminServicer(pb_grpc.AdminServicer):
-    """The `homing.v1.Admin` calls over a `Fleet`, the tenants' config and their quotas."""
+    """The `homing.v1.Admin` calls over a `Fleet`, the tenants' config, their quotas and
+    the autoscaler (`scaler()`: the running one, None when none is enabled)."""
 
     def __init__(
         self,
@@ -267,6 +344,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         quotas: QuotaGuard | None,
         in_flight: Callable[[], int],
         started_at: float,
+        scaler: Callable[[], Scaler | None] = lambda: None,
     ) -> None:
         self.fleet = fleet
         self.keys = list(keys)
@@ -274,6 +352,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         self.quotas = quotas
         self.in_flight = in_flight
         self.started_at = started_at
+        self.scaler = scaler
 
     def authorized(self, metadata: Sequence[tuple[str, Any]] | None) -> bool:
         """Whether the call's metadata carries a configured admin key (always, with none
@@ -450,13 +529,28 @@ class AdminServicer(pb_grpc.AdminServicer):
             ],
         )
 
+    @_admin_call
+    async def GetScaler(
+        self, request: pb.GetScalerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetScalerResponse:
+        if request.model:
+            self.fleet.model(request.model)  # UnknownModel (NOT_FOUND) for one not served
+        scaler = self.scaler()
+        pools = [] if scaler is None else list(scaler.pools)
+        if request.model:
+            pools = [p for p in pools if p.model == request.model]
+        return pb.GetScalerResponse(
+            pools=[scaler_pool_message(p, advise=request.advise) for p in pools]
+        )
+
 
 class AdminServer:
     """The admin API of one gateway process (see the module docstring).
 
     `tenants`: the configured tenants (`HomingConfig.tenants`); `quotas`: their quota guard
     (None without tenants); `in_flight`: the gateway's requests in flight now;
-    `started_at`: `time.monotonic()` when the process started serving (default: now).
+    `started_at`: `time.monotonic()` when the process started serving (default: now);
+    `scaler`: the running autoscaler, asked at each `GetScaler` (None: none enabled).
     After `start`: `socket_path` (None without a socket), `tcp_port` (None without TCP)
     and `addresses` (as `--admin` takes them: "unix:PATH", "HOST:PORT").
     """
@@ -470,6 +564,7 @@ class AdminServer:
         quotas: QuotaGuard | None = None,
         in_flight: Callable[[], int] = lambda: 0,
         started_at: float | None = None,
+        scaler: Callable[[], Scaler | None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.servicer = AdminServicer(
@@ -479,6 +574,7 @@ class AdminServer:
             quotas=quotas,
             in_flight=in_flight,
             started_at=time.monotonic() if started_at is None else started_at,
+            scaler=scaler,
         )
         self.server: grpc.aio.Server | None = None
         self.socket_path: str | None = None

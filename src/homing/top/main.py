@@ -1,4 +1,5 @@
-"""`homing top [--url URL] [--interval S] [--window S] [--once] [--output table|json]`.
+"""`homing top [--url URL] [--interval S] [--window S] [--once] [--output table|json]
+[--admin ADDR] [--admin-key KEY]`.
 
 Scrapes `URL/metrics` (URL: the gateway's HTTP address, default http://127.0.0.1:8080; a URL
 whose path already ends in /metrics is used as it is; no scheme means http) every `--interval`
@@ -8,7 +9,14 @@ scrapes `--interval` apart, prints one frame and exits. `--output json` prints t
 instead (`Frame.as_dict`): indented with `--once`, else one compact object per line per refresh
 (a failed scrape then prints its `homing: ...` line on stderr instead of a frame).
 
-Errors: when the first scrape fails (nothing answering, a status other than 200, a body that is
+Scaler lines: at each frame the admin API (`--admin`/`--admin-key`, as the admin verbs take
+them; `homing.top.scaler`) is asked for the autoscaled pools; one line per autoscaled model
+is drawn below the models table, none when no model is autoscaled. In JSON the frame then
+has a `scalers` list (`ScalerPool`s), and `scaler_error` when that call failed; a failed
+call never ends the command.
+
+Errors: a malformed `$HOMING_ADMIN` is one line `homing: <what>` on stderr and exit 1; when
+the first scrape fails (nothing answering, a status other than 200, a body that is
 not a homing gateway's Prometheus text, no answer within `SCRAPE_TIMEOUT_S`), one line
 `homing: <what>` on stderr and exit 1; a later failure shows in the header, and the view keeps
 the last data and tries again at the next refresh (the gateway may be restarting). Data goes
@@ -33,6 +41,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from homing.top.frame import Frame, Scrape
+    from homing.top.scaler import ScalerFeed, ScalerView
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -94,6 +103,26 @@ def add_top_arguments(p: argparse.ArgumentParser) -> None:
         default="table",
         help="tables (default) or the same data as JSON",
     )
+    p.add_argument(
+        "--admin",
+        type=_admin_address,
+        metavar="ADDR",
+        help="admin API address for the scaler lines, unix:PATH or HOST:PORT (default "
+        "$HOMING_ADMIN, else unix:<state dir>/admin.sock)",
+    )
+    p.add_argument("--admin-key", metavar="KEY", help="admin key (default $HOMING_ADMIN_KEY)")
+
+
+def _admin_address(text: str) -> str:
+    """An `--admin` address as `homing.admin.client.resolve_address` reads it (a usage
+    error otherwise); the text itself."""
+    from homing.admin.client import resolve_address
+
+    try:
+        resolve_address(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def metrics_url(url: str) -> str:
@@ -165,11 +194,16 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
-def _print_json(frame: Frame, indent: int | None) -> None:
-    print(json.dumps(frame.as_dict(), indent=indent), flush=True)
+def _print_json(frame: Frame, scaler: ScalerView, indent: int | None) -> None:
+    data = frame.as_dict()
+    if scaler.pools:
+        data["scalers"] = scaler.pools
+    if scaler.error:
+        data["scaler_error"] = scaler.error
+    print(json.dumps(data, indent=indent), flush=True)
 
 
-def _once(url: str, args: argparse.Namespace) -> int:
+def _once(url: str, args: argparse.Namespace, feed: ScalerFeed) -> int:
     from homing.top.frame import Window
     from homing.top.view import render
 
@@ -178,14 +212,15 @@ def _once(url: str, args: argparse.Namespace) -> int:
     time.sleep(args.interval)
     window.add(scrape(url))
     frame = window.frame()
+    scaler = feed.fetch()
     if args.output == "json":
-        _print_json(frame, indent=2)
+        _print_json(frame, scaler, indent=2)
     else:
-        _console().print(render(frame, url))
+        _console().print(render(frame, url, scaler=scaler))
     return EXIT_OK
 
 
-def _live(url: str, args: argparse.Namespace) -> int:
+def _live(url: str, args: argparse.Namespace, feed: ScalerFeed) -> int:
     from rich.live import Live
 
     from homing.top.frame import Window
@@ -194,10 +229,11 @@ def _live(url: str, args: argparse.Namespace) -> int:
     window = Window(args.window)
     window.add(scrape(url))  # the first failure ends the command
     status: str | None = None
+    scaler = feed.fetch()
     next_at = time.monotonic()
 
     def tick() -> None:
-        nonlocal status, next_at
+        nonlocal status, scaler, next_at
         next_at += args.interval
         now = time.monotonic()
         if next_at < now:  # fell behind (a slow scrape): start the cadence again from now
@@ -208,27 +244,36 @@ def _live(url: str, args: argparse.Namespace) -> int:
             status = None
         except ScrapeError as err:
             status = f"last scrape failed: {err}"
+        scaler = feed.fetch()
 
     if args.output == "json":
-        _print_json(window.frame(), indent=None)
+        _print_json(window.frame(), scaler, indent=None)
         while True:
             tick()
             if status is None:
-                _print_json(window.frame(), indent=None)
+                _print_json(window.frame(), scaler, indent=None)
             else:
                 print(f"homing: {status}", file=sys.stderr, flush=True)
-    with Live(render(window.frame(), url), console=_console(), auto_refresh=False) as live:
+    first = render(window.frame(), url, scaler=scaler)
+    with Live(first, console=_console(), auto_refresh=False) as live:
         while True:
             tick()
-            live.update(render(window.frame(), url, status), refresh=True)
+            live.update(render(window.frame(), url, status, scaler), refresh=True)
 
 
 def run_top(args: argparse.Namespace) -> int:
     """Run `homing top` with `args` parsed by `add_top_arguments`'s options; the exit
     status."""
+    from homing.top.scaler import ScalerFeed
+
     url = args.url  # already the /metrics URL (`metrics_url` is the option's type)
     try:
-        return _once(url, args) if args.once else _live(url, args)
+        feed = ScalerFeed.from_args(args.admin, args.admin_key)
+    except ValueError as err:  # a malformed $HOMING_ADMIN (`--admin` is checked as parsed)
+        print(f"homing: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        return _once(url, args, feed) if args.once else _live(url, args, feed)
     except ScrapeError as err:
         print(f"homing: {err}", file=sys.stderr)
         return EXIT_FAILED
@@ -237,3 +282,5 @@ def run_top(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # stdout's reader left (`homing top --output json | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return EXIT_OK
+    finally:
+        feed.close()

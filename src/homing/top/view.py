@@ -1,16 +1,19 @@
 """rich tables of a `homing top` frame: one row per model, one per worker; "-" for a figure
 the gateway does not export (or, for rates and quantiles, before the window has two scrapes
-or without requests in it)."""
+or without requests in it). Below the models, one line per autoscaled model from the admin
+API (`homing.top.scaler`), shown only when some model is autoscaled (or the call failed)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from homing.top.frame import Frame, ModelRow, WorkerRow
+from homing.top.scaler import ScalerView
 
 MODEL_COLUMNS = (
     "MODEL",
@@ -156,9 +159,35 @@ def literal(text: str) -> Text:
     return Text(text)
 
 
-def render(frame: Frame, source: str, status: str | None = None) -> RenderableType:
+def scaler_line(pool: Mapping[str, Any]) -> str:
+    """`scaler <model>: <mode> ready R/desired D warm W starting S draining X (<reason>)` of
+    one `ScalerPool` (as `homing.admin.commands.scaler_dict` gives it): R, W, S and X now,
+    D and the reason of the latest tick ("desired -" and "no decision yet" before it)."""
+    last = pool.get("last")
+    desired = "-" if last is None else str(last["desired_ready"])
+    reason = "no decision yet" if last is None else last["reason"]
+    return (
+        f"scaler {pool['model']}: {pool['mode']} ready {pool['ready']}/desired {desired} "
+        f"warm {pool['warm']} starting {pool['starting']} draining {pool['draining']} "
+        f"({reason})"
+    )
+
+
+def _scaler_lines(scaler: ScalerView | None) -> list[RenderableType]:
+    if scaler is None:
+        return []
+    lines: list[RenderableType] = [literal(scaler_line(p)) for p in scaler.pools]
+    if scaler.error:
+        lines.append(Text(f"scaler: {scaler.error}", style="bold red"))
+    return [*lines, Text("")] if lines else []
+
+
+def render(
+    frame: Frame, source: str, status: str | None = None, scaler: ScalerView | None = None
+) -> RenderableType:
     """The frame as a header line (`source`, the window, and `status` in red when given: a
-    failed scrape), the models table and the workers table."""
+    failed scrape), the models table, the scaler lines of `scaler` (none when no model is
+    autoscaled; its error in red) and the workers table."""
     window = "-" if frame.window_s is None else f"{frame.window_s:.0f} s"
     header = Text(f"homing top  {source}  window {window} ({frame.scrapes} scrapes)", style="bold")
     if status:
@@ -168,5 +197,6 @@ def render(frame: Frame, source: str, status: str | None = None) -> RenderableTy
         Text(""),
         _table("models", MODEL_COLUMNS, [model_cells(m) for m in frame.models]),
         Text(""),
+        *_scaler_lines(scaler),
         _table("workers", WORKER_COLUMNS, [worker_cells(w) for w in frame.workers]),
     )
