@@ -367,16 +367,17 @@ class PoolScaler:
         """Stop `member`; its URL stays retired (never joined again) until the actuator no
         longer lists it."""
         self._retiring.add(url)
-        if not await self._fenced("stop"):
-            return  # another instance leads: it stops what its own decisions retire
         try:
-            await self.actuator.stop(member)
-        except ActuatorError as err:
-            log.warning("scaler_stop_failed", model=self.model, member=member, error=str(err))
-            return  # still retired: the next tick does not join it again
-        if not any(m.url == url for m in self.actuator.members()):
-            self._retiring.discard(url)
-            self._owned.pop(url, None)
+            if self.advisory or not await self._fenced("stop"):
+                return  # advisory acts on nothing; else another instance leads and stops
+            try:
+                await self.actuator.stop(member)
+            except ActuatorError as err:  # still listed: stays retired, never joined again
+                log.warning("scaler_stop_failed", model=self.model, member=member, error=str(err))
+        finally:
+            if not any(m.url == url for m in self.actuator.members()):
+                self._retiring.discard(url)  # its address may serve a new member
+                self._owned.pop(url, None)
 
     def _spawn(self, coro: object, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
