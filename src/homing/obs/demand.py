@@ -61,8 +61,6 @@ class DemandMeter:
     `now`: the clock (seconds, monotonic). `window_s`: the span of `snapshot`.
     """
 
-    _FIELDS = ("arrivals", "prefill_tokens", *(f"ttft{i}" for i in range(TTFT_BUCKETS)))
-
     def __init__(
         self,
         *,
@@ -72,37 +70,42 @@ class DemandMeter:
     ) -> None:
         self._now = now
         self.window_s = window_s
-        self._sums = WindowedSums(
-            self._FIELDS, now=now, horizon_s=window_s, resolution_s=resolution_s
+        # Two windows, so a request's arrival and routing touch 2 sums, not every bucket's.
+        self._load = WindowedSums(
+            ("arrivals", "prefill_tokens"), now=now, horizon_s=window_s, resolution_s=resolution_s
         )
-        self._zeros = [0.0] * len(self._FIELDS)
+        self._ttft = WindowedSums(
+            [f"ttft{i}" for i in range(TTFT_BUCKETS)],
+            now=now,
+            horizon_s=window_s,
+            resolution_s=resolution_s,
+        )
+        self._one_ttft = [0.0] * TTFT_BUCKETS
         self.last_arrival_at: float | None = None
-
-    def _add(self, index: int, value: float) -> None:
-        values = self._zeros.copy()
-        values[index] = value
-        self._sums.add(values)
 
     def arrived(self) -> None:
         """A request arrived (before any quota or admission wait)."""
         self.last_arrival_at = self._now()
-        self._add(0, 1.0)
+        self._load.add((1.0, 0.0))
 
     def routed(self, uncached_tokens: int) -> None:
         """A routing decision sends `uncached_tokens` prompt tokens to be prefilled."""
         if uncached_tokens > 0:
-            self._add(1, float(uncached_tokens))
+            self._load.add((0.0, float(uncached_tokens)))
 
     def first_token(self, ttft_s: float) -> None:
         """A request's first token came `ttft_s` seconds after its arrival."""
         if ttft_s >= 0 and math.isfinite(ttft_s):
-            self._add(2 + _ttft_bucket(ttft_s), 1.0)
+            values = self._one_ttft.copy()
+            values[_ttft_bucket(ttft_s)] = 1.0
+            self._ttft.add(values)
 
     def snapshot(self) -> Demand:
         """Rates over the last `window_s` (the span covered so far, at least one bucket)."""
-        sums = self._sums.sums(self.window_s)
-        span = max(self._sums.span_s(self.window_s), self._sums.resolution_s)
-        counts = [sums[f"ttft{i}"] for i in range(TTFT_BUCKETS)]
+        sums = self._load.sums(self.window_s)
+        span = self._load.span_s(self.window_s)  # at least one bucket
+        ttft = self._ttft.sums(self.window_s)
+        counts = [ttft[f"ttft{i}"] for i in range(TTFT_BUCKETS)]
         total = sum(counts)
         p95: float | None = None
         if total > 0:
