@@ -343,9 +343,9 @@ class ScalerSettings(_Section):
     start (`default_cold_start_s` before one is measured); it scales down only after
     `scale_down_window_s` below, `scale_down_cooldown_s` after a scale-up, beyond
     `hysteresis`, by at most `max_scale_down_fraction` at a time; up by at most
-    max(`max_scale_up_replicas`, `max_scale_up_fraction` x ready) a tick. `warm_replicas` started
-    but idle (None: from the growth expected during one cold start, at most
-    `max_warm_replicas`). `scale_to_zero` with `min_replicas = 0`: no replica after
+    max(`max_scale_up_replicas`, `max_scale_up_fraction` x ready) a tick. `warm_replicas`
+    started but idle (None: the replicas that the growth expected during one cold start
+    needs beyond the target, at most `max_warm_replicas`). `scale_to_zero` with `min_replicas = 0`: no replica after
     `idle_to_zero_s` without requests. `gpus_per_replica` (None: the simulated preset's TP,
     else 1) counts against `gpu_budget` (all pools together; set it in `[scaler]`).
     `leader`: with several gateway instances, the one that actuates the pool: "single"

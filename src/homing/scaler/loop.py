@@ -235,12 +235,13 @@ class PoolScaler:
         demand = self.demand.snapshot()
         counts = self.counts()
         warm_share = max(0, (self.last.desired_warm if self.last else 0) - counts["warm"])
+        warm_share = min(warm_share, counts["starting"])
         serving = [w for w in workers if w.phase is not Phase.JOINING]
         return PoolSignals(
             now=now,
             ready=counts["ready"],
             warm=counts["warm"],
-            starting=max(0, counts["starting"] - warm_share),
+            starting=counts["starting"] - warm_share,
             draining=counts["draining"],
             in_flight=sum(w.in_flight for w in serving),
             queued=self.dispatch.queued,
@@ -254,6 +255,7 @@ class PoolScaler:
             cold_start_s=self.actuator.cold_start_s(),
             decode_streams_per_replica=self.estimator.decode_streams,
             prefill_tokens_per_s_per_replica=self.estimator.prefill_tokens_per_s,
+            warm_starting=warm_share,
         )
 
     # -- acting --

@@ -15,15 +15,21 @@ replicas already taking requests or already asked for):
    max_replicas. `desired_ready` is always a target total, so replicas that are starting
    are never asked for again (the loop starts desired - ready - warm - starting).
 2. Fast path, when a leading indicator fires: `queued` grew on `queue_growth_ticks` ticks in
-   a row, ttft_p95 > ttft_slo, burn_rate > `burn_rate_threshold`, or every ready replica
-   reported a waiting queue on `queue_growth_ticks` ticks in a row. Target = max(need,
-   current) + step, step = max(fast_step_min, ceil(growth x cold_start)); growth = the
-   least-squares slope (>= 0, replicas/s) of raw over the last `growth_ticks` ticks;
-   cold_start = `cold_start_s` or `default_cold_start_s`. At most one step per cold_start:
-   before that the last step's replicas are starting, or have just landed while the
-   indicators (windows of TTFT and burn rate) still lag (held_by "starting"); replicas still
-   starting a cold start later are late, and one more step goes. A tick with an indicator firing
-   counts as "current was not enough" in the scale-down window.
+   a row, every ready replica reported a waiting queue on `queue_growth_ticks` ticks in a
+   row, or, while the pool is loaded, ttft_p95 > ttft_slo or burn_rate >
+   `burn_rate_threshold`. Loaded: something waits (queued, or a ready replica's waiting
+   queue) or raw >= `loaded_utilisation` x ready. Latency on a pool with free capacity
+   comes from elsewhere (a slow replica, long prompts, the host), and replicas do not fix
+   it. Target = max(need, current) + step, step = max(fast_step_min, ceil(growth x
+   cold_start)); growth (>= 0, replicas/s) = the least-squares slopes of the demand over
+   the last `growth_ticks` ticks, in its own units (streams/s, prefill tokens/s/s),
+   divided by the capacity figures, so a changed capacity estimate is not growth;
+   cold_start = `cold_start_s` or `default_cold_start_s`. At most one step per cold_start,
+   and none while the replicas of a scale-up within the last cold start are starting:
+   they are the answer, and the indicators (windows of TTFT and burn rate) lag their
+   landing (held_by "starting"); replicas still starting a cold start after the last step
+   are late, and one more step goes. A tick with an indicator firing counts as "current
+   was not enough" in the scale-down window.
 3. Scale-down (need < current, no indicator firing), each check in this order, the first
    that fails naming `held_by`: the surplus current - need must exceed hysteresis x
    current and be >= 1 ("hysteresis"); the policy must have ticked for
@@ -44,9 +50,12 @@ replicas already taking requests or already asked for):
    default scale-up policy (4 pods or 100% per period), so a burst never starts a whole
    cluster in one tick.
 5. Warm pool: `warm_replicas` when set, else 0 at a target of 0 and otherwise
-   min(max_warm_replicas, ceil(growth x cold_start)) (a steady load keeps none, a ramp
-   enough to absorb one cold start), held at its largest over `scale_down_window_s` (a warm
-   replica costs a cold start to bring back); clamped so desired_ready + desired_warm <=
+   min(max_warm_replicas, ceil(raw + growth x cold_start - target)): the replicas the
+   demand expected one cold start from now needs beyond the target, whose headroom absorbs
+   the rest (a steady load keeps none, a ramp what one cold start of it outgrows). Warm
+   replicas held now are kept up to the largest figure over `scale_down_window_s` (a warm
+   replica costs a cold start to bring back), but a promoted one is replaced only when the
+   figure of this tick asks for it; clamped so desired_ready + desired_warm <=
    max_replicas.
 6. A decision depends on the signals and the policy's previous ticks only; call `decide`
    once per tick.
@@ -57,8 +66,10 @@ default_cold_start_s 60 (the seed: a 70B replica takes a minute or more to load)
 scale_down_window_s 120 and scale_down_cooldown_s 60 (Knative's stable window is 60 s and
 the Kubernetes HPA's scale-down stabilisation 300 s; an LLM replica costs a cold start of
 about a minute to bring back, so twice that); tick_s 5 (a decode stream lasts seconds, so
-one tick sees a step); queue_growth_ticks 2 and growth_ticks 4 (one noisy tick never
-fires, a slope over 20 s); hysteresis 0.1 and max_scale_down_fraction 0.25 (a tenth of
+one tick sees a step); queue_growth_ticks 2 (one noisy tick never fires); growth_ticks 12
+(a slope over one default cold start, 60 s: a ramp of integer streams steps a few times in
+it); loaded_utilisation 0.9 (above the 1 / 1.2 = 0.83 of ready capacity that the default
+headroom leaves a right-sized pool at); hysteresis 0.1 and max_scale_down_fraction 0.25 (a tenth of
 slack is noise; a quarter per tick takes a pool down gradually while streams drain);
 max_warm_replicas 2; idle_to_zero_s 300 (five minutes without a request).
 """
@@ -97,7 +108,8 @@ class ScalerConfig:
     scale_to_zero: bool = False
     idle_to_zero_s: float = 300.0
     gpus_per_replica: int = 1
-    growth_ticks: int = 4
+    growth_ticks: int = 12
+    loaded_utilisation: float = 0.9
     max_scale_up_replicas: int = 4
     max_scale_up_fraction: float = 1.0
 
@@ -114,6 +126,8 @@ class ScalerConfig:
             raise ValueError("need fast_step_min >= 1, queue_growth_ticks >= 1, growth_ticks >= 2")
         if self.burn_rate_threshold <= 0:
             raise ValueError("burn_rate_threshold must be positive")
+        if not 0 <= self.loaded_utilisation <= 1:
+            raise ValueError("loaded_utilisation must be in [0, 1]")
         if self.scale_down_window_s < 0 or self.scale_down_cooldown_s < 0:
             raise ValueError("scale_down_window_s and scale_down_cooldown_s must not be negative")
         if not 0 <= self.hysteresis < 1:
@@ -145,7 +159,8 @@ class PoolSignals:
     window (None: no data). workers_waiting: ready replicas whose engine reports a waiting
     queue. cold_start_s: measured by the actuator (None: not yet).
     decode_streams_per_replica / prefill_tokens_per_s_per_replica: the pool's
-    `CapacityEstimator` figures.
+    `CapacityEstimator` figures. warm_starting: replicas starting for the warm pool (not in
+    `starting`).
     """
 
     now: float
@@ -165,6 +180,7 @@ class PoolSignals:
     cold_start_s: float | None
     decode_streams_per_replica: float
     prefill_tokens_per_s_per_replica: float
+    warm_starting: int = 0
 
 
 @dataclass(frozen=True)
@@ -225,7 +241,8 @@ class ScalingPolicy:
     def __init__(self, config: ScalerConfig) -> None:
         self.config = config
         self._first_at: float | None = None
-        self._raw: deque[tuple[float, float]] = deque(maxlen=config.growth_ticks)
+        self._streams: deque[tuple[float, float]] = deque(maxlen=config.growth_ticks)
+        self._prefill: deque[tuple[float, float]] = deque(maxlen=config.growth_ticks)
         self._prev_queued: int | None = None
         self._queue_growth = 0
         self._window: deque[tuple[float, int]] = deque()
@@ -261,8 +278,7 @@ class ScalingPolicy:
         raw = decode + prefill
         with_headroom = raw * (1.0 + cfg.headroom)
         need_raw = max(0, math.ceil(with_headroom - EPSILON))
-        self._raw.append((now, raw))
-        growth = max(0.0, slope(list(self._raw)))
+        growth = self._growth(now, streams, prefill_demand, s)
         cold = _number(s.cold_start_s) or cfg.default_cold_start_s
 
         # leading indicators
@@ -277,15 +293,14 @@ class ScalingPolicy:
             self._waiting_ticks += 1
         else:
             self._waiting_ticks = 0
+        loaded = queued > 0 or s.workers_waiting > 0 or raw >= cfg.loaded_utilisation * ready
+        slow = (
+            s.ttft_p95_s is not None and s.ttft_slo_s is not None and s.ttft_p95_s > s.ttft_slo_s
+        ) or (s.burn_rate is not None and s.burn_rate > cfg.burn_rate_threshold)
         pressure = (
             self._queue_growth >= cfg.queue_growth_ticks
-            or (
-                s.ttft_p95_s is not None
-                and s.ttft_slo_s is not None
-                and s.ttft_p95_s > s.ttft_slo_s
-            )
-            or (s.burn_rate is not None and s.burn_rate > cfg.burn_rate_threshold)
             or self._waiting_ticks >= cfg.queue_growth_ticks
+            or (slow and loaded)
         )
 
         # 4. the floor, and zero
@@ -313,8 +328,11 @@ class ScalingPolicy:
             base = max(need, current)
             target = base
             # One step per cold start: before that the last step's replicas are starting, or
-            # have just landed while the indicators (windows of TTFT and burn) still lag.
-            recent = self._fast_at is not None and now - self._fast_at < cold
+            # have just landed while the indicators (windows of TTFT and burn) still lag; and
+            # none while a recent scale-up's replicas are still on their way.
+            recent = (self._fast_at is not None and now - self._fast_at < cold) or (
+                starting > 0 and self._last_up_at is not None and now - self._last_up_at < cold
+            )
             if not recent:
                 step = max(cfg.fast_step_min, math.ceil(growth * cold - EPSILON))
                 if base + step > cfg.max_replicas:
@@ -358,14 +376,17 @@ class ScalingPolicy:
         elif target == 0:
             warm = 0
         else:
-            warm = min(cfg.max_warm_replicas, max(0, math.ceil(growth * cold - EPSILON)))
-        # Held like ready replicas: it rises at once and falls only after the stable window
-        # (a warm replica costs a cold start to bring back).
+            outgrown = raw + growth * cold - target
+            warm = min(cfg.max_warm_replicas, max(0, math.ceil(outgrown - EPSILON)))
+        # Held: a warm replica held now is kept while the stable window asked for it (it
+        # costs a cold start to bring back); a promoted one is replaced only on this tick's
+        # figure.
         self._warm_window.append((now, warm))
         while self._warm_window and self._warm_window[0][0] < now - cfg.scale_down_window_s:
             self._warm_window.popleft()
         if target > 0 or cfg.warm_replicas is not None:
-            warm = max(v for _, v in self._warm_window)
+            held = max(v for _, v in self._warm_window)
+            warm = max(warm, min(held, max(0, s.warm) + max(0, s.warm_starting)))
         warm = max(0, min(warm, cfg.max_replicas - target))
 
         chain = {
@@ -385,6 +406,23 @@ class ScalingPolicy:
             "window_max": float(max(v for _, v in self._window)),
         }
         return Decision(target, warm, reason, fast, chain, held_by)
+
+    def _growth(self, now: float, streams: float, prefill: float, s: PoolSignals) -> float:
+        """Replicas/s the demand grows by (>= 0): the slopes of streams and of prefill
+        tokens/s over the last `growth_ticks` ticks, each over its capacity figure (0 where
+        that figure is unusable)."""
+        cfg = self.config
+        self._streams.append((now, streams))
+        self._prefill.append((now, prefill))
+        growth = 0.0
+        for points, per_replica in (
+            (self._streams, s.decode_streams_per_replica),
+            (self._prefill, s.prefill_tokens_per_s_per_replica),
+        ):
+            capacity = _number(per_replica) * cfg.target_utilisation
+            if capacity > 0:
+                growth += slope(list(points)) / capacity
+        return max(0.0, growth)
 
     def _scale(
         self, need: int, need_raw: int, current: int, ready: int, floor: int, now: float

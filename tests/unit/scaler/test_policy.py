@@ -234,10 +234,49 @@ def test_a_landed_step_settles_one_cold_start_before_the_next() -> None:
     one cold start (10 s) after the last; then, still firing, one more."""
     policy = ScalingPolicy(cfg(default_cold_start_s=10.0))
     assert policy.decide(sig(0.0, in_flight=40, ttft_p95_s=0.9)).desired_ready == 5
-    d = policy.decide(sig(TICK, ready=5, in_flight=40, ttft_p95_s=0.9))
+    d = policy.decide(sig(TICK, ready=5, in_flight=45, ttft_p95_s=0.9))
     assert (d.fast, d.desired_ready, d.held_by) == (False, 5, "starting")
-    d = policy.decide(sig(2 * TICK, ready=5, in_flight=40, ttft_p95_s=0.9))
+    d = policy.decide(sig(2 * TICK, ready=5, in_flight=45, ttft_p95_s=0.9))
     assert d.fast and d.desired_ready == 6
+
+
+def test_latency_over_its_slo_on_a_pool_with_free_capacity_adds_nothing() -> None:
+    """TTFT and burn rate over their limits fire only while the pool is loaded: 30 streams
+    on 4 replicas of 10 (0.75 < 0.9 of capacity) with nothing waiting keep 4; at 36 streams
+    (0.9), or with one replica's waiting queue, or with a queued request, they step."""
+    for quiet in ({"ttft_p95_s": 5.0}, {"burn_rate": 100.0}):
+        policy = ScalingPolicy(cfg(fast_step_min=2))
+        for i in range(3):
+            d = policy.decide(sig(i * TICK, in_flight=30, **quiet))
+            assert (d.fast, d.desired_ready) == (False, 4)
+        for loaded in ({"in_flight": 36}, {"workers_waiting": 1}, {"queued": 1}):
+            policy = ScalingPolicy(cfg(fast_step_min=2))
+            d = policy.decide(sig(0.0, **{"in_flight": 30, **loaded, **quiet}))
+            assert d.fast and d.desired_ready == 6
+
+
+def test_no_fast_step_while_a_scale_up_is_starting() -> None:
+    """The chain asked for 2 more replicas; while they start, the lagging TTFT adds no step;
+    a cold start (30 s) after that scale-up, with replicas still starting, one goes."""
+    policy = ScalingPolicy(cfg())
+    up = policy.decide(sig(0.0, in_flight=60, cold_start_s=30.0))
+    assert (up.desired_ready, up.fast, up.reason) == (6, False, "scale_up")
+    for t in (TICK, 2 * TICK, 25.0):
+        d = policy.decide(sig(t, starting=2, in_flight=60, cold_start_s=30.0, ttft_p95_s=0.9))
+        assert (d.desired_ready, d.fast, d.held_by) == (6, False, "starting")
+    d = policy.decide(sig(30.0, starting=2, in_flight=60, cold_start_s=30.0, ttft_p95_s=0.9))
+    assert d.fast and d.desired_ready == 7
+
+
+def test_growth_is_measured_in_demand_not_in_replicas() -> None:
+    """A capacity estimate that halves (20 -> 10 streams per replica) at a steady 80 streams
+    doubles the replicas needed but is no growth: no warm replica, no step."""
+    policy = ScalingPolicy(cfg())
+    for i in range(6):
+        per = 20.0 if i < 3 else 10.0
+        d = policy.decide(sig(i * TICK, ready=8, in_flight=80, decode_streams_per_replica=per))
+    assert d.chain["growth_per_s"] == 0.0
+    assert (d.desired_ready, d.desired_warm) == (8, 0)
 
 
 def test_the_fast_step_stops_at_max_replicas() -> None:
@@ -272,13 +311,13 @@ def test_a_fresh_policy_waits_a_whole_window_before_scaling_down() -> None:
 
 
 def test_a_firing_indicator_restarts_the_window() -> None:
-    """A tick with TTFT over its SLO counts as current being needed."""
+    """A tick with TTFT over its SLO while a request waits counts as current being needed."""
     policy = ScalingPolicy(cfg(fast_step_min=1))
     t = 0.0
     while t <= 200.0:
         policy.decide(sig(t, ready=10, in_flight=20))
         t += TICK
-    policy.decide(sig(t, ready=10, starting=1, in_flight=20, ttft_p95_s=0.9))
+    policy.decide(sig(t, ready=10, starting=1, in_flight=20, queued=1, ttft_p95_s=0.9))
     d = policy.decide(sig(t + 70.0, ready=11, in_flight=20))
     assert d.held_by == "window"
 
@@ -363,9 +402,9 @@ def test_a_pool_left_with_no_ready_replica_asks_for_one_at_once() -> None:
 
 
 def test_warm_pool_follows_growth_times_cold_start() -> None:
-    """Steady load keeps no warm replica; 0.2 replicas/s x 5 s cold start keeps 1; x 60 s
-    would be 12, capped at max_warm_replicas 2; a configured number is kept as it is, within
-    max_replicas."""
+    """Steady load keeps no warm replica; 0.2 replicas/s x 5 s cold start keeps 1 beyond the
+    target; x 60 s would be 12, capped at max_warm_replicas 2; a configured number is kept as
+    it is, within max_replicas."""
     steady = ScalingPolicy(cfg())
     for i in range(5):
         d = steady.decide(sig(i * TICK, in_flight=40))
@@ -405,15 +444,38 @@ def test_a_burst_scales_up_at_most_the_rate_cap_a_tick() -> None:
 
 
 def test_the_warm_pool_falls_only_after_the_stable_window() -> None:
-    """Growth asks for warm replicas at once; when it flattens they are kept for the window
-    (a warm replica costs a cold start to bring back), then released."""
-    policy = ScalingPolicy(cfg(scale_down_window_s=30.0, max_warm_replicas=2))
+    """Growth asks for warm replicas at once; when it flattens the 2 held (warm or starting
+    for it) are kept for the window (a warm replica costs a cold start to bring back), then
+    released."""
+    policy = ScalingPolicy(cfg(scale_down_window_s=30.0, max_warm_replicas=2, growth_ticks=4))
     now = ramp(policy, cold=10.0)
     grown = policy.decide(sig(now + TICK, ready=5, in_flight=50, cold_start_s=10.0))
     assert grown.desired_warm == 2
     flat = [
-        policy.decide(sig(now + TICK * (2 + i), ready=5, in_flight=50, cold_start_s=10.0))
+        policy.decide(
+            sig(
+                now + TICK * (2 + i),
+                ready=5,
+                in_flight=50,
+                cold_start_s=10.0,
+                warm=1,
+                warm_starting=1,
+            )
+        )
         for i in range(10)
     ]
     assert [d.desired_warm for d in flat[:4]] == [2, 2, 2, 2]  # within 30 s of the growth
     assert flat[-1].desired_warm == 0
+
+
+def test_a_promoted_warm_replica_is_replaced_only_while_growth_asks() -> None:
+    """A ramp asked for 2 warm replicas; both were promoted (none held now): with the demand
+    flat, the window's figure starts no new one."""
+    policy = ScalingPolicy(cfg(scale_down_window_s=30.0, max_warm_replicas=2, growth_ticks=4))
+    now = ramp(policy, cold=10.0)
+    assert policy.decide(sig(now + TICK, ready=5, in_flight=50, cold_start_s=10.0)).desired_warm
+    flat = [
+        policy.decide(sig(now + TICK * (2 + i), ready=7, in_flight=50, cold_start_s=10.0))
+        for i in range(4)
+    ]
+    assert [d.desired_warm for d in flat] == [0, 0, 0, 0]
