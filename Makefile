@@ -173,11 +173,11 @@ bench-overhead: proto wrk
 	$(PY) -m homing.bench.overhead --rounds 3 --json bench-out/overhead.json
 
 ## make bench-autoscale: traffic doubles in five minutes (10 -> 20 streams) against the autoscaler
-## over simulated 70B TP8 workers with a one-minute cold start, all at 10x (~75 s); GPU-seconds
+## over simulated 70B TP8 workers with a one-minute cold start, all at 5x (~125 s); GPU-seconds
 ## against an oracle's and p95 TTFT recovery (bench-out/autoscale.json, bench-out/autoscale.png)
 bench-autoscale: proto
 	mkdir -p bench-out
-	$(PY) -m homing.bench.autoscale --speedup 10 --concurrency 10 \
+	$(PY) -m homing.bench.autoscale --speedup 5 --concurrency 10 \
 	    --json bench-out/autoscale.json --plot bench-out/autoscale.png
 
 ## make chaos: kill -9, stall, 10x slowdown, restart, health flapping, UNAVAILABLE and all at
