@@ -345,9 +345,10 @@ class ScalerSettings(_Section):
     `hysteresis`, by at most `max_scale_down_fraction` at a time; up by at most
     max(`max_scale_up_replicas`, `max_scale_up_fraction` x ready) a tick. `warm_replicas`
     started but idle (None: the replicas that the growth expected during one cold start
-    needs beyond the target, at most `max_warm_replicas`). `scale_to_zero` with `min_replicas = 0`: no replica after
-    `idle_to_zero_s` without requests. `gpus_per_replica` (None: the simulated preset's TP,
-    else 1) counts against `gpu_budget` (all pools together; set it in `[scaler]`).
+    needs beyond the target, at most `max_warm_replicas`). `scale_to_zero` with
+    `min_replicas = 0`: no replica after `idle_to_zero_s` without requests.
+    `gpus_per_replica` (None: the simulated preset's TP, else 1) counts against
+    `gpu_budget` (all pools together; set it in `[scaler]`).
     `leader`: with several gateway instances, the one that actuates the pool: "single"
     (this instance alone), "redis" (a lease in Redis at `leader_redis_url`, default
     `quotas.redis_url`) or "kubernetes" (a coordination.k8s.io Lease in `leader_namespace`,
