@@ -17,19 +17,20 @@ replicas already taking requests or already asked for):
 2. Fast path, when a leading indicator fires: `queued` grew on `queue_growth_ticks` ticks in
    a row, every ready replica reported a waiting queue on `queue_growth_ticks` ticks in a
    row, or, while the pool is loaded, ttft_p95 > ttft_slo or burn_rate >
-   `burn_rate_threshold`. Loaded: something waits (queued, or a ready replica's waiting
-   queue) or raw >= `loaded_utilisation` x ready. Latency on a pool with free capacity
-   comes from elsewhere (a slow replica, long prompts, the host), and replicas do not fix
-   it. Target = max(need, current) + step, step = max(fast_step_min, ceil(growth x
-   cold_start)); growth (>= 0, replicas/s) = the least-squares slopes of the demand over
-   the last `growth_ticks` ticks, in its own units (streams/s, prefill tokens/s/s),
-   divided by the capacity figures, so a changed capacity estimate is not growth;
-   cold_start = `cold_start_s` or `default_cold_start_s`. At most one step per cold_start,
-   and none while the replicas of a scale-up within the last cold start are starting:
-   they are the answer, and the indicators (windows of TTFT and burn rate) lag their
-   landing (held_by "starting"); replicas still starting a cold start after the last step
-   are late, and one more step goes. A tick with an indicator firing counts as "current
-   was not enough" in the scale-down window.
+   `burn_rate_threshold`. Loaded: something is queued, every ready replica reports a waiting
+   queue, or raw > 0 and raw >= `loaded_utilisation` x ready. Latency on a pool with free
+   capacity comes from elsewhere (a slow replica, long prompts, the host), and replicas do
+   not fix it. Target = max(need, current) + step, step = max(fast_step_min, ceil(growth x
+   cold_start)); growth (>= 0, replicas/s) = the least-squares slopes of the demand over the
+   last `growth_ticks` ticks, in its own units (streams/s, prefill tokens/s/s), divided by
+   the capacity figures, so a changed capacity estimate is not growth; cold_start =
+   `cold_start_s` or `default_cold_start_s`. At most one step per cold_start, and none
+   within a cold start of the scale-up that began the replicas now starting (timed from the
+   first scale-up since nothing was starting, so a ramp's every-tick chain increase does not
+   extend it): they are the answer, and the indicators (windows of TTFT and burn rate) lag
+   their landing (held_by "starting"); replicas still starting a cold start after that are
+   late, and one more step goes. A tick with an indicator firing counts as "current was not
+   enough" in the scale-down window.
 3. Scale-down (need < current, no indicator firing), each check in this order, the first
    that fails naming `held_by`: the surplus current - need must exceed hysteresis x
    current and be >= 1 ("hysteresis"); the policy must have ticked for
@@ -50,13 +51,14 @@ replicas already taking requests or already asked for):
    default scale-up policy (4 pods or 100% per period), so a burst never starts a whole
    cluster in one tick.
 5. Warm pool: `warm_replicas` when set, else 0 at a target of 0 and otherwise
-   min(max_warm_replicas, ceil(raw + growth x cold_start - target)): the replicas the
-   demand expected one cold start from now needs beyond the target, whose headroom absorbs
-   the rest (a steady load keeps none, a ramp what one cold start of it outgrows). Warm
-   replicas held now are kept up to the largest figure over `scale_down_window_s` (a warm
+   min(max_warm_replicas, ceil(raw + growth x cold_start - target)), target before the
+   scale-up rate cap (so the warm pool never carries what the cap held back): the replicas
+   the demand expected one cold start from now needs beyond the target, whose headroom
+   absorbs the rest (a steady load keeps none, a ramp what one cold start of it outgrows).
+   Warm replicas held now (warm ones this target does not promote, plus those starting for
+   the warm pool) are kept up to the largest figure over `scale_down_window_s` (a warm
    replica costs a cold start to bring back), but a promoted one is replaced only when the
-   figure of this tick asks for it; clamped so desired_ready + desired_warm <=
-   max_replicas.
+   figure of this tick asks for it; clamped so desired_ready + desired_warm <= max_replicas.
 6. A decision depends on the signals and the policy's previous ticks only; call `decide`
    once per tick.
 
@@ -67,11 +69,12 @@ scale_down_window_s 120 and scale_down_cooldown_s 60 (Knative's stable window is
 the Kubernetes HPA's scale-down stabilisation 300 s; an LLM replica costs a cold start of
 about a minute to bring back, so twice that); tick_s 5 (a decode stream lasts seconds, so
 one tick sees a step); queue_growth_ticks 2 (one noisy tick never fires); growth_ticks 12
-(a slope over one default cold start, 60 s: a ramp of integer streams steps a few times in
-it); loaded_utilisation 0.9 (above the 1 / 1.2 = 0.83 of ready capacity that the default
-headroom leaves a right-sized pool at); hysteresis 0.1 and max_scale_down_fraction 0.25 (a tenth of
-slack is noise; a quarter per tick takes a pool down gradually while streams drain);
-max_warm_replicas 2; idle_to_zero_s 300 (five minutes without a request).
+(points 5 s apart over 55 s, about one default cold start: a ramp of integer streams steps a
+few times in it; counted in ticks, so a shorter tick_s shortens it); loaded_utilisation 0.9
+(above the 1 / 1.2 = 0.83 of ready capacity that the default headroom leaves a right-sized
+pool at); hysteresis 0.1 and max_scale_down_fraction 0.25 (a tenth of slack is noise; a
+quarter per tick takes a pool down gradually while streams drain); max_warm_replicas 2;
+idle_to_zero_s 300 (five minutes without a request).
 """
 
 from __future__ import annotations
@@ -194,7 +197,8 @@ class Decision:
     prefill_demand_tok_s, decode_replicas, prefill_replicas, prefill_share, raw,
     with_headroom, need, floor, current, growth_per_s, cold_start_s, step, window_max).
     held_by: why a wanted change did not (fully) happen: "hysteresis", "window",
-    "cooldown", "starting", "max_replicas", or the budget's "gpu_budget"; None: nothing held.
+    "cooldown", "starting", "max_replicas", "scale_up_rate", or the budget's "gpu_budget";
+    None: nothing held.
     """
 
     desired_ready: int
@@ -222,6 +226,12 @@ def _replicas(demand: float, per_replica: float, cap: int) -> float:
     return demand / per_replica
 
 
+def _prune(window: deque[tuple[float, int]], before: float) -> None:
+    """Drop the (time, value) points of `window` older than `before` (oldest first)."""
+    while window and window[0][0] < before:
+        window.popleft()
+
+
 def slope(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (x, y) points (y per x); 0 with fewer than two distinct x."""
     n = len(points)
@@ -247,6 +257,7 @@ class ScalingPolicy:
         self._queue_growth = 0
         self._window: deque[tuple[float, int]] = deque()
         self._last_up_at: float | None = None
+        self._batch_at: float | None = None
         self._prev_target: int | None = None
         self._waiting_ticks = 0
         self._warm_window: deque[tuple[float, int]] = deque()
@@ -263,6 +274,8 @@ class ScalingPolicy:
         in_flight = max(0, s.in_flight)
         queued = max(0, s.queued)
         current = ready + starting
+        if starting == 0:
+            self._batch_at = None
 
         # 1. the chain
         streams = float(in_flight + queued)
@@ -293,7 +306,11 @@ class ScalingPolicy:
             self._waiting_ticks += 1
         else:
             self._waiting_ticks = 0
-        loaded = queued > 0 or s.workers_waiting > 0 or raw >= cfg.loaded_utilisation * ready
+        loaded = (
+            queued > 0
+            or (ready > 0 and s.workers_waiting >= ready)
+            or (raw > 0 and raw >= cfg.loaded_utilisation * ready)
+        )
         slow = (
             s.ttft_p95_s is not None and s.ttft_slo_s is not None and s.ttft_p95_s > s.ttft_slo_s
         ) or (s.burn_rate is not None and s.burn_rate > cfg.burn_rate_threshold)
@@ -329,9 +346,11 @@ class ScalingPolicy:
             target = base
             # One step per cold start: before that the last step's replicas are starting, or
             # have just landed while the indicators (windows of TTFT and burn) still lag; and
-            # none while a recent scale-up's replicas are still on their way.
+            # none while the replicas starting since a scale-up within a cold start are on
+            # their way (timed from the scale-up that began them: a ramp's chain raises the
+            # target every tick, and that must not hold the step off for the whole ramp).
             recent = (self._fast_at is not None and now - self._fast_at < cold) or (
-                starting > 0 and self._last_up_at is not None and now - self._last_up_at < cold
+                self._batch_at is not None and now - self._batch_at < cold
             )
             if not recent:
                 step = max(cfg.fast_step_min, math.ceil(growth * cold - EPSILON))
@@ -352,13 +371,13 @@ class ScalingPolicy:
             target, reason, down_held = self._scale(need, need_raw, current, ready, floor, now)
             held_by = down_held or held_by
         self._window.append((now, window_value))
-        while self._window and self._window[0][0] < now - cfg.scale_down_window_s:
-            self._window.popleft()
+        _prune(self._window, now - cfg.scale_down_window_s)
         # Scale-up rate: at most max(max_scale_up_replicas, fraction x ready) more replicas
         # than current per tick, so one burst cannot start a whole cluster at once.
         rate_cap = current + max(
             cfg.max_scale_up_replicas, math.ceil(cfg.max_scale_up_fraction * ready - EPSILON)
         )
+        uncapped = target
         if target > rate_cap:
             target = rate_cap
             held_by = "scale_up_rate"
@@ -368,6 +387,8 @@ class ScalingPolicy:
         previous = self._prev_target if self._prev_target is not None else current
         if target > previous:
             self._last_up_at = now
+            if self._batch_at is None:
+                self._batch_at = now
         self._prev_target = target
 
         # 5. the warm pool
@@ -376,17 +397,17 @@ class ScalingPolicy:
         elif target == 0:
             warm = 0
         else:
-            outgrown = raw + growth * cold - target
+            outgrown = raw + growth * cold - uncapped
             warm = min(cfg.max_warm_replicas, max(0, math.ceil(outgrown - EPSILON)))
-        # Held: a warm replica held now is kept while the stable window asked for it (it
-        # costs a cold start to bring back); a promoted one is replaced only on this tick's
-        # figure.
+        # Held: a warm replica held now, and not promoted by this target, is kept while the
+        # stable window asked for it (it costs a cold start to bring back); a promoted one
+        # is replaced only on this tick's figure.
         self._warm_window.append((now, warm))
-        while self._warm_window and self._warm_window[0][0] < now - cfg.scale_down_window_s:
-            self._warm_window.popleft()
+        _prune(self._warm_window, now - cfg.scale_down_window_s)
         if target > 0 or cfg.warm_replicas is not None:
             held = max(v for _, v in self._warm_window)
-            warm = max(warm, min(held, max(0, s.warm) + max(0, s.warm_starting)))
+            kept = max(0, s.warm - max(0, target - ready)) + max(0, s.warm_starting)
+            warm = max(warm, min(held, kept))
         warm = max(0, min(warm, cfg.max_replicas - target))
 
         chain = {

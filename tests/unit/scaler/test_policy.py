@@ -5,6 +5,7 @@ pool."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -232,7 +233,7 @@ def test_a_late_start_allows_one_more_step() -> None:
 def test_a_landed_step_settles_one_cold_start_before_the_next() -> None:
     """The step's replica is ready but the lagging indicator still fires: no new step until
     one cold start (10 s) after the last; then, still firing, one more."""
-    policy = ScalingPolicy(cfg(default_cold_start_s=10.0))
+    policy = ScalingPolicy(cfg(default_cold_start_s=10.0, loaded_utilisation=0.8))
     assert policy.decide(sig(0.0, in_flight=40, ttft_p95_s=0.9)).desired_ready == 5
     d = policy.decide(sig(TICK, ready=5, in_flight=45, ttft_p95_s=0.9))
     assert (d.fast, d.desired_ready, d.held_by) == (False, 5, "starting")
@@ -242,17 +243,28 @@ def test_a_landed_step_settles_one_cold_start_before_the_next() -> None:
 
 def test_latency_over_its_slo_on_a_pool_with_free_capacity_adds_nothing() -> None:
     """TTFT and burn rate over their limits fire only while the pool is loaded: 30 streams
-    on 4 replicas of 10 (0.75 < 0.9 of capacity) with nothing waiting keep 4; at 36 streams
-    (0.9), or with one replica's waiting queue, or with a queued request, they step."""
+    on 4 replicas of 10 (0.75 < 0.9 of capacity), or with one slow replica's waiting queue,
+    keep 4; at 37 streams (0.925), with a waiting queue on every replica, or with a queued
+    request, they step."""
     for quiet in ({"ttft_p95_s": 5.0}, {"burn_rate": 100.0}):
-        policy = ScalingPolicy(cfg(fast_step_min=2))
-        for i in range(3):
-            d = policy.decide(sig(i * TICK, in_flight=30, **quiet))
-            assert (d.fast, d.desired_ready) == (False, 4)
-        for loaded in ({"in_flight": 36}, {"workers_waiting": 1}, {"queued": 1}):
+        for free in ({}, {"workers_waiting": 1}):
+            policy = ScalingPolicy(cfg(fast_step_min=2))
+            for i in range(3):
+                d = policy.decide(sig(i * TICK, in_flight=30, **free, **quiet))
+                assert (d.fast, d.desired_ready) == (False, 4)
+        for loaded in ({"in_flight": 37}, {"workers_waiting": 4}, {"queued": 1}):
             policy = ScalingPolicy(cfg(fast_step_min=2))
             d = policy.decide(sig(0.0, **{"in_flight": 30, **loaded, **quiet}))
-            assert d.fast and d.desired_ready == 6
+            assert d.fast and d.chain["step"] == 2
+            assert d.desired_ready == max(d.chain["need"], 4) + 2
+
+
+def test_stale_latency_on_a_pool_with_no_replica_and_no_demand_adds_no_step() -> None:
+    """At 0 ready and no demand the pool is not loaded: a stale TTFT over its SLO gives the
+    floor of 1, not a fast step above it."""
+    policy = ScalingPolicy(cfg(fast_step_min=2))
+    d = policy.decide(sig(0.0, ready=0, ttft_p95_s=9.0, burn_rate=100.0))
+    assert (d.desired_ready, d.fast) == (1, False)
 
 
 def test_no_fast_step_while_a_scale_up_is_starting() -> None:
@@ -266,6 +278,44 @@ def test_no_fast_step_while_a_scale_up_is_starting() -> None:
         assert (d.desired_ready, d.fast, d.held_by) == (6, False, "starting")
     d = policy.decide(sig(30.0, starting=2, in_flight=60, cold_start_s=30.0, ttft_p95_s=0.9))
     assert d.fast and d.desired_ready == 7
+
+
+def test_a_ramp_whose_chain_rises_every_tick_still_steps_once_a_cold_start() -> None:
+    """Demand grows a replica's worth each tick while TTFT stays over its SLO; the chain
+    raises the target every tick, and replicas land one cold start (30 s) after they are
+    asked for, so something is always starting. The hold is timed from the scale-up that
+    began them, not the latest one: a fast step goes once a cold start has passed."""
+    policy = ScalingPolicy(cfg())
+    asked: list[tuple[float, int]] = []  # (time, target) of each decision
+    fast_at = []
+    for i in range(20):
+        now = i * TICK
+        ready = max([4] + [target for t, target in asked if t <= now - 30.0])
+        current = asked[-1][1] if asked else 4
+        d = policy.decide(
+            sig(
+                now,
+                ready=ready,
+                starting=max(0, current - ready),
+                in_flight=40 + 10 * i,
+                cold_start_s=30.0,
+                ttft_p95_s=2.0,
+            )
+        )
+        asked.append((now, d.desired_ready))
+        if d.fast:
+            fast_at.append(now)
+    assert fast_at[0] == 0.0
+    assert len(fast_at) >= 3
+    assert all(b - a >= 30.0 for a, b in itertools.pairwise(fast_at))
+
+
+def test_the_warm_pool_carries_nothing_the_scale_up_rate_cap_held_back() -> None:
+    """400 streams want 40 replicas; the cap holds the target at 8, and the warm pool does
+    not start what the cap refused."""
+    policy = ScalingPolicy(cfg(max_replicas=100, max_scale_up_replicas=4))
+    d = policy.decide(sig(0.0, in_flight=400))
+    assert (d.desired_ready, d.held_by, d.desired_warm) == (8, "scale_up_rate", 0)
 
 
 def test_growth_is_measured_in_demand_not_in_replicas() -> None:
@@ -479,3 +529,19 @@ def test_a_promoted_warm_replica_is_replaced_only_while_growth_asks() -> None:
         for i in range(4)
     ]
     assert [d.desired_warm for d in flat] == [0, 0, 0, 0]
+
+
+def test_warm_replicas_promoted_by_this_tick_are_not_held_for_replacement() -> None:
+    """A ramp asked for 2 warm replicas and both are warm; the demand goes flat and 2 ready
+    replicas are lost (3 ready, need 5): the target promotes both, and with growth gone the
+    held figure does not start 2 more."""
+    policy = ScalingPolicy(cfg(scale_down_window_s=30.0, max_warm_replicas=2, growth_ticks=4))
+    now = ramp(policy, cold=10.0)
+    assert policy.decide(sig(now + TICK, ready=5, in_flight=50, cold_start_s=10.0)).desired_warm
+    for i in range(4):  # flat: growth falls to 0, the 2 warm ones held
+        d = policy.decide(
+            sig(now + TICK * (2 + i), ready=5, warm=2, in_flight=50, cold_start_s=10.0)
+        )
+    assert d.chain["growth_per_s"] == 0.0 and d.desired_warm == 2
+    lost = policy.decide(sig(now + TICK * 6, ready=3, warm=2, in_flight=50, cold_start_s=10.0))
+    assert (lost.desired_ready, lost.desired_warm) == (5, 0)
