@@ -20,6 +20,8 @@ surplus in the ReplicaSet controller's order (not Ready before Ready, then the l
 `pod-deletion-cost`, then the newest); its kubelet marks a Pod Ready (podIP 127.0.0.1)
 through `pods/status` once `ready_gate` is open. Pods without a nodeName go at once when
 deleted. `api` is a fixture giving an admin API client and a namespace of the test's own.
+Both fixtures are registered in tests/integration/conftest.py; a test module must not import
+them itself (a module that does gets an API server of its own).
 """
 
 from __future__ import annotations
@@ -240,7 +242,7 @@ class KubeApiServer:
 
 @pytest.fixture(scope="session")
 def kube_api() -> Iterator[KubeApiServer]:
-    """One API server for the session (import this fixture into a test module)."""
+    """One API server for the session (registered in tests/integration/conftest.py)."""
     require_k8s()
     server = KubeApiServer()
     server.start()

@@ -1,5 +1,7 @@
 """Shared fixtures: a whole homing process (gateway + router + pool) in this test's event loop,
-over two simulated SGLang workers running as real child processes on loopback."""
+over two simulated SGLang workers running as real child processes on loopback; and the
+Kubernetes API server fixtures of `k8s_api` (registered here, not in each test module, so
+that the session starts one API server for all the modules that use it)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
+from k8s_api import api, kube_api
 
 from homing.app import App
 from homing.config import (
@@ -18,6 +21,8 @@ from homing.config import (
     RouterSettings,
     SimSettings,
 )
+
+__all__ = ["api", "kube_api"]  # the fixtures of `k8s_api`, for every integration module
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

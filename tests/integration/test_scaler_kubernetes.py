@@ -17,9 +17,7 @@ from k8s_api import (
     NAME,
     SELECTOR,
     KubeApiServer,
-    api,
     deployment,
-    kube_api,
     pod_body,
     replicas,
     workload_body,
@@ -31,8 +29,6 @@ from homing.clock import ManualClock
 from homing.engines.client import EngineClient
 from homing.scaler.actuators.base import ActuatorError, MemberState
 from homing.scaler.actuators.kubernetes import LOWEST_DELETION_COST, KubernetesActuator
-
-__all__ = ["api", "kube_api"]  # the fixtures, imported for these tests
 
 
 def actuator(

@@ -26,9 +26,7 @@ from k8s_api import (
     SELECTOR,
     FakeCluster,
     KubeApiServer,
-    api,
     deployment,
-    kube_api,
     pod_ready,
     replicas,
 )
@@ -49,8 +47,6 @@ from homing.engines.lifecycle import Phase
 from homing.scaler.actuators.base import MemberState
 from homing.scaler.actuators.kubernetes import LOWEST_DELETION_COST
 from homing.scaler.leader import KubernetesElector, lease_name
-
-__all__ = ["api", "kube_api"]  # the fixtures, imported for these tests
 
 MODEL = "llama-3.1-8b"
 HOUR = 3600.0

@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from helpers import eventually
-from k8s_api import KubeApiServer, kube_api
+from k8s_api import KubeApiServer
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from redis_server import RedisServer
@@ -29,8 +29,6 @@ from structlog.testing import capture_logs
 
 from homing.clock import ManualClock, SystemClock
 from homing.scaler.leader import KubernetesElector, RedisElector, SingleElector
-
-__all__ = ["kube_api"]  # the session fixture, imported for these tests
 
 
 class Running:
