@@ -1,5 +1,6 @@
 """`homing serve` that cannot start says why in one non-empty line, "homing: <message>":
-exit 2 for a configuration file it cannot read, exit 1 for workers that were never ready."""
+exit 2 for a configuration file it cannot read, exit 1 for workers that were never ready or
+an autoscaler that could not start its first replicas."""
 
 from __future__ import annotations
 
@@ -72,6 +73,34 @@ state_dir = "{tmp_path / "state"}"
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines()[-1] == (
         "homing: no worker was ready within engines.startup_timeout_s (0.5 s)"
+    )
+
+
+def test_an_autoscaler_that_cannot_start_its_first_replica_exits_1_naming_it(
+    tmp_path: Path,
+) -> None:
+    """The exec actuator's script does not exist: the start's ActuatorError is one line
+    that says it came from the autoscaler and which command failed."""
+    script = tmp_path / "no-such-script"
+    config = tmp_path / "homing.toml"
+    config.write_text(
+        f"""
+[gateway]
+port = {free_port()}
+grpc_port = {free_port()}
+[admin]
+state_dir = "{tmp_path / "state"}"
+[scaler]
+enabled = true
+actuator = "exec"
+[scaler.exec]
+command = ["{script}"]
+"""
+    )
+    done = _serve(config)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"homing: autoscaler: cannot run '{script} scale 1': [Errno 2] No such file or directory"
     )
 
 
