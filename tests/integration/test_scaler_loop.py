@@ -409,6 +409,27 @@ async def test_two_members_ready_at_once_when_short_by_one_join_one_ready_one_wa
     assert p.counts() == {"ready": 2, "warm": 1, "starting": 0, "draining": 0, "ejected": 0}
 
 
+async def test_members_starting_for_the_warm_pool_are_warm_starting_not_starting(
+    rig: Any,
+) -> None:
+    """A decision for the ready replicas the pool has (w0) and 2 warm ones starts 2 members;
+    while they start the policy sees them as `warm_starting`, not as `starting` (capacity
+    on its way for the ready target); a decision wanting 1 warm one sees 1 of each."""
+    r = await rig()
+    p, act = r.p, r.act
+    act.held = True
+    d = _decision(1, warm=2)
+    p.last = d
+    await p.apply(d)
+    assert act.asked == [2]
+    assert await eventually(lambda: len(act.spawned()) == 2, WITHIN_S), act.members()
+    s = p.signals()
+    assert (p.counts()["starting"], s.starting, s.warm_starting, s.warm) == (2, 0, 2, 0)
+    p.last = _decision(1, warm=1)
+    s = p.signals()
+    assert (s.starting, s.warm_starting) == (1, 1)
+
+
 async def test_a_stopping_member_is_not_counted_as_starting(rig: Any) -> None:
     """A member asked for counts as starting; once it is STOPPING (its stop held open) it no
     longer does, in `counts()` nor in the policy's signals."""
