@@ -42,6 +42,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from redis.exceptions import RedisError
 
 from homing.clock import Clock
+from homing.scaler.actuators.base import Listeners
 
 log = structlog.get_logger("homing.scaler")
 
@@ -145,29 +146,6 @@ class Observed:
         return max(0.0, self.since + self.duration_s - now)
 
 
-class _Listeners:
-    """Sync `listener(is_leader)` callbacks; one that raises is logged, the others run."""
-
-    def __init__(self) -> None:
-        self._listeners: list[Callable[[bool], None]] = []
-
-    def subscribe(self, listener: Callable[[bool], None]) -> Callable[[], None]:
-        self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unsubscribe
-
-    def notify(self, leader: bool) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(leader)
-            except Exception:  # a listener's bug must not break the election
-                log.exception("scaler_leader_listener_failed")
-
-
 class SingleElector:
     """One instance: always leader with token 1; `run()` only waits to be cancelled."""
 
@@ -218,7 +196,7 @@ class _Campaign:
         self.holder: str | None = None  # the identity that held the lease at the last look
         self._clock = clock
         self._tenure = Tenure(lease_s)
-        self._listeners = _Listeners()
+        self._listeners: Listeners[[bool]] = Listeners("scaler_leader_listener_failed")
         self._abandoned = False
         self._running = False
 

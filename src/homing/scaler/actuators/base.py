@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Generic, ParamSpec, Protocol
 
 import structlog
 
@@ -96,13 +96,19 @@ class ColdStarts:
         return statistics.median(self._samples) if self._samples else None
 
 
-class Listeners:
-    """A set of sync change listeners, each called once per `notify`."""
+P = ParamSpec("P")
 
-    def __init__(self) -> None:
-        self._listeners: list[Callable[[], None]] = []
 
-    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+class Listeners(Generic[P]):
+    """A set of sync listeners, each called once per `notify(*args)` with its arguments (an
+    actuator's are called with none, an elector's with `is_leader`). One that raises is
+    logged as `failed_event` and does not stop the others."""
+
+    def __init__(self, failed_event: str = "scaler_listener_failed") -> None:
+        self._listeners: list[Callable[P, None]] = []
+        self._failed_event = failed_event
+
+    def subscribe(self, listener: Callable[P, None]) -> Callable[[], None]:
         """Add `listener`; returns the function that removes it (idempotent)."""
         self._listeners.append(listener)
 
@@ -112,10 +118,10 @@ class Listeners:
 
         return unsubscribe
 
-    def notify(self) -> None:
+    def notify(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Call every listener; one that raises is logged and does not stop the others."""
         for listener in list(self._listeners):
             try:
-                listener()
-            except Exception:  # a listener's bug must not break the actuator
-                structlog.get_logger("homing.scaler").exception("scaler_listener_failed")
+                listener(*args, **kwargs)
+            except Exception:  # a listener's bug must not break its caller
+                structlog.get_logger("homing.scaler").exception(self._failed_event)
