@@ -63,6 +63,30 @@ class PlanError(ValueError):
         self.option = option
 
 
+class ChainOverflow(ValueError):
+    """Assumptions each in range whose chain leaves what can be sized: `step` came out
+    infinite or NaN (`why`), e.g. --users 1e308, or --gpu-price 1e300 with
+    --hours-per-month 1e300; or above MAX_REPLICAS replicas."""
+
+    def __init__(self, step: str, why: str = "not a finite number") -> None:
+        super().__init__(
+            f"the chain overflows at {step} ({why}): the assumptions are too large, or a "
+            "rate too small, to size"
+        )
+        self.step = step
+
+
+#: Largest replica count the chain reports; beyond it the figures are float noise.
+MAX_REPLICAS = 10**12
+
+
+def _finite(step: str, value: float) -> float:
+    """`value`, or ChainOverflow naming `step` when it is not finite."""
+    if not math.isfinite(value):
+        raise ChainOverflow(step)
+    return value
+
+
 @dataclass(frozen=True)
 class Assumptions:
     """What the chain is computed from. Defaults are the seed's (DESIGN.md "sizing").
@@ -218,7 +242,7 @@ def plan(a: Assumptions, name: str = "base") -> Plan:
     per_user = 1000.0 / a.tpot_slo_ms
     answer_s = a.answer_s if a.answer_s is not None else a.answer_tokens / per_user
     if a.think_s is not None:
-        mid = answer_s / (answer_s + a.think_s)
+        mid = answer_s / _finite("the answer and think time", answer_s + a.think_s)
     else:
         mid = a.mid_generation
     decode_demand = a.users * mid * per_user
@@ -237,10 +261,23 @@ def plan(a: Assumptions, name: str = "base") -> Plan:
         prefill_replicas = prefill_demand / a.prefill_rate_tok_s
         before = decode_replicas + prefill_replicas
         share = prefill_replicas / before if before else 0.0
-    with_headroom = before * (1.0 + a.headroom)
+    for step, value in (
+        ("the answer time", answer_s),
+        ("the decode demand", decode_demand),
+        ("the prefill demand", prefill_demand),
+        ("the decode replicas", decode_replicas),
+        ("the replicas before headroom", before),
+    ):
+        _finite(step, value)
+    with_headroom = _finite("the replicas with headroom", before * (1.0 + a.headroom))
+    if with_headroom > MAX_REPLICAS:
+        raise ChainOverflow(
+            "the replicas with headroom", f"{with_headroom:.3g} > {MAX_REPLICAS:.0e}"
+        )
     replicas = max(0, math.ceil(with_headroom - 1e-9))
     gpus = replicas * a.replica_gpus
-    per_hour = gpus * a.gpu_price
+    per_hour = _finite("the cost per hour", gpus * a.gpu_price)
+    _finite("the cost per month", per_hour * a.hours_per_month)
     return Plan(
         assumptions=a,
         mid_generation=mid,

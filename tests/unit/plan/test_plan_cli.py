@@ -123,6 +123,11 @@ def test_explicit_figures_replace_the_assumed_ones(capsys: pytest.CaptureFixture
     assert "  cost            = 280 x $3/GPU-h = $840/h;" in out
 
 
+OVERFLOW = "the chain overflows at"
+TOO_LARGE = "the assumptions are too large, or a rate too small, to size"
+FINITE = f"(not a finite number): {TOO_LARGE}"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -140,6 +145,24 @@ def test_explicit_figures_replace_the_assumed_ones(capsys: pytest.CaptureFixture
         (["--tpot-slo-ms", "0"], "--tpot-slo-ms must be > 0, got 0"),
         (["--answer-tokens", "0"], "--answer-tokens must be > 0, got 0"),
         (["--model", "gpt-5"], "unknown model 'gpt-5'; known: llama-3.1-70b, llama-3.1-8b"),
+        (["--headroom", "1e308"], f"{OVERFLOW} the replicas with headroom {FINITE}"),
+        (["--decode-goodput", "1e-310"], f"{OVERFLOW} the decode replicas {FINITE}"),
+        (
+            ["--gpu-price", "1e300", "--hours-per-month", "1e300"],
+            f"{OVERFLOW} the cost per month {FINITE}",
+        ),
+        (
+            ["--gpu-price", "1e300", "--hours-per-month", "1e300", "--json"],
+            f"{OVERFLOW} the cost per month {FINITE}",
+        ),
+        (
+            ["--think-s", "1e308", "--answer-s", "1e308"],
+            f"{OVERFLOW} the answer and think time {FINITE}",
+        ),
+        (
+            ["--users", "1e300"],
+            f"{OVERFLOW} the replicas with headroom (4.46e+297 > 1e+12): {TOO_LARGE}",
+        ),
         (
             ["--measure", "--tpot-slo-ms", "5"],
             "llama-3.1-70b on 8x H100: no decode batch meets the 5 ms TPOT SLO (one "
