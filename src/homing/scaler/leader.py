@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import hashlib
 import math
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,12 +36,12 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 import structlog
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from redis.exceptions import RedisError
 
 from homing.clock import Clock
 from homing.scaler.actuators.base import Listeners
+from homing.scaler.kube_credentials import load_configuration
 
 log = structlog.get_logger("homing.scaler")
 
@@ -492,13 +491,7 @@ class KubernetesElector(_Campaign):
     async def _coordination(self) -> k8s.CoordinationV1Api:
         async with self._open_lock:
             if self._api is None:
-                configuration = k8s.Configuration()
-                if self._kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                    k8s_config.load_incluster_config(client_configuration=configuration)
-                else:
-                    await k8s_config.load_kube_config(
-                        config_file=self._kubeconfig, client_configuration=configuration
-                    )
+                configuration = await load_configuration(self._kubeconfig)
                 self._api = k8s.ApiClient(configuration=configuration)
         return k8s.CoordinationV1Api(self._api)
 

@@ -47,7 +47,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,7 +57,6 @@ from typing import Any, Literal
 import aiohttp
 import structlog
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from homing.clock import Clock, TimerHandle
@@ -69,6 +67,7 @@ from homing.scaler.actuators.base import (
     Member,
     MemberState,
 )
+from homing.scaler.kube_credentials import CredentialsError, load_configuration
 
 log = structlog.get_logger("homing.scaler")
 
@@ -286,16 +285,10 @@ class KubernetesActuator:
         async with self._open_lock:
             if self._api is not None:
                 return
-            configuration = k8s.Configuration()
             try:
-                if self._kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                    k8s_config.load_incluster_config(client_configuration=configuration)
-                else:
-                    await k8s_config.load_kube_config(
-                        config_file=self._kubeconfig, client_configuration=configuration
-                    )
-            except (k8s_config.ConfigException, OSError) as error:
-                raise ActuatorError(f"cannot load Kubernetes credentials: {error}") from error
+                configuration = await load_configuration(self._kubeconfig)
+            except CredentialsError as error:
+                raise ActuatorError(str(error)) from error
             api = k8s.ApiClient(configuration=configuration)
             self._api = api
             try:
