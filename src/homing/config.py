@@ -302,11 +302,11 @@ class ObsSettings(_Section):
 class ExecActuatorSettings(_Section):
     """The `exec` actuator (`[scaler.exec]`): `command` is called with `scale N` (the desired
     replica count) and `list`, and prints its members, one `<id> <grpc://host:port or ->` per
-    line (homing.scaler.actuators.exec); `list` every `poll_s`, each call at most
-    `timeout_s`."""
+    line (homing.scaler.actuators.exec); `list` every `poll_s` (0.1 to 3600 s), each call
+    at most `timeout_s`."""
 
     command: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
-    poll_s: _Seconds = 2.0
+    poll_s: float = Field(default=2.0, ge=0.1, le=3600, allow_inf_nan=False, strict=True)
     timeout_s: _Seconds = 60.0
 
 
@@ -335,7 +335,7 @@ class ScalerSettings(_Section):
     (`exec`), "kubernetes" scales a workload (`kubernetes`); `command`: with "local", a
     command template to start each replica with instead (placeholders `{host}`, `{port}`,
     `{model}`, `{index}`; homing.scaler.actuators.local), ready within `startup_timeout_s`.
-    Every `tick_s` it sizes the
+    Every `tick_s` (0.1 to 3600 s) it sizes the
     pool: demand over the measured goodput per replica (decode streams and prefill tokens/s,
     seeded by `decode_streams_per_replica` / `prefill_tokens_per_s_per_replica`, None: from
     the simulated worker's timing model, else conservative defaults) plus `headroom`, in
@@ -352,14 +352,15 @@ class ScalerSettings(_Section):
     `leader`: with several gateway instances, the one that actuates the pool: "single"
     (this instance alone), "redis" (a lease in Redis at `leader_redis_url`, default
     `quotas.redis_url`) or "kubernetes" (a coordination.k8s.io Lease in `leader_namespace`,
-    default the workload's namespace), renewed within `leader_lease_s`; the others follow
-    the pool's membership and report their decisions as "follower" (homing.scaler.leader).
+    default the workload's namespace), renewed within `leader_lease_s` (1 to 3600 s); the
+    others follow the pool's membership and report their decisions as "follower"
+    (homing.scaler.leader).
     """
 
     enabled: bool = Field(default=False, strict=True)
     mode: Literal["active", "advisory"] = "active"
     actuator: Literal["local", "exec", "kubernetes"] = "local"
-    tick_s: _Seconds = 5.0
+    tick_s: float = Field(default=5.0, ge=0.1, le=3600, allow_inf_nan=False, strict=True)
     min_replicas: int = Field(default=1, ge=0, le=10_000, strict=True)
     max_replicas: int = Field(default=8, ge=1, le=10_000, strict=True)
     headroom: float = Field(default=0.2, ge=0, le=10, allow_inf_nan=False, strict=True)
@@ -392,7 +393,7 @@ class ScalerSettings(_Section):
     exec: ExecActuatorSettings | None = None
     kubernetes: KubernetesActuatorSettings | None = None
     leader: Literal["single", "redis", "kubernetes"] = "single"
-    leader_lease_s: _Seconds = 10.0
+    leader_lease_s: float = Field(default=10.0, ge=1, le=3600, allow_inf_nan=False, strict=True)
     leader_redis_url: str | None = None
     leader_namespace: str | None = Field(default=None, min_length=1, max_length=253)
 
@@ -406,6 +407,17 @@ class ScalerSettings(_Section):
             raise ValueError('scaler.actuator = "exec" needs a [scaler.exec] command')
         if self.actuator == "kubernetes" and self.kubernetes is None:
             raise ValueError('scaler.actuator = "kubernetes" needs a [scaler.kubernetes] table')
+        for table, kind in ((self.exec, "exec"), (self.kubernetes, "kubernetes")):
+            if table is not None and self.actuator != kind:
+                raise ValueError(
+                    f'[scaler.{kind}] is the "{kind}" actuator\'s table, but scaler.actuator '
+                    f'is "{self.actuator}"'
+                )
+        if self.warm_replicas is not None and self.warm_replicas > self.max_replicas:
+            raise ValueError(
+                f"scaler.warm_replicas ({self.warm_replicas}) must not exceed max_replicas "
+                f"({self.max_replicas})"
+            )
         if self.command is not None:
             if self.actuator != "local":
                 raise ValueError('scaler.command is the "local" actuator\'s command template')

@@ -58,6 +58,29 @@ def test_a_models_own_scaler_replaces_the_top_level_one(tmp_path: Path) -> None:
         ('[scaler]\nhysteresis = "0.1"\n', "scaler.hysteresis"),
         ("[scaler]\nmax_replicas = 0\n", "scaler.max_replicas"),
         ("[scaler]\ntick_s = 0\n", "scaler.tick_s"),
+        (
+            "[scaler]\ntick_s = 1e-300\n",
+            "scaler.tick_s: Input should be greater than or equal to 0.1",
+        ),
+        ("[scaler]\ntick_s = 1e300\n", "scaler.tick_s: Input should be less than or equal to 3600"),
+        ("[scaler]\nleader_lease_s = 1e-9\n", "scaler.leader_lease_s: Input should be greater"),
+        (
+            '[scaler]\nactuator = "exec"\n[scaler.exec]\ncommand = ["x"]\npoll_s = 0.001\n',
+            "scaler.exec.poll_s: Input should be greater than or equal to 0.1",
+        ),
+        (
+            '[scaler]\n[scaler.exec]\ncommand = ["x"]\n',
+            r'\[scaler.exec\] is the "exec" actuator\'s table, but scaler.actuator is "local"',
+        ),
+        (
+            '[scaler]\nactuator = "exec"\n[scaler.exec]\ncommand = ["x"]\n'
+            '[scaler.kubernetes]\nname = "w"\nselector = "app=w"\n',
+            r'\[scaler.kubernetes\] is the "kubernetes" actuator\'s table, but scaler.actuator',
+        ),
+        (
+            "[scaler]\nmax_replicas = 2\nwarm_replicas = 100\n",
+            r"scaler.warm_replicas \(100\) must not exceed max_replicas \(2\)",
+        ),
         ("[scaler]\ndecode_streams_per_replica = nan\n", "scaler.decode_streams_per_replica"),
         ('[scaler]\nmode = "dry"\n', "scaler.mode"),
         ("[scaler]\nwarm = 1\n", "scaler.warm"),
