@@ -124,6 +124,33 @@ async def test_a_command_that_exits_at_once_is_a_failed_start_with_its_status_an
     assert "no GPU here" in failed["reason"]
 
 
+@pytest.mark.parametrize("kind", ["bare name", "no such file", "a directory", "not executable"])
+async def test_a_template_whose_program_cannot_run_is_a_failed_start_naming_why(
+    tmp_path: Path, kind: str
+) -> None:
+    """The program is checked before anything is spawned: a bare name not on PATH, a path
+    to nothing, a directory, a file without the execute bit."""
+    plain = tmp_path / "plain.sh"
+    plain.write_text("#!/bin/sh\n")
+    program, why = {
+        "bare name": ("no-such-program-xyz", "'no-such-program-xyz' is not a program on PATH"),
+        "no such file": (
+            str(tmp_path / "nope"),
+            f"'{tmp_path / 'nope'}' is not a program (no such file)",
+        ),
+        "a directory": (str(tmp_path), f"'{tmp_path}' is not a program (a directory)"),
+        "not executable": (str(plain), f"'{plain}' is not a program (not executable)"),
+    }[kind]
+    template = CommandTemplate([program, "--port", "{port}"])
+    actuator = LocalActuator.for_command(template, model="m", clock=SystemClock())
+    with capture_logs() as logs:
+        await actuator.start(1)
+        assert await eventually(lambda: actuator.failed_starts == 1, 30)
+    await actuator.close()
+    (failed,) = [e for e in logs if e["event"] == "scaler_start_failed"]
+    assert failed["reason"] == why
+
+
 async def test_a_start_past_its_timeout_fails_and_kills_the_process() -> None:
     clock = ManualClock()
     actuator = LocalActuator(

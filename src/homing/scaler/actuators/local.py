@@ -216,9 +216,7 @@ class CommandSpawner:
         """Run the command on a free port and poll its engine until it answers."""
         port = _free_port()
         argv, added = self.template.render(port=port, model=self.model, index=index)
-        program = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
-        if program is None:
-            raise ActuatorError(f"{argv[0]!r} is not a program on PATH")
+        program = _program(argv[0])
         env = child_environ()
         env.update(added)
         path = self.log_path(member_id)
@@ -302,6 +300,23 @@ class CommandSpawner:
             await replica.process.wait()
         if kill_group(pgid):
             log.warning("scaler_group_killed", pgid=pgid)
+
+
+def _program(name: str) -> str:
+    """The file a command template's program `name` runs: a path as it is, a bare name
+    looked up on PATH. ActuatorError when it is not an executable file (checked here: the
+    lifeline that execs it would only exit 1)."""
+    if os.sep not in name:
+        found = shutil.which(name)
+        if found is None:
+            raise ActuatorError(f"{name!r} is not a program on PATH")
+        return found
+    if not os.path.isfile(name):
+        what = "a directory" if os.path.isdir(name) else "no such file"
+        raise ActuatorError(f"{name!r} is not a program ({what})")
+    if not os.access(name, os.X_OK):
+        raise ActuatorError(f"{name!r} is not a program (not executable)")
+    return name
 
 
 def _free_port() -> int:
