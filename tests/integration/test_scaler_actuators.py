@@ -9,8 +9,12 @@ and the script's call log with a deadline, never by fixed sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -291,6 +295,27 @@ async def test_exec_script_failures_raise_with_status_and_stderr_line(state: Pat
             await actuator.stop("job-99")
     finally:
         await actuator.close()
+
+
+async def test_exec_script_that_leaves_a_process_running_returns_when_it_exits(
+    tmp_path: Path,
+) -> None:
+    """`worker &` without a redirect: the script exits while its background child still has
+    its stdout. The call ends with the script (not at `timeout_s`), its members are read,
+    and the child is left running (it may be the user's replica)."""
+    pid_file = tmp_path / "child.pid"
+    script = f'sleep 30 & echo $! > {pid_file}; echo "m1 -"'
+    actuator = ExecActuator(["sh", "-c", script, "sh"], clock=SystemClock(), timeout_s=20.0)
+    try:
+        started = time.monotonic()
+        await actuator.start(1)
+        assert time.monotonic() - started < 10.0
+        assert [(m.member_id, m.url) for m in actuator.members()] == [("m1", None)]
+        assert alive(int(pid_file.read_text()))
+    finally:
+        await actuator.close()
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 async def test_exec_failing_list_keeps_the_members_and_logs(

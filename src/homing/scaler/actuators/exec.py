@@ -11,7 +11,8 @@ within `startup_timeout_s` of being seen (then the script is asked to stop it), 
 start (`scaler_start_failed`, `failed_starts`). A script that exits non-zero, runs past
 `timeout_s`, prints more than `MAX_OUTPUT_BYTES` or a malformed line makes `start`/`stop`
 raise ActuatorError (its exit status and the last line of its stderr); a failing `list`
-poll keeps the last members and logs `scaler_list_failed`.
+poll keeps the last members and logs `scaler_list_failed`. The call ends when the script
+exits: its output goes to files, so a process it leaves running (`worker &`) holds nothing.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import collections
 import contextlib
 import os
 import signal
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import IO
 
 import structlog
 
-from homing.aio import gather_or_cancel
 from homing.clock import Clock, SystemClock
 from homing.engines.client import EngineClient, grpc_target
 from homing.lifeline import child_environ
@@ -244,30 +246,32 @@ class ExecActuator:
         command = " ".join([*self.argv, *args])
         env = child_environ()
         env[STOP_ENV] = ",".join(stop)
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *self.argv, *args,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-            )  # fmt: skip
-        except OSError as err:
-            raise ActuatorError(f"cannot run {command!r}: {err}") from None
-        assert process.stdout is not None and process.stderr is not None
-        try:
-            async with self.clock.timeout(self.timeout_s):
-                out, err = await gather_or_cancel(
-                    _read_capped(process.stdout), _read_capped(process.stderr)
-                )
-                code = await process.wait()
-        except TimeoutError:
-            raise ActuatorError(f"{command!r} ran past {self.timeout_s:g} s") from None
-        except ActuatorError as error:
-            raise ActuatorError(f"{command!r}: {error}") from None
-        finally:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                await process.wait()
+        # Output goes to unlinked files, not pipes: a process the script leaves running (a
+        # replica started with `&`) inherits them, and a pipe it held would keep the call
+        # waiting for its end; the script's own exit ends the call.
+        with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *self.argv, *args,
+                    stdin=asyncio.subprocess.DEVNULL, stdout=out_file, stderr=err_file,
+                    env=env, start_new_session=True,
+                )  # fmt: skip
+            except OSError as err:
+                raise ActuatorError(f"cannot run {command!r}: {err}") from None
+            try:
+                async with self.clock.timeout(self.timeout_s):
+                    code = await process.wait()
+            except TimeoutError:
+                raise ActuatorError(f"{command!r} ran past {self.timeout_s:g} s") from None
+            finally:
+                if process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    await process.wait()
+            try:
+                out, err = _read_capped(out_file), _read_capped(err_file)
+            except ActuatorError as error:
+                raise ActuatorError(f"{command!r}: {error}") from None
         if code != 0:
             lines = err.decode(errors="replace").strip().splitlines()
             last = lines[-1] if lines else "(no stderr)"
@@ -375,13 +379,11 @@ class ExecActuator:
         self._listeners.notify()
 
 
-async def _read_capped(stream: asyncio.StreamReader, cap: int = MAX_OUTPUT_BYTES) -> bytes:
-    """All of `stream`; ActuatorError once it passes `cap` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await stream.read(65536):
-        size += len(chunk)
-        if size > cap:
-            raise ActuatorError(f"printed more than {cap} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _read_capped(file: IO[bytes], cap: int = MAX_OUTPUT_BYTES) -> bytes:
+    """What the script wrote to `file` as it stood when it exited (a process it left
+    running may write more: not read); ActuatorError when that passes `cap` bytes."""
+    size = os.fstat(file.fileno()).st_size
+    if size > cap:
+        raise ActuatorError(f"printed more than {cap} bytes")
+    file.seek(0)
+    return file.read(size)
