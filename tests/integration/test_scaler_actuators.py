@@ -318,6 +318,19 @@ async def test_exec_script_that_leaves_a_process_running_returns_when_it_exits(
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+async def test_exec_script_printing_past_the_output_cap_is_refused(tmp_path: Path) -> None:
+    code = "import sys; sys.stdout.write('x' * (1024 * 1024 + 1))"
+    actuator = ExecActuator([sys.executable, "-c", code], clock=SystemClock())
+    try:
+        with pytest.raises(ActuatorError) as caught:
+            await actuator.start(1)
+        assert str(caught.value) == (
+            f"{f'{sys.executable} -c {code} scale 1'!r}: printed more than 1048576 bytes"
+        )
+    finally:
+        await actuator.close()
+
+
 async def test_exec_failing_list_keeps_the_members_and_logs(
     state: Path, sim_urls: list[str]
 ) -> None:
