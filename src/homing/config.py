@@ -744,7 +744,28 @@ class HomingConfig(_Section):
                     'scaler.actuator = "local" starts the model\'s own workers; a model with '
                     'listed workers needs actuator "exec" or "kubernetes"'
                 )
+        self._check_gpu_budget()
         return self
+
+    def _check_gpu_budget(self) -> None:
+        """ValueError when `scaler.gpu_budget` cannot hold every autoscaled pool's
+        min_replicas x gpus_per_replica (the budget could never be met)."""
+        budget = self.scaler.gpu_budget
+        if budget is None:
+            return
+        from homing.scaler.settings import gpus_per_replica
+
+        floor = 0
+        for m in self.served_models():
+            scaler = self.scaler_of(m)
+            if scaler.enabled:
+                sim = m.sim if not m.workers and self.engines.launch == "sim" else None
+                floor += scaler.min_replicas * gpus_per_replica(scaler, sim)
+        if floor > budget:
+            raise ValueError(
+                f"scaler.gpu_budget ({budget} GPUs) is below what the autoscaled pools' "
+                f"min_replicas x gpus_per_replica hold ({floor} GPUs)"
+            )
 
     def scaler_of(self, model: ModelSettings) -> ScalerSettings:
         """The autoscaler settings of `model`: its own, else `[scaler]`."""
@@ -882,4 +903,6 @@ def load_config(path: str | Path | None) -> HomingConfig:
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
+        if not where:  # a rule across sections: its message names them
+            raise ConfigError(f"{path}: {first['msg'].removeprefix('Value error, ')}") from err
         raise ConfigError(f"{path}: {where}: {first['msg']}") from err

@@ -106,6 +106,22 @@ def test_a_bad_scaler_setting_is_refused_with_its_reason(
         _load(tmp_path, text)
 
 
+def test_a_gpu_budget_below_the_pools_minimum_is_refused_in_one_line(tmp_path: Path) -> None:
+    """2 replicas of 8 GPUs at the least cannot fit a budget of 1 GPU; a rule across
+    sections is shown without an empty location or pydantic's prefix."""
+    text = (
+        "[scaler]\nenabled = true\nmin_replicas = 2\nmax_replicas = 2\n"
+        "gpus_per_replica = 8\ngpu_budget = 1\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        _load(tmp_path, text)
+    assert str(caught.value).endswith(
+        ".toml: scaler.gpu_budget (1 GPUs) is below what the autoscaled pools' "
+        "min_replicas x gpus_per_replica hold (16 GPUs)"
+    )
+    _load(tmp_path, text.replace("gpu_budget = 1", "gpu_budget = 16"))
+
+
 def test_seeds_come_from_the_config_then_the_timing_model_then_the_fallback(
     tmp_path: Path,
 ) -> None:
