@@ -76,6 +76,9 @@ class ChainOverflow(ValueError):
         self.step = step
 
 
+#: Largest tensor-parallel degree planned for (a replica of 8 nodes of 8 GPUs).
+MAX_TP = 64
+
 #: Largest replica count the chain reports; beyond it the figures are float noise.
 MAX_REPLICAS = 10**12
 
@@ -201,6 +204,8 @@ def _check(a: Assumptions) -> None:
             raise PlanError("--prefill-share", f"must be below 1, got {_shown(a.prefill_share)}")
     at_least("--headroom", a.headroom, 0)
     at_least("--tp", a.tp, 1)
+    if a.tp > MAX_TP:
+        raise PlanError("--tp", f"must be at most {MAX_TP}, got {_shown(a.tp)}")
     if a.gpus_per_replica is not None:
         at_least("--gpus-per-replica", a.gpus_per_replica, 1)
     at_least("--gpu-price", a.gpu_price, 0)

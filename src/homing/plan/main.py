@@ -131,10 +131,14 @@ def assumptions_from(args: argparse.Namespace) -> Assumptions:
     users = given.get("users")
     if isinstance(users, float) and users.is_integer():
         given["users"] = int(users)
-    if args.model is not None and args.tp is None:
-        from homing.sim.timing import model_spec
+    from homing.sim.timing import gpu_spec, model_spec
 
-        given["tp"] = model_spec(args.model).default_tp
+    if args.model is not None:
+        spec = model_spec(args.model)  # ValueError for an unknown one, whatever else is given
+        if args.tp is None:
+            given["tp"] = spec.default_tp
+    if args.gpu is not None:
+        gpu_spec(args.gpu)  # ValueError for an unknown one, with --measure or without
     if args.decode_batch is not None:
         given["decode_source"] = "--decode-batch"
     if args.decode_goodput is not None:

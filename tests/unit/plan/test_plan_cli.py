@@ -145,6 +145,12 @@ FINITE = f"(not a finite number): {TOO_LARGE}"
         (["--tpot-slo-ms", "0"], "--tpot-slo-ms must be > 0, got 0"),
         (["--answer-tokens", "0"], "--answer-tokens must be > 0, got 0"),
         (["--model", "gpt-5"], "unknown model 'gpt-5'; known: llama-3.1-70b, llama-3.1-8b"),
+        (
+            ["--model", "gpt-5", "--tp", "8"],
+            "unknown model 'gpt-5'; known: llama-3.1-70b, llama-3.1-8b",
+        ),
+        (["--gpu", "FOO"], "unknown GPU 'FOO'; known: H100, H200"),
+        (["--measure", "--tp", "100000"], "--tp must be at most 64, got 100000"),
         (["--headroom", "1e308"], f"{OVERFLOW} the replicas with headroom {FINITE}"),
         (["--decode-goodput", "1e-310"], f"{OVERFLOW} the decode replicas {FINITE}"),
         (
