@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import app_factory, eventually, http_get, post_fault, worker_of_session
+from helpers import app_factory, eventually, free_port, http_get, post_fault, worker_of_session
 from stream_load import StreamLoad
 from structlog.testing import capture_logs
 
@@ -336,6 +336,28 @@ async def test_of_two_instances_one_actuates_and_the_other_takes_over_when_it_st
         assert elector.token > old_token
         assert (await follower.scaler.step())[MODEL].desired_ready == 3
         assert await eventually(lambda: len(_actuator(follower).members()) == 3, 10.0)
+
+
+async def test_an_unreachable_lease_store_reports_lease_unreachable_and_acts_on_nothing(
+    make_app: Any,
+) -> None:
+    """The Redis of the lease refuses connections: the instance never leads, its decisions
+    say "lease-unreachable" (not "follower": it cannot know whether any instance acts), the
+    elector names the error, and nothing is started."""
+    leased = {
+        "leader": "redis",
+        "leader_lease_s": 1.0,
+        "leader_redis_url": f"redis://127.0.0.1:{free_port()}/0",
+    }
+    app = await make_app(**leased)
+    elector = app.scaler.pools[0].elector
+    assert await eventually(lambda: elector.store_error is not None, 10.0)
+    assert "Connection" in elector.store_error or "connect" in elector.store_error
+    with capture_logs() as logs:
+        await app.scaler.step()
+    decision = next(e for e in logs if e["event"] == "scaler_decision")
+    assert decision["mode"] == "lease-unreachable" and not elector.is_leader
+    assert len(_actuator(app).members()) == 1  # the replica it started with, nothing more
 
 
 async def test_scale_down_during_30_streams_cuts_none(make_app: Any) -> None:

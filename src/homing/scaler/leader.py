@@ -67,6 +67,11 @@ class Elector(Protocol):
         """The fencing token of the current leadership; None when not leader."""
         ...
 
+    @property
+    def store_error(self) -> str | None:
+        """Why the last round could not reach the lease store; None when it could."""
+        ...
+
     def subscribe(self, listener: Callable[[bool], None]) -> Callable[[], None]:
         """Call `listener(is_leader)` on every change; returns the unsubscribe."""
         ...
@@ -150,6 +155,7 @@ class SingleElector:
 
     def __init__(self) -> None:
         self.kind = "single"
+        self.store_error: str | None = None  # no store: never an error
 
     @property
     def is_leader(self) -> bool:
@@ -193,6 +199,7 @@ class _Campaign:
         self.renew_s = renew_s
         self.rounds = 0  # campaign/renew rounds completed (for tests and diagnostics)
         self.holder: str | None = None  # the identity that held the lease at the last look
+        self.store_error: str | None = None  # why the last round failed; None: it worked
         self._clock = clock
         self._tenure = Tenure(lease_s)
         self._listeners: Listeners[[bool]] = Listeners("scaler_leader_listener_failed")
@@ -227,8 +234,10 @@ class _Campaign:
             while True:
                 try:
                     wait = await self._round()
+                    self.store_error = None
                 except Exception as error:  # the store failed (or timed out): log, go on
                     log.warning("scaler_leader_store_failed", **self._fields(error=error))
+                    self.store_error = f"{type(error).__name__}: {error}".strip().rstrip(":")
                     wait = self._after_failure()
                 self.rounds += 1
                 await self._clock.sleep(max(MIN_WAIT_S, wait))

@@ -401,10 +401,14 @@ class PoolScaler:
 
     @property
     def mode(self) -> str:
-        """ "advisory", "active" (this instance actuates) or "follower" (another does)."""
+        """ "advisory", "active" (this instance actuates), "follower" (another does) or
+        "lease-unreachable" (not leading, and the lease store cannot be reached: whether any
+        instance actuates is unknown here)."""
         if self.advisory:
             return "advisory"
-        return "active" if self.elector.is_leader else "follower"
+        if self.elector.is_leader:
+            return "active"
+        return "lease-unreachable" if self.elector.store_error is not None else "follower"
 
     def report(self, s: PoolSignals, d: Decision) -> None:
         """Log and export one decision."""
