@@ -310,6 +310,12 @@ class ExecActuatorSettings(_Section):
     timeout_s: _Seconds = 60.0
 
 
+#: A Kubernetes namespace (an RFC 1123 label) and an object name (an RFC 1123 subdomain), as
+#: the API server validates them.
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
 class KubernetesActuatorSettings(_Section):
     """The `kubernetes` actuator (`[scaler.kubernetes]`): scales the Deployment or
     StatefulSet `name` in `namespace` through its `scale` subresource and finds its workers
@@ -317,8 +323,8 @@ class KubernetesActuatorSettings(_Section):
     `port_name`, their Ready condition). `kubeconfig`: a file (None: in-cluster config, else
     the default kubeconfig)."""
 
-    namespace: str = Field(default="default", min_length=1, max_length=253)
-    name: str = Field(min_length=1, max_length=253)
+    namespace: str = Field(default="default", pattern=_DNS_LABEL, max_length=63)
+    name: str = Field(pattern=_DNS_SUBDOMAIN, max_length=253)
     kind: Literal["Deployment", "StatefulSet"] = "Deployment"
     selector: str = Field(min_length=1, max_length=1024)
     port_name: str = Field(default="grpc", min_length=1, max_length=63)
@@ -395,7 +401,7 @@ class ScalerSettings(_Section):
     leader: Literal["single", "redis", "kubernetes"] = "single"
     leader_lease_s: float = Field(default=10.0, ge=1, le=3600, allow_inf_nan=False, strict=True)
     leader_redis_url: str | None = None
-    leader_namespace: str | None = Field(default=None, min_length=1, max_length=253)
+    leader_namespace: str | None = Field(default=None, pattern=_DNS_LABEL, max_length=63)
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalerSettings:

@@ -78,6 +78,16 @@ def test_a_models_own_scaler_replaces_the_top_level_one(tmp_path: Path) -> None:
             r'\[scaler.kubernetes\] is the "kubernetes" actuator\'s table, but scaler.actuator',
         ),
         (
+            '[scaler]\nactuator = "kubernetes"\n[scaler.kubernetes]\nname = "w"\n'
+            'selector = "app=w"\nnamespace = "Not A Namespace!"\n',
+            "scaler.kubernetes.namespace: String should match pattern",
+        ),
+        (
+            '[scaler]\nactuator = "kubernetes"\n[scaler.kubernetes]\nname = "W_1"\n'
+            'selector = "app=w"\n',
+            "scaler.kubernetes.name: String should match pattern",
+        ),
+        (
             "[scaler]\nmax_replicas = 2\nwarm_replicas = 100\n",
             r"scaler.warm_replicas \(100\) must not exceed max_replicas \(2\)",
         ),
