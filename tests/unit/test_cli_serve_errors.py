@@ -54,20 +54,29 @@ def test_a_config_file_it_cannot_read_exits_2_with_the_reason(tmp_path: Path, ki
     assert done.stderr.splitlines()[-1] == f"homing: {config}: {reason}"
 
 
-def test_workers_never_ready_exit_1_naming_the_timeout(tmp_path: Path) -> None:
-    """The start's TimeoutError (an OSError) has its own message, not an empty one."""
+def _config(tmp_path: Path, sections: str) -> Path:
+    """A config file on free ports with its own state dir, and `sections` after those."""
     config = tmp_path / "homing.toml"
     config.write_text(
         f"""
 [gateway]
 port = {free_port()}
 grpc_port = {free_port()}
-[engines]
-workers = ["grpc://127.0.0.1:{free_port()}"]
-startup_timeout_s = 0.5
 [admin]
 state_dir = "{tmp_path / "state"}"
-"""
+{sections}"""
+    )
+    return config
+
+
+def test_workers_never_ready_exit_1_naming_the_timeout(tmp_path: Path) -> None:
+    """The start's TimeoutError (an OSError) has its own message, not an empty one."""
+    config = _config(
+        tmp_path,
+        f"""[engines]
+workers = ["grpc://127.0.0.1:{free_port()}"]
+startup_timeout_s = 0.5
+""",
     )
     done = _serve(config)
     assert done.returncode == 1, done.stderr
@@ -82,20 +91,14 @@ def test_an_autoscaler_that_cannot_start_its_first_replica_exits_1_naming_it(
     """The exec actuator's script does not exist: the start's ActuatorError is one line
     that says it came from the autoscaler and which command failed."""
     script = tmp_path / "no-such-script"
-    config = tmp_path / "homing.toml"
-    config.write_text(
-        f"""
-[gateway]
-port = {free_port()}
-grpc_port = {free_port()}
-[admin]
-state_dir = "{tmp_path / "state"}"
-[scaler]
+    config = _config(
+        tmp_path,
+        f"""[scaler]
 enabled = true
 actuator = "exec"
 [scaler.exec]
 command = ["{script}"]
-"""
+""",
     )
     done = _serve(config)
     assert done.returncode == 1, done.stderr
