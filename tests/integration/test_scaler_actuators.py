@@ -331,6 +331,21 @@ async def test_exec_script_printing_past_the_output_cap_is_refused(tmp_path: Pat
         await actuator.close()
 
 
+async def test_exec_script_printing_without_end_is_stopped_at_the_cap_not_the_timeout() -> None:
+    code = "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)"
+    actuator = ExecActuator([sys.executable, "-c", code], clock=SystemClock(), timeout_s=60.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ActuatorError) as caught:
+            await actuator.start(1)
+        assert time.monotonic() - started < 30.0
+        assert str(caught.value) == (
+            f"{f'{sys.executable} -c {code} scale 1'!r}: printed more than 1048576 bytes"
+        )
+    finally:
+        await actuator.close()
+
+
 async def test_exec_failing_list_keeps_the_members_and_logs(
     state: Path, sim_urls: list[str]
 ) -> None:

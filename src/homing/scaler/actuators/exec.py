@@ -12,7 +12,9 @@ start (`scaler_start_failed`, `failed_starts`). A script that exits non-zero, ru
 `timeout_s`, prints more than `MAX_OUTPUT_BYTES` or a malformed line makes `start`/`stop`
 raise ActuatorError (its exit status and the last line of its stderr); a failing `list`
 poll keeps the last members and logs `scaler_list_failed`. The call ends when the script
-exits: its output goes to files, so a process it leaves running (`worker &`) holds nothing.
+exits: its output goes to unlinked temporary files, not pipes, so a process it leaves running
+(`worker &`) does not hold the call; such a process should redirect its own output, or it
+writes on into a deleted file that only its exit frees.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ PROBE_S = 0.5
 PROBE_TIMEOUT_S = 5.0
 #: Env var naming the members to stop on a `scale` call.
 STOP_ENV = "HOMING_STOP"
+#: Seconds between looks at the size of a running script's output.
+OUTPUT_POLL_S = 0.1
 
 
 def parse_members(text: str) -> list[tuple[str, str | None]]:
@@ -249,7 +253,13 @@ class ExecActuator:
         # Output goes to unlinked files, not pipes: a process the script leaves running (a
         # replica started with `&`) inherits them, and a pipe it held would keep the call
         # waiting for its end; the script's own exit ends the call.
-        with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        try:
+            files = contextlib.ExitStack()
+            out_file = files.enter_context(tempfile.TemporaryFile())
+            err_file = files.enter_context(tempfile.TemporaryFile())
+        except OSError as err:
+            raise ActuatorError(f"cannot run {command!r}: no file for its output: {err}") from None
+        with files:
             try:
                 process = await asyncio.create_subprocess_exec(
                     *self.argv, *args,
@@ -260,9 +270,11 @@ class ExecActuator:
                 raise ActuatorError(f"cannot run {command!r}: {err}") from None
             try:
                 async with self.clock.timeout(self.timeout_s):
-                    code = await process.wait()
+                    code = await _wait_capped(process, (out_file, err_file))
             except TimeoutError:
                 raise ActuatorError(f"{command!r} ran past {self.timeout_s:g} s") from None
+            except ActuatorError as error:
+                raise ActuatorError(f"{command!r}: {error}") from None
             finally:
                 if process.returncode is None:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -379,11 +391,27 @@ class ExecActuator:
         self._listeners.notify()
 
 
+async def _wait_capped(process: asyncio.subprocess.Process, files: Sequence[IO[bytes]]) -> int:
+    """The script's exit status; ActuatorError (the caller kills its group) as soon as one of
+    `files` passes MAX_OUTPUT_BYTES, looked at every OUTPUT_POLL_S while it runs."""
+    exited = asyncio.ensure_future(process.wait())
+    try:
+        while True:
+            done, _ = await asyncio.wait({exited}, timeout=OUTPUT_POLL_S)
+            if done:
+                return exited.result()
+            for file in files:
+                if os.fstat(file.fileno()).st_size > MAX_OUTPUT_BYTES:
+                    raise ActuatorError(f"printed more than {MAX_OUTPUT_BYTES} bytes")
+    finally:
+        exited.cancel()
+
+
 def _read_capped(file: IO[bytes], cap: int = MAX_OUTPUT_BYTES) -> bytes:
-    """What the script wrote to `file` as it stood when it exited (a process it left
-    running may write more: not read); ActuatorError when that passes `cap` bytes."""
+    """What `file` holds when read (the script's output; a process it left running may have
+    added to it since); ActuatorError when that passes `cap` bytes. Read with pread: the
+    file position is shared with such a process, and moving it would misplace its writes."""
     size = os.fstat(file.fileno()).st_size
     if size > cap:
         raise ActuatorError(f"printed more than {cap} bytes")
-    file.seek(0)
-    return file.read(size)
+    return os.pread(file.fileno(), size, 0)
