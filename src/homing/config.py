@@ -413,16 +413,21 @@ class ScalerSettings(_Section):
             raise ValueError('scaler.actuator = "exec" needs a [scaler.exec] command')
         if self.actuator == "kubernetes" and self.kubernetes is None:
             raise ValueError('scaler.actuator = "kubernetes" needs a [scaler.kubernetes] table')
-        for table, kind in ((self.exec, "exec"), (self.kubernetes, "kubernetes")):
-            if table is not None and self.actuator != kind:
-                raise ValueError(
-                    f'[scaler.{kind}] is the "{kind}" actuator\'s table, but scaler.actuator '
-                    f'is "{self.actuator}"'
-                )
-        if self.warm_replicas is not None and self.warm_replicas > self.max_replicas:
+        if self.exec is not None and self.actuator != "exec":
             raise ValueError(
-                f"scaler.warm_replicas ({self.warm_replicas}) must not exceed max_replicas "
-                f"({self.max_replicas})"
+                f'[scaler.exec] is the "exec" actuator\'s table, but scaler.actuator is '
+                f'"{self.actuator}"'
+            )
+        if self.kubernetes is not None and "kubernetes" not in (self.actuator, self.leader):
+            raise ValueError(
+                "[scaler.kubernetes] is the \"kubernetes\" actuator's and Lease elector's "
+                f'table, but scaler.actuator is "{self.actuator}" and leader "{self.leader}"'
+            )
+        room = self.max_replicas - self.min_replicas
+        if self.warm_replicas is not None and self.warm_replicas > room:
+            raise ValueError(
+                f"scaler.warm_replicas ({self.warm_replicas}) must not exceed max_replicas - "
+                f"min_replicas ({room}): warm replicas come on top of the ready ones"
             )
         if self.command is not None:
             if self.actuator != "local":

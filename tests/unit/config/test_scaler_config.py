@@ -75,7 +75,8 @@ def test_a_models_own_scaler_replaces_the_top_level_one(tmp_path: Path) -> None:
         (
             '[scaler]\nactuator = "exec"\n[scaler.exec]\ncommand = ["x"]\n'
             '[scaler.kubernetes]\nname = "w"\nselector = "app=w"\n',
-            r'\[scaler.kubernetes\] is the "kubernetes" actuator\'s table, but scaler.actuator',
+            r'\[scaler.kubernetes\] is the "kubernetes" actuator\'s and Lease elector\'s table, '
+            r'but scaler.actuator is "exec" and leader "single"',
         ),
         (
             '[scaler]\nactuator = "kubernetes"\n[scaler.kubernetes]\nname = "w"\n'
@@ -88,8 +89,8 @@ def test_a_models_own_scaler_replaces_the_top_level_one(tmp_path: Path) -> None:
             "scaler.kubernetes.name: String should match pattern",
         ),
         (
-            "[scaler]\nmax_replicas = 2\nwarm_replicas = 100\n",
-            r"scaler.warm_replicas \(100\) must not exceed max_replicas \(2\)",
+            "[scaler]\nmax_replicas = 2\nwarm_replicas = 2\n",
+            r"scaler.warm_replicas \(2\) must not exceed max_replicas - min_replicas \(1\)",
         ),
         ("[scaler]\ndecode_streams_per_replica = nan\n", "scaler.decode_streams_per_replica"),
         ('[scaler]\nmode = "dry"\n', "scaler.mode"),
@@ -114,6 +115,18 @@ def test_a_bad_scaler_setting_is_refused_with_its_reason(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         _load(tmp_path, text)
+
+
+def test_the_kubernetes_table_gives_the_lease_elector_its_kubeconfig_beside_another_actuator(
+    tmp_path: Path,
+) -> None:
+    config = _load(
+        tmp_path,
+        '[scaler]\nactuator = "exec"\nleader = "kubernetes"\n[scaler.exec]\ncommand = ["x"]\n'
+        '[scaler.kubernetes]\nname = "w"\nselector = "app=w"\nkubeconfig = "/etc/k"\n',
+    )
+    assert config.scaler.kubernetes is not None
+    assert config.scaler.kubernetes.kubeconfig == "/etc/k"
 
 
 def test_a_gpu_budget_below_the_pools_minimum_is_refused_in_one_line(tmp_path: Path) -> None:
