@@ -466,6 +466,11 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+#: The largest --speedup: the scaler's tick divided by it must stay within scaler.tick_s's
+#: floor of 0.1 s.
+MAX_SPEEDUP = 50.0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The options of `python -m homing.bench.autoscale`."""
     p = argparse.ArgumentParser(
@@ -494,7 +499,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0; 1 when a request failed)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0 < args.speedup <= MAX_SPEEDUP:
+        parser.error(
+            f"--speedup must be in (0, {MAX_SPEEDUP:g}]: the scaler's {TICK_S:g} s tick / speedup "
+            f"must stay >= 0.1 s, got {args.speedup:g}"
+        )
     configure_logging("warning")
     summary = uvloop.run(run_bench(args))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

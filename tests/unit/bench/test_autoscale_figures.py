@@ -3,6 +3,8 @@ and the recovery time."""
 
 from __future__ import annotations
 
+import pytest
+
 from homing.bench.autoscale import (
     Request,
     Schedule,
@@ -41,3 +43,18 @@ def test_recovery_runs_from_the_first_window_over_the_slo_to_the_next_within_it(
     assert recovery_s(w, 0.5) == (10.0, 30.0)
     assert recovery_s(w, 0.5, from_s=40.0) == (50.0, None)  # never back within it
     assert recovery_s(w, 1.0) == (None, 0.0)
+
+
+@pytest.mark.parametrize("speedup", ["0", "-1", "100"])
+def test_a_speedup_the_scalers_tick_cannot_follow_exits_2(
+    speedup: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from homing.bench.autoscale import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["--speedup", speedup])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m homing.bench.autoscale: error: --speedup must be in (0, 50]: the scaler's "
+        f"5 s tick / speedup must stay >= 0.1 s, got {float(speedup):g}"
+    )
