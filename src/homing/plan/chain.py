@@ -79,6 +79,9 @@ class ChainOverflow(ValueError):
 #: Largest tensor-parallel degree planned for (a replica of 8 nodes of 8 GPUs).
 MAX_TP = 64
 
+#: Largest GPU count of one replica planned for (a replica spanning 64 nodes of 8 GPUs).
+MAX_GPUS_PER_REPLICA = 512
+
 #: Largest replica count the chain reports; beyond it the figures are float noise.
 MAX_REPLICAS = 10**12
 
@@ -166,11 +169,20 @@ def _shown(value: object) -> str:
 def _check(a: Assumptions) -> None:
     """Raise PlanError for the first assumption out of range."""
 
+    def representable(option: str, value: float) -> None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                float(value)
+            except OverflowError:
+                raise PlanError(option, f"is too large ({len(str(abs(value)))} digits)") from None
+
     def at_least(option: str, value: float, low: float) -> None:
+        representable(option, value)
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= low):
             raise PlanError(option, f"must be >= {low:g}, got {_shown(value)}")
 
     def positive(option: str, value: float) -> None:
+        representable(option, value)
         if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
             raise PlanError(option, f"must be > 0, got {_shown(value)}")
 
@@ -208,6 +220,11 @@ def _check(a: Assumptions) -> None:
         raise PlanError("--tp", f"must be at most {MAX_TP}, got {_shown(a.tp)}")
     if a.gpus_per_replica is not None:
         at_least("--gpus-per-replica", a.gpus_per_replica, 1)
+        if a.gpus_per_replica > MAX_GPUS_PER_REPLICA:
+            raise PlanError(
+                "--gpus-per-replica",
+                f"must be at most {MAX_GPUS_PER_REPLICA}, got {_shown(a.gpus_per_replica)}",
+            )
     at_least("--gpu-price", a.gpu_price, 0)
     positive("--hours-per-month", a.hours_per_month)
 

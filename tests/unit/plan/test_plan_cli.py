@@ -151,6 +151,15 @@ FINITE = f"(not a finite number): {TOO_LARGE}"
         ),
         (["--gpu", "FOO"], "unknown GPU 'FOO'; known: H100, H200"),
         (["--measure", "--tp", "100000"], "--tp must be at most 64, got 100000"),
+        (
+            ["--gpus-per-replica", "1" + "0" * 400],
+            "--gpus-per-replica is too large (401 digits)",
+        ),
+        (["--gpus-per-replica", "513"], "--gpus-per-replica must be at most 512, got 513"),
+        (
+            ["--prompt-tokens", "9" * 400],
+            "--prompt-tokens is too large (400 digits)",
+        ),
         (["--headroom", "1e308"], f"{OVERFLOW} the replicas with headroom {FINITE}"),
         (["--decode-goodput", "1e-310"], f"{OVERFLOW} the decode replicas {FINITE}"),
         (
