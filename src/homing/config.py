@@ -359,8 +359,9 @@ class ScalerSettings(_Section):
     (this instance alone), "redis" (a lease in Redis at `leader_redis_url`, default
     `quotas.redis_url`) or "kubernetes" (a coordination.k8s.io Lease in `leader_namespace`,
     default the workload's namespace), renewed within `leader_lease_s` (1 to 3600 s); the
-    others follow the pool's membership and report their decisions as "follower"
-    (homing.scaler.leader).
+    others follow the pool's membership and report their decisions as "follower" (as
+    "lease-unreachable" while they cannot reach the store; homing.scaler.leader).
+    `kubernetes` also gives the Lease elector its kubeconfig and default namespace.
     """
 
     enabled: bool = Field(default=False, strict=True)

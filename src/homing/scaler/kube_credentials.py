@@ -41,7 +41,9 @@ async def load_configuration(kubeconfig: str | None) -> k8s.Configuration:
                 config_file=kubeconfig, client_configuration=configuration
             )
     except (k8s_config.ConfigException, OSError) as error:
-        raise CredentialsError(f"cannot load Kubernetes credentials: {_line(error)}") from error
+        raise CredentialsError(
+            f"cannot load Kubernetes credentials from {where}: {_line(error)}"
+        ) from error
     except Exception as error:  # a file that is not a kubeconfig: YAML, type or key errors
         raise CredentialsError(
             f"cannot load Kubernetes credentials: {where} is not a valid kubeconfig "

@@ -237,7 +237,7 @@ class _Campaign:
                     self.store_error = None
                 except Exception as error:  # the store failed (or timed out): log, go on
                     log.warning("scaler_leader_store_failed", **self._fields(error=error))
-                    self.store_error = f"{type(error).__name__}: {error}".strip().rstrip(":")
+                    self.store_error = " ".join(_describe(error).split()).rstrip(":")
                     wait = self._after_failure()
                 self.rounds += 1
                 await self._clock.sleep(max(MIN_WAIT_S, wait))

@@ -2,11 +2,12 @@
 
 `homing_scaler_desired_replicas{model,kind}` (kind "ready" / "warm"): the latest decision;
 `homing_scaler_replicas{model,state}` ("ready", "warm", "starting", "draining"): what the
-pool has; `homing_scaler_decisions_total{model,reason,mode}`: decisions by reason, "active"
-or "advisory"; `homing_scaler_cold_start_seconds{model}`: the actuator's measured cold start
-(no series before one); `homing_scaler_capacity{model,kind}`: the measured per-replica goodput
-("decode_streams", "prefill_tokens_per_s"); `homing_scaler_demand{model,kind}`
-("streams", "prefill_tokens_per_s", "arrivals_per_s"); `homing_scaler_failed_starts_total`.
+pool has; `homing_scaler_decisions_total{model,reason,mode}`: decisions by reason and mode
+("active", "advisory", "follower", "lease-unreachable");
+`homing_scaler_cold_start_seconds{model}`: the actuator's measured cold start (no series
+before one); `homing_scaler_capacity{model,kind}`: the measured per-replica goodput
+("decode_streams", "prefill_tokens_per_s"); `homing_scaler_demand{model,kind}` ("streams",
+"prefill_tokens_per_s", "arrivals_per_s"); `homing_scaler_failed_starts_total`.
 """
 
 from __future__ import annotations

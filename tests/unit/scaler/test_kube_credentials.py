@@ -63,4 +63,15 @@ async def test_a_missing_file_is_named_not_blamed_on_its_contents(
 async def test_a_directory_is_refused_with_the_systems_reason(tmp_path: Path) -> None:
     with pytest.raises(CredentialsError) as caught:
         await load_configuration(str(tmp_path))
-    assert str(caught.value) == f"{PREFIX} [Errno 21] Is a directory: '{tmp_path}'"
+    assert str(caught.value) == (
+        f"cannot load Kubernetes credentials from {tmp_path}: [Errno 21] Is a directory: "
+        f"'{tmp_path}'"
+    )
+
+
+async def test_a_kubeconfig_without_a_current_context_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    with pytest.raises(CredentialsError) as caught:
+        await load_configuration(str(path))
+    assert str(caught.value).startswith(f"cannot load Kubernetes credentials from {path}: ")
