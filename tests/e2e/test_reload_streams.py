@@ -17,12 +17,13 @@ from typing import Any
 import aiohttp
 import pytest
 from engine_fleet import Fleet
-from helpers import free_port
+from helpers import free_port, post_fault
 
 pytestmark = pytest.mark.asyncio
 
 STREAMS = 30
-MAX_TOKENS = 3000  # long enough at the simulator's speedup 10 to outlast the reload
+MAX_TOKENS = 3000  # a few seconds at the simulator's speedup 10
+SLOWDOWN = 20  # while the reload is checked: 3000 tokens then last a minute or more
 ACME, BETA = "sk-acme-0123456789", "sk-beta-0123456789"
 
 CONFIG = """
@@ -157,6 +158,10 @@ async def test_reload_under_thirty_streams_drops_none_and_applies_to_new_request
             chat = f"{base}/v1/chat/completions"
             tasks = [asyncio.create_task(_stream(http, chat, i, opened)) for i in range(STREAMS)]
             on_worker = [await asyncio.wait_for(opened.get(), 60) for _ in range(STREAMS)]
+            # Held open through the reload and its checks, however slow the host is: each
+            # worker runs 20x slower until the checks are done, then at full speed again.
+            for url in urls:
+                await post_fault(url, {"slowdown": SLOWDOWN})
             # The worker to remove: one serving some of the open streams.
             workers = {w["url"]: w["id"] for w in (await _admin(state, "workers", "ls"))["workers"]}
             by_id = {v: k for k, v in workers.items()}
@@ -205,6 +210,8 @@ async def test_reload_under_thirty_streams_drops_none_and_applies_to_new_request
                 ) as resp:
                     assert resp.status == 200, await resp.text()
                     assert resp.headers["x-homing-worker"] != victim
+            for url in urls:
+                await post_fault(url, {"slowdown": 1})
 
             results = await asyncio.gather(*tasks)
             for _worker, finish, tokens, done, errors in results:

@@ -403,8 +403,10 @@ async def test_exec_member_not_ready_within_its_startup_timeout_is_given_up_and_
 async def test_local_starts_at_most_max_concurrent_starts_processes_at_once(
     tmp_path: Path,
 ) -> None:
-    """With one start slot, of two members asked for only the first has a process until it
-    is ready; the second stays STARTING with none, then starts and serves too."""
+    """With one start slot, of two members asked for only the first has a process until its
+    start ends; the second stays STARTING with none, then starts and serves too. (The first
+    may fail to start when another process takes its sim's free port first: the slot is
+    then freed all the same.)"""
     actuator = LocalActuator(
         CommandSpawner(CommandTemplate(SIM_COMMAND), model="llama-3.1-8b", log_dir=tmp_path),
         clock=SystemClock(),
@@ -415,11 +417,15 @@ async def test_local_starts_at_most_max_concurrent_starts_processes_at_once(
         await actuator.start(2)
         first, second = (m.member_id for m in actuator.members())
         assert await eventually(lambda: actuator.pid(first) is not None, 30)
-        while actuator.members()[0].state is MemberState.STARTING:
+
+        def state(member_id: str) -> MemberState | None:
+            return next((m.state for m in actuator.members() if m.member_id == member_id), None)
+
+        while state(first) is MemberState.STARTING:
             assert actuator.pid(second) is None  # waiting for the slot
             await asyncio.sleep(0.01)
-        assert await eventually(
-            lambda: [m.state for m in actuator.members()] == [MemberState.READY] * 2, 60
-        )
+        assert await eventually(lambda: state(second) is MemberState.READY, 60)
+        if actuator.failed_starts == 0:
+            assert state(first) is MemberState.READY
     finally:
         await actuator.close()
