@@ -479,7 +479,7 @@ class App:
                 continue
             settings = cfg.scaler_of(spec)
             model_id = dispatch.model_id
-            sim = spec.sim if not spec.workers and cfg.engines.launch == "sim" else None
+            sim = cfg.launched_sim(spec)
             slo = self.recorder.slo(model_id)
             decode, prefill, source = seed_capacity(settings, sim, slo)
             gpus = gpus_per_replica(settings, sim)

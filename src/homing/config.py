@@ -771,13 +771,17 @@ class HomingConfig(_Section):
         for m in self.served_models():
             scaler = self.scaler_of(m)
             if scaler.enabled:
-                sim = m.sim if not m.workers and self.engines.launch == "sim" else None
-                floor += scaler.min_replicas * gpus_per_replica(scaler, sim)
+                floor += scaler.min_replicas * gpus_per_replica(scaler, self.launched_sim(m))
         if floor > budget:
             raise ValueError(
                 f"scaler.gpu_budget ({budget} GPUs) is below what the autoscaled pools' "
                 f"min_replicas x gpus_per_replica hold ({floor} GPUs)"
             )
+
+    def launched_sim(self, model: ModelSettings) -> SimSettings | None:
+        """The simulated workers homing launches for `model` (None: it lists its workers, or
+        homing launches real engines)."""
+        return model.sim if not model.workers and self.engines.launch == "sim" else None
 
     def scaler_of(self, model: ModelSettings) -> ScalerSettings:
         """The autoscaler settings of `model`: its own, else `[scaler]`."""

@@ -253,13 +253,14 @@ class ExecActuator:
         # Output goes to unlinked files, not pipes: a process the script leaves running (a
         # replica started with `&`) inherits them, and a pipe it held would keep the call
         # waiting for its end; the script's own exit ends the call.
-        try:
-            files = contextlib.ExitStack()
-            out_file = files.enter_context(tempfile.TemporaryFile())
-            err_file = files.enter_context(tempfile.TemporaryFile())
-        except OSError as err:
-            raise ActuatorError(f"cannot run {command!r}: no file for its output: {err}") from None
-        with files:
+        with contextlib.ExitStack() as files:
+            try:
+                out_file = files.enter_context(tempfile.TemporaryFile())
+                err_file = files.enter_context(tempfile.TemporaryFile())
+            except OSError as err:
+                raise ActuatorError(
+                    f"cannot run {command!r}: no file for its output: {err}"
+                ) from None
             try:
                 process = await asyncio.create_subprocess_exec(
                     *self.argv, *args,
