@@ -439,6 +439,50 @@ class ScalerSettings(_Section):
         return self
 
 
+def check_version_label(label: str) -> str:
+    """`label` if it is a valid version label (1-128 printable ASCII characters); ValueError
+    naming it otherwise."""
+    if not 1 <= len(label) <= 128 or not all(" " <= c <= "~" for c in label):
+        raise ValueError(
+            f"a version label must be 1 to 128 printable ASCII characters, got {label!r:.60}"
+        )
+    return label
+
+
+class RolloutSettings(_Section):
+    """Model rollouts (`[rollout]`, homing.rollout): the defaults of `homing rollout start`
+    and the verdict's rule.
+
+    `steps`: the canary's weights in percent, increasing, the last 100 (reaching 100
+    promotes it). `bake_s`: how long each step runs before its verdict may move it on.
+    `window_s`: the comparison's sliding window (seconds; samples of the current step
+    only). `min_requests` / `min_latency_samples` and the margins: the verdict's rule
+    (homing.rollout.compare.VerdictRule: attainment at most `attainment_margin` below the
+    baseline's, error rate at most `error_margin` above, TTFT per uncached prompt token
+    and TPOT p50 at most `latency_margin` above, each with the sample size to show it).
+    `on_rollback`: "drain" the canary's workers or "keep" them (weight 0, for inspection).
+    `tick_s`: how often a rollout's verdict is taken.
+    """
+
+    steps: list[float] = Field(default_factory=lambda: [5.0, 25.0, 50.0, 100.0])
+    bake_s: float = Field(default=600.0, ge=0, le=7 * 86400, allow_inf_nan=False)
+    window_s: float = Field(default=600.0, ge=1, le=86400, allow_inf_nan=False)
+    min_requests: int = Field(default=250, ge=1, le=10_000_000)
+    min_latency_samples: int = Field(default=30, ge=1, le=10_000_000)
+    attainment_margin: float = Field(default=0.02, ge=0, lt=1, allow_inf_nan=False)
+    error_margin: float = Field(default=0.01, ge=0, lt=1, allow_inf_nan=False)
+    latency_margin: float = Field(default=0.25, ge=0, le=100, allow_inf_nan=False)
+    on_rollback: Literal["drain", "keep"] = "drain"
+    tick_s: float = Field(default=1.0, ge=0.1, le=60, allow_inf_nan=False)
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, steps: list[float]) -> list[float]:
+        from homing.rollout.plan import check_steps
+
+        return check_steps(steps)
+
+
 class ModelSettings(_Section):
     """One served model (`[[models]]`): its pool of workers and how requests are routed.
 
@@ -455,6 +499,9 @@ class ModelSettings(_Section):
     bottleneck (homing.fleet.stream_interval); larger chunks cost the gateway less per
     token and make the client see tokens in bursts. The first token is never held back.
     `slo` / `scaler`: this model's SLO and autoscaler (default: the top-level sections).
+    `versions`: the weighted split of its versions, version label -> weight (relative,
+    percent in practice; homing.router.versions); a version left out gets no requests
+    unless pinned. None: every ready worker takes requests, whatever its version.
     """
 
     name: str | None = Field(default=None, min_length=1, max_length=256)
@@ -468,6 +515,18 @@ class ModelSettings(_Section):
     max_stream_interval: MaxStreamInterval = 8
     slo: SloSettings | None = None
     scaler: ScalerSettings | None = None
+    versions: dict[str, float] | None = None
+
+    @field_validator("versions")
+    @classmethod
+    def _split(cls, versions: dict[str, float] | None) -> dict[str, float] | None:
+        if versions is None:
+            return None
+        for label in versions:
+            check_version_label(label)
+        from homing.router.versions import VersionSplit
+
+        return VersionSplit(versions).weights
 
     @field_validator("workers")
     @classmethod
@@ -722,6 +781,7 @@ class HomingConfig(_Section):
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     # The autoscaler of every model without its own (`[[models]] scaler`); off by default.
     scaler: ScalerSettings = Field(default_factory=ScalerSettings)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
 
     @model_validator(mode="after")
     def _models(self) -> HomingConfig:

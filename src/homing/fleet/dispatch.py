@@ -32,7 +32,9 @@ from homing.engines.pool import LeaseMark, WorkerPool, WorkerState
 from homing.fleet.stream_interval import StreamIntervalPolicy
 from homing.obs.demand import DemandMeter
 from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
+from homing.router.policies.consistent_hash import routing_key
 from homing.router.types import WorkerSnapshot
+from homing.router.versions import VersionSplit
 from homing.text.tokenizer import TextTokenizer
 
 
@@ -145,6 +147,8 @@ class ModelDispatch:
     `demand`: gets each routing decision's uncached prompt tokens (None: not metered).
     `scales_from_zero`: its autoscaler starts a replica for a request that arrives at none
     (the request waits in admission), so the model can serve with no replica running.
+    `split`: the weights of its versions (`homing.router.versions`); None routes over every
+    ready worker whatever its version.
     """
 
     model_id: str
@@ -155,6 +159,7 @@ class ModelDispatch:
     intervals: StreamIntervalPolicy | None = None
     demand: DemandMeter | None = None
     scales_from_zero: bool = False
+    split: VersionSplit | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     _leases: dict[str, set[Lease]] = field(default_factory=dict)
 
@@ -178,13 +183,36 @@ class ModelDispatch:
 
     # -- routing --
 
-    def snapshots(self, exclude: Sequence[str] = ()) -> Iterator[WorkerSnapshot]:
-        """Routing snapshots of the ready, healthy workers (lazily built)."""
+    def snapshots(
+        self, exclude: Sequence[str] = (), version: str | None = None
+    ) -> Iterator[WorkerSnapshot]:
+        """Routing snapshots of the ready, healthy workers (lazily built), only those of
+        `version` unless it is None."""
         return (
             snapshot_from_state(w)
             for w in self.pool.routable_workers()
-            if w.worker_id not in exclude
+            if w.worker_id not in exclude and (version is None or w.version == version)
         )
+
+    def versions(self) -> list[str]:
+        """Every version label of the model: its workers' (any phase) and its split's, sorted."""
+        found = {w.version for w in self.pool.workers()}
+        if self.split is not None:
+            found.update(self.split.weights)
+        return sorted(found)
+
+    def choose_version(self, request: RouteRequest, exclude: Sequence[str] = ()) -> str | None:
+        """The version `request` goes to under the split, among the versions with a ready
+        worker not in `exclude`; None without a split. Raises `NoReplica` when no weighted
+        version has one."""
+        split = self.split
+        if split is None:
+            return None
+        available = {w.version for w in self.pool.routable_workers() if w.worker_id not in exclude}
+        version = split.choose(routing_key(request, self.router.block_size), available)
+        if version is None:
+            raise NoReplica(self.model_id)
+        return version
 
     def lease(
         self,
@@ -193,15 +221,18 @@ class ModelDispatch:
         session_key: str | None = None,
         slots: int = 1,
         exclude: Sequence[str] = (),
+        version: str | None = None,
     ) -> Lease:
         """Route the request and count `slots` requests in flight on the chosen worker
         before returning (so the next decision sees them); on a half-open worker the lease
-        is its breaker's trial (module docstring). Raises `NoReplica`."""
+        is its breaker's trial (module docstring). `version`: a version the client pinned
+        (None: the split's choice, `choose_version`); routing works within it. Raises
+        `NoReplica`."""
+        request = RouteRequest(prompt_ids=prompt_ids, session_key=session_key)
+        if version is None:
+            version = self.choose_version(request, exclude)
         try:
-            decision = self.router.select(
-                RouteRequest(prompt_ids=prompt_ids, session_key=session_key),
-                list(self.snapshots(exclude)),
-            )
+            decision = self.router.select(request, list(self.snapshots(exclude, version)))
         except NoWorkerAvailable:
             raise NoReplica(self.model_id) from None
         worker_id = decision.worker_id

@@ -4,8 +4,9 @@ Same semantics and validation as the HTTP API: each call is converted to the Ope
 validated by `homing.gateway.requests` and served by the same `InferenceService`. Errors end
 the call with the gRPC status mapped from the HTTP one (`APIError.grpc_code`), the message as
 details, and the OpenAI error JSON in the trailing metadata key `x-error-json`.
-Initial metadata carries `x-request-id` and `x-homing-worker`. Server reflection and the
-standard health service are enabled; health is SERVING while a worker is healthy.
+Initial metadata carries `x-request-id`, `x-homing-worker` and `x-homing-version`; a call's
+metadata `x-homing-version` pins the version, as the HTTP header does. Server reflection and
+the standard health service are enabled; health is SERVING while a worker is healthy.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from grpc_reflection.v1alpha import reflection
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError, internal_error, invalid
 from homing.gateway.generation import ChoiceFinished, Generation, TextDelta
-from homing.gateway.prepare import PreparedRequest
+from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import loads_json, parse_chat, parse_completion
 from homing.gateway.service import InferenceService
@@ -189,6 +190,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             return
         trace = parse_traceparent(_metadata_value(context, "traceparent"))
         prepared = dataclasses.replace(prepared, arrived_at=arrived_at, trace=trace)
+        try:
+            prepared = pin_version(prepared, _metadata_value(context, VERSION_HEADER))
+        except APIError as err:
+            request_log.rejected(request_id, err, started_at=arrived_at, api="grpc")
+            await _abort(context, err, request_id)
+            return
         await self._serve(prepared, context)
 
     async def _serve(self, prepared: PreparedRequest, context: grpc.aio.ServicerContext) -> None:
@@ -214,7 +221,11 @@ async def _send_metadata(
     context: grpc.aio.ServicerContext, prepared: PreparedRequest, generation: Generation
 ) -> None:
     await context.send_initial_metadata(
-        (("x-request-id", prepared.request_id), ("x-homing-worker", generation.worker_id or ""))
+        (
+            ("x-request-id", prepared.request_id),
+            ("x-homing-worker", generation.worker_id or ""),
+            (VERSION_HEADER, generation.version),
+        )
     )
 
 

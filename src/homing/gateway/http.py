@@ -4,11 +4,14 @@ Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
 `GET /health` (the process is alive), `GET /ready` (at least one healthy worker) and
 `GET /metrics` (Prometheus: router and gateway series).
 Every response carries `x-request-id`; inference responses also carry `x-homing-worker`
-(the replica that served them). Errors are OpenAI-shaped JSON (`homing.gateway.errors`);
-a client's mistake is never a 5xx. Streaming follows OpenAI: one `data: {chunk}\\n\\n` event
-per chunk, the first delta of each choice carries the role, an optional usage chunk
-(`stream_options.include_usage`), then `data: [DONE]`. An error after streaming began is sent
-as a `data: {"error": ...}` event before `[DONE]` (what vLLM and SGLang do).
+(the replica that served them) and `x-homing-version` (its version label). A request header
+`x-homing-version` pins the request to that version of the model (400 `unknown_version` for
+one the model does not have), past its weighted split. Errors are OpenAI-shaped JSON
+(`homing.gateway.errors`); a client's mistake is never a 5xx. Streaming follows OpenAI: one
+`data: {chunk}\\n\\n` event per chunk, the first delta of each choice carries the role, an
+optional usage chunk (`stream_options.include_usage`), then `data: [DONE]`. An error after
+streaming began is sent as a `data: {"error": ...}` event before `[DONE]` (what vLLM and
+SGLang do).
 The handler is cancelled when the client disconnects (`handler_cancellation=True`), which
 closes the generation and aborts the engine requests.
 With tenants configured, `/v1/*` needs `Authorization: Bearer KEY` (`homing.gateway.auth`);
@@ -45,7 +48,7 @@ from homing.gateway.http_server import (
     error_response,
 )
 from homing.gateway.http_server import json_dumps as _json_dumps
-from homing.gateway.prepare import PreparedRequest
+from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import loads_json, parse_chat, parse_completion
 from homing.gateway.service import InferenceService
@@ -187,14 +190,20 @@ async def _read_json(
 
 
 def _session_key(request: web.Request) -> str | None:
-    """`x-session-id`, which must be UTF-8 text (400 otherwise): aiohttp decodes header bytes
-    with surrogateescape, and the key is hashed and logged as text."""
-    value = request.headers.get("x-session-id") or None
+    """`x-session-id` (`_text_header`)."""
+    return _text_header(request, "x-session-id")
+
+
+def _text_header(request: web.Request, name: str) -> str | None:
+    """Header `name` (None when absent or empty), which must be UTF-8 text (400 otherwise):
+    aiohttp decodes header bytes with surrogateescape, and the value is hashed and logged as
+    text."""
+    value = request.headers.get(name) or None
     if value is not None and not _encodable(value):
         raise APIError(
             400,
-            "The x-session-id header is not valid UTF-8.",
-            param="x-session-id",
+            f"The {name} header is not valid UTF-8.",
+            param=name,
             code="invalid_header_value",
         )
     return value
@@ -347,6 +356,7 @@ class HttpApi:
             arrived_at=request[ARRIVED_AT],
             trace=parse_traceparent(request.headers.get("traceparent")),
         )
+        prepared = pin_version(prepared, _text_header(request, VERSION_HEADER))
         return await self._serve(request, prepared)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -361,6 +371,7 @@ class HttpApi:
             arrived_at=request[ARRIVED_AT],
             trace=parse_traceparent(request.headers.get("traceparent")),
         )
+        prepared = pin_version(prepared, _text_header(request, VERSION_HEADER))
         return await self._serve(request, prepared)
 
     async def _serve(self, request: web.Request, prepared: PreparedRequest) -> web.StreamResponse:
@@ -427,7 +438,11 @@ class HttpApi:
 
 
 def _served_headers(prepared: PreparedRequest, generation: Generation) -> dict[str, str]:
-    return {"x-request-id": prepared.request_id, "x-homing-worker": generation.worker_id or ""}
+    return {
+        "x-request-id": prepared.request_id,
+        "x-homing-worker": generation.worker_id or "",
+        VERSION_HEADER: generation.version,
+    }
 
 
 class ChunkBuilder:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from homing.fleet import Fleet, ModelDispatch, UnknownModel
@@ -65,6 +65,7 @@ class PreparedRequest:
     # `time.monotonic()` when the request arrived (TTFT and end-to-end time count from it).
     arrived_at: float = field(default_factory=time.monotonic)
     trace: TraceContext | None = None  # the client's W3C traceparent
+    version_pin: str | None = None  # the version the client asked for (`pin_version`)
 
 
 class Preparer:
@@ -252,6 +253,30 @@ class Preparer:
             arrived_at=time.monotonic() if arrived_at is None else arrived_at,
             trace=trace,
         )
+
+
+#: The request header (HTTP) or metadata key (gRPC) that pins a model version, and the
+#: response header that names the version served.
+VERSION_HEADER = "x-homing-version"
+
+
+def pin_version(prepared: PreparedRequest, value: str | None) -> PreparedRequest:
+    """`prepared` pinned to version `value` of its model (`VERSION_HEADER`; None or "": not
+    pinned). 400 `unknown_version` when the model has no such version (no worker carries
+    it and its split does not name it)."""
+    if not value:
+        return prepared
+    known = prepared.model.versions()
+    if value not in known:
+        listed = ", ".join(repr(v) for v in known if v) or "none"
+        raise APIError(
+            400,
+            f"Model '{prepared.model.model_id}' has no version {shown(value)!r} "
+            f"(versions: {listed}).",
+            param=VERSION_HEADER,
+            code="unknown_version",
+        )
+    return replace(prepared, version_pin=value)
 
 
 def _template_message(message: ChatMessage) -> dict[str, str]:

@@ -100,8 +100,14 @@ class InferenceService:
                 session_key=prepared.session_key,
                 slots=prepared.n if slots is None else slots,
                 exclude=exclude,
+                version=prepared.version_pin,
             )
         except NoReplica:
+            if prepared.version_pin is not None:
+                raise no_capacity(
+                    f"No healthy replica of version {prepared.version_pin!r} is available "
+                    "for this model."
+                ) from None
             raise no_capacity("No healthy replica is available for this model.") from None
 
     def retry_budget(self, model_id: str) -> RetryBudget:
