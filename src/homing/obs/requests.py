@@ -257,6 +257,9 @@ class RequestRecorder(Collector):
 
     `slos`: each served model's SLO (`default_slo` for others). `now`: the clock (s).
     `metrics`: None records no metrics (log lines, SLO and snapshots only).
+    `on_done`: called with each ended request and its verdict (after its metrics);
+    `on_failed_attempt`: with (model, worker id) of each attempt a worker failed that the
+    request survived. Listeners run on the request path: they must not block.
     """
 
     def __init__(
@@ -281,6 +284,8 @@ class RequestRecorder(Collector):
         # Workers that left (insertion-ordered, the oldest dropped past `_GONE_KEPT`): a
         # request of theirs that ends later is counted without its worker label.
         self._gone: dict[tuple[str, str], None] = {}
+        self.on_done: list[Callable[[RequestDone, Verdict | None], None]] = []
+        self.on_failed_attempt: list[Callable[[str, str], None]] = []
         if registry is not None:
             registry.register(self)
 
@@ -380,6 +385,8 @@ class RequestRecorder(Collector):
             slo=verdict,
             **r.fields,
         )
+        for listener in self.on_done:
+            listener(r, verdict)
         return verdict
 
     def _observe(self, m: RequestMetrics, r: RequestDone, verdict: Verdict | None) -> None:
@@ -419,6 +426,8 @@ class RequestRecorder(Collector):
         that left)."""
         if attempt.worker_id and (model, attempt.worker_id) not in self._gone:
             self.replicas.record_attempt(attempt)
+            for listener in self.on_failed_attempt:
+                listener(model, attempt.worker_id)
 
     # -- workers --
 

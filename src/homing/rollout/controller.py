@@ -1,0 +1,488 @@
+"""The rollout controller: each served model's version split and rollout, run live.
+
+Rule of this file: the imperative shell around the pure parts. It feeds each ended request
+to its model's `VersionWindow` (`record`, `record_failed_attempt`), takes a verdict for
+every active rollout each `tick_s` (`tick`: `compare` over the current step's samples,
+then `Rollout.observe`), applies what the rollout asks (the model's `VersionSplit`; on a
+rollback, the canary's workers drained or kept as `on_rollback` says) and stores the model's
+split and rollout after each change, so a restarted gateway resumes where it was
+(`restore`). The split last set at runtime (by a rollout or `set_split`) wins over the
+config's `versions` until `reset_split`.
+
+Errors of the operations are `FleetError`s (their `code` is the admin API's status):
+`UnknownModel`, `RolloutRefused` (FAILED_PRECONDITION: the phase or the pool does not allow
+it), `InvalidRollout` (INVALID_ARGUMENT), `RolloutUnavailable` (UNAVAILABLE: the store
+failed; nothing changed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from homing.clock import Clock, SystemClock
+from homing.config import check_version_label
+from homing.engines.lifecycle import Phase
+from homing.fleet import Fleet, FleetError, ModelDispatch
+from homing.obs.requests import RequestDone
+from homing.rollout.compare import (
+    Sample,
+    Verdict,
+    VerdictRule,
+    VersionStats,
+    VersionWindow,
+    compare,
+)
+from homing.rollout.metrics import RolloutMetrics
+from homing.rollout.plan import Rollout, RolloutError, check_steps
+from homing.rollout.store import RolloutStore, RolloutStoreError
+from homing.router.versions import VersionSplit
+
+log = structlog.get_logger("homing.rollout")
+
+#: The comparison figures exported per version (`RolloutMetrics.figures` keys) and the
+#: `VersionStats` attribute each comes from.
+_FIGURES = (
+    ("attainment", "attainment"),
+    ("error_ratio", "error_rate"),
+    ("ttft_per_uncached_token_seconds", "ttft_per_uncached_token_s"),
+    ("tpot_p50_seconds", "tpot_p50_s"),
+)
+
+
+class RolloutRefused(FleetError):
+    """The rollout's phase or the model's pool does not allow the operation."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class InvalidRollout(FleetError):
+    """A malformed version, weight, step list or bake time."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class RolloutUnavailable(FleetError):
+    """The rollout store could not be written; nothing changed."""
+
+    code = "UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """`steps` / `bake_s`: the defaults of `start`; `window_s`: the comparison's window;
+    `rule`: the verdict's; `on_rollback`: "drain" or "keep" the canary's workers;
+    `tick_s`: seconds between verdicts."""
+
+    steps: tuple[float, ...] = (5.0, 25.0, 50.0, 100.0)
+    bake_s: float = 600.0
+    window_s: float = 600.0
+    rule: VerdictRule = field(default_factory=VerdictRule)
+    on_rollback: str = "drain"
+    tick_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class RolloutStatus:
+    """A model's rollout now: the rollout (None: never one), the seconds its step has
+    baked, the comparison's stats of both versions over the current step and the verdict
+    they give (None without an active rollout)."""
+
+    model: str
+    split: dict[str, float] | None
+    rollout: Rollout | None
+    baked_s: float
+    baseline: VersionStats | None
+    canary: VersionStats | None
+    verdict: Verdict | None
+
+
+class RolloutController:
+    """Version splits and rollouts of `fleet`'s models (module docstring).
+
+    `config_splits`: each model's split from the config (None: unsplit). `store`: where
+    splits and rollouts outlive the process. `wall`: Unix seconds (rollouts and samples are
+    timed on it); `clock`: what `run` sleeps on. `metrics`: None exports nothing.
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        config: RolloutConfig,
+        store: RolloutStore,
+        *,
+        config_splits: Mapping[str, Mapping[str, float] | None] | None = None,
+        wall: Callable[[], float] = time.time,
+        clock: Clock | None = None,
+        metrics: RolloutMetrics | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.config = config
+        self.store = store
+        self._wall = wall
+        self._clock = clock or SystemClock()
+        self.metrics = metrics
+        self._config_splits = {k: dict(v) if v else None for k, v in (config_splits or {}).items()}
+        self.rollouts: dict[str, Rollout] = {}
+        self.windows: dict[str, VersionWindow] = {
+            name: VersionWindow(config.window_s) for name in fleet.models
+        }
+        self._exported: dict[str, set[str]] = {}
+        self._unsaved: set[str] = set()
+        self._lock = asyncio.Lock()
+        for name, model in fleet.models.items():
+            split = self._config_splits.get(name)
+            self._set_split(model, VersionSplit(split) if split else None)
+
+    # -- intake (the request path: no awaits) --
+
+    def record(self, r: RequestDone, verdict: str | None) -> None:
+        """Add an ended request to its model's window under the version that served it
+        (requests never routed, or of an unknown model, are left out)."""
+        if not r.model or r.queue_s is None:
+            return
+        window = self.windows.get(r.model)
+        if window is None:
+            return
+        uncached = max(0, r.prompt_tokens - r.cached_tokens)
+        window.add(
+            r.version,
+            Sample(
+                at=self._wall(),
+                verdict=verdict,
+                ttft_s=r.routed_ttft_s,
+                uncached_tokens=uncached,
+                tpot_s=r.tpot_s,
+                completion_tokens=r.completion_tokens,
+                finish_reason=r.finish_reason,
+            ),
+        )
+
+    def record_failed_attempt(self, model_id: str, worker_id: str) -> None:
+        """A worker failed its part of a request that went on elsewhere (retried or
+        migrated): a failed sample of that worker's version, so a canary's failures count
+        even when the baseline saved the request."""
+        window = self.windows.get(model_id)
+        model = self.fleet.models.get(model_id)
+        if window is None or model is None or not model.pool.has(worker_id):
+            return
+        version = model.pool.state(worker_id).version
+        window.add(version, Sample(self._wall(), "failed", None, 0, None, 0, ""))
+
+    # -- the loop --
+
+    async def restore(self) -> None:
+        """Apply the stored splits and rollouts of the served models (a stored entry that
+        cannot be read is logged and left out). `RolloutStoreError` when the store cannot
+        be read at all."""
+        stored = await self.store.load()
+        for name, data in stored.items():
+            model = self.fleet.models.get(name)
+            if model is None:
+                log.warning("rollout_not_restored", model=name, reason="model not served")
+                continue
+            try:
+                split = data.get("split")
+                rollout = Rollout.from_dict(data["rollout"]) if data.get("rollout") else None
+                restored = VersionSplit(split) if split else None
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                log.error("rollout_not_restored", model=name, reason=str(err))
+                continue
+            if rollout is not None:
+                self.rollouts[name] = rollout
+                self._export_phase(rollout)
+            self._set_split(model, restored)
+            log.info(
+                "rollout_restored",
+                model=name,
+                split=restored.weights if restored else None,
+                canary=rollout.canary if rollout else None,
+                phase=rollout.phase if rollout else None,
+                step_weight=rollout.weight if rollout else None,
+            )
+
+    async def run(self) -> None:
+        """Take verdicts every `tick_s` until cancelled."""
+        while True:
+            await self._clock.sleep(self.config.tick_s)
+            try:
+                await self.tick()
+            except Exception:  # a fault of ours must not end rollouts' safety net
+                log.exception("rollout_tick_failed")
+
+    async def tick(self) -> None:
+        """One verdict per active rollout, applied and stored when it changes something;
+        stores that failed earlier are tried again."""
+        async with self._lock:
+            now = self._wall()
+            for name, rollout in list(self.rollouts.items()):
+                if not rollout.active:
+                    continue
+                verdict = self._verdict(rollout, now)
+                if self.metrics is not None:
+                    self.metrics.verdicts.labels(name, verdict.result).inc()
+                    self._export_figures(name, (verdict.baseline, verdict.canary))
+                if rollout.observe(now, verdict.result, verdict.reason):
+                    if rollout.phase == "rolled_back":
+                        failed = next((c.name for c in verdict.checks if c.result == "fail"), "")
+                        self._count_rollback(name, failed or "verdict")
+                    await self._apply(rollout)
+                    self._unsaved.add(name)
+            for name in sorted(self._unsaved):
+                await self._save_quietly(name)
+
+    # -- operations (the admin API's) --
+
+    async def start(
+        self,
+        model_id: str,
+        canary: str,
+        steps: Sequence[float] | None = None,
+        bake_s: float | None = None,
+    ) -> Rollout:
+        """Start rolling `canary` out on `model_id` against the one version serving now.
+        `RolloutRefused` when a rollout is active, no ready worker carries `canary`, or not
+        exactly one other version serves; `InvalidRollout` for bad steps or bake time."""
+        async with self._lock:
+            model = self.fleet.model(model_id)
+            current = self.rollouts.get(model_id)
+            if current is not None and current.active:
+                raise RolloutRefused(
+                    f"a rollout of {current.canary} is {current.phase} on {model_id}: promote "
+                    f"or roll it back first (homing rollout status {model_id})"
+                )
+            try:
+                check_version_label(canary)
+            except ValueError as err:
+                raise InvalidRollout(str(err)) from None
+            ready = {w.version for w in model.pool.routable_workers()}
+            if canary not in ready:
+                raise RolloutRefused(
+                    f"no ready worker of {model_id} carries version {canary!r}: add one first "
+                    f"(homing workers add {model_id} URL --version {canary})"
+                )
+            serving = self._serving(model) - {canary}
+            if len(serving) != 1:
+                listed = ", ".join(repr(v) for v in sorted(serving)) or "none"
+                raise RolloutRefused(
+                    f"a rollout needs exactly one baseline version serving {model_id}; "
+                    f"serving now: {listed} (set one with homing versions set)"
+                )
+            (baseline,) = serving
+            try:
+                rollout = Rollout.start(
+                    model_id,
+                    baseline,
+                    canary,
+                    self.config.steps if steps is None else steps,
+                    self.config.bake_s if bake_s is None else bake_s,
+                    now=self._wall(),
+                )
+            except ValueError as err:
+                raise InvalidRollout(str(err)) from None
+            await self._save(model_id, rollout, VersionSplit(rollout.weights()))
+            self.rollouts[model_id] = rollout
+            await self._apply(rollout)
+            return rollout
+
+    async def pause(self, model_id: str) -> Rollout:
+        """Hold the model's rollout at its step (`RolloutRefused` unless running)."""
+        return await self._change(model_id, lambda r, now: r.pause(now))
+
+    async def resume(self, model_id: str) -> Rollout:
+        """Go on from a pause (`RolloutRefused` unless paused)."""
+        return await self._change(model_id, lambda r, now: r.resume(now))
+
+    async def promote(self, model_id: str) -> Rollout:
+        """Give the canary 100% now (`RolloutRefused` unless running or paused)."""
+        return await self._change(model_id, lambda r, now: r.promote(now))
+
+    async def rollback(self, model_id: str) -> Rollout:
+        """Give the canary 0% now (`RolloutRefused` unless running or paused)."""
+        rollout = await self._change(model_id, lambda r, now: r.rollback(now))
+        self._count_rollback(model_id, "operator")
+        return rollout
+
+    async def set_split(self, model_id: str, weights: Mapping[str, float]) -> VersionSplit:
+        """Set the model's split by hand (`RolloutRefused` while a rollout is active;
+        `InvalidRollout` for bad labels or weights)."""
+        async with self._lock:
+            model = self.fleet.model(model_id)
+            self._refuse_if_active(model_id, "set the split")
+            try:
+                for label in weights:
+                    check_version_label(label)
+                split = VersionSplit(weights)
+            except ValueError as err:
+                raise InvalidRollout(str(err)) from None
+            await self._save(model_id, self.rollouts.get(model_id), split)
+            self._set_split(model, split)
+            log.info("version_split_set", model=model_id, split=split.weights)
+            return split
+
+    async def reset_split(self, model_id: str) -> VersionSplit | None:
+        """Return the model to its config's split (`RolloutRefused` while a rollout is
+        active); returns it (None: unsplit)."""
+        async with self._lock:
+            model = self.fleet.model(model_id)
+            self._refuse_if_active(model_id, "reset the split")
+            configured = self._config_splits.get(model_id)
+            split = VersionSplit(configured) if configured else None
+            await self._save(model_id, self.rollouts.get(model_id), split)
+            self._set_split(model, split)
+            log.info("version_split_reset", model=model_id, split=configured)
+            return split
+
+    def status(self, model_id: str) -> RolloutStatus:
+        """The model's rollout now (`UnknownModel`)."""
+        model = self.fleet.model(model_id)
+        split = model.split.weights if model.split is not None else None
+        rollout = self.rollouts.get(model_id)
+        if rollout is None:
+            return RolloutStatus(model_id, split, None, 0.0, None, None, None)
+        now = self._wall()
+        verdict = self._verdict(rollout, now) if rollout.active else None
+        window = self.windows[model_id]
+        since = rollout.step_started_at
+        return RolloutStatus(
+            model_id,
+            split,
+            rollout,
+            rollout.baked_s(now),
+            verdict.baseline if verdict else window.stats(rollout.baseline, now, since),
+            verdict.canary if verdict else window.stats(rollout.canary, now, since),
+            verdict,
+        )
+
+    # -- helpers --
+
+    def _verdict(self, rollout: Rollout, now: float) -> Verdict:
+        window = self.windows[rollout.model]
+        since = rollout.step_started_at
+        return compare(
+            window.stats(rollout.baseline, now, since),
+            window.stats(rollout.canary, now, since),
+            self.config.rule,
+        )
+
+    def _serving(self, model: ModelDispatch) -> set[str]:
+        """The versions taking unpinned requests now: the split's weighted ones with a ready
+        worker, or every ready worker's without a split."""
+        ready = {w.version for w in model.pool.routable_workers()}
+        if model.split is None:
+            return ready
+        return {v for v, w in model.split.weights.items() if w > 0 and v in ready}
+
+    def _refuse_if_active(self, model_id: str, what: str) -> None:
+        current = self.rollouts.get(model_id)
+        if current is not None and current.active:
+            raise RolloutRefused(
+                f"a rollout of {current.canary} is {current.phase} on {model_id}: cannot {what} "
+                "until it is promoted or rolled back"
+            )
+
+    async def _change(self, model_id: str, change: Callable[[Rollout, float], None]) -> Rollout:
+        async with self._lock:
+            self.fleet.model(model_id)
+            rollout = self.rollouts.get(model_id)
+            if rollout is None:
+                raise RolloutRefused(f"{model_id} has no rollout (start one: homing rollout start)")
+            changed = Rollout.from_dict(rollout.to_dict())
+            try:
+                change(changed, self._wall())
+            except RolloutError as err:
+                raise RolloutRefused(str(err)) from None
+            await self._save(model_id, changed, VersionSplit(changed.weights()))
+            self.rollouts[model_id] = changed
+            await self._apply(changed)
+            return changed
+
+    async def _apply(self, rollout: Rollout) -> None:
+        """Give the model the split `rollout` asks for; a rollback also drains the canary's
+        workers (unless they are kept); log and export the change."""
+        model = self.fleet.models[rollout.model]
+        self._set_split(model, VersionSplit(rollout.weights()))
+        self._export_phase(rollout)
+        event = rollout.history[-1].event if rollout.history else rollout.phase
+        log.info(
+            f"rollout_{event}",
+            model=rollout.model,
+            canary=rollout.canary,
+            baseline=rollout.baseline,
+            phase=rollout.phase,
+            weight=rollout.weight,
+            reason=rollout.reason or None,
+        )
+        if rollout.phase == "rolled_back" and self.config.on_rollback == "drain":
+            for w in model.workers():
+                if w.version == rollout.canary and w.phase in (Phase.READY, Phase.CORDONED):
+                    try:
+                        self.fleet.drain(w.worker_id)
+                    except FleetError as err:
+                        log.warning("rollout_drain_failed", worker=w.worker_id, error=str(err))
+
+    def _set_split(self, model: ModelDispatch, split: VersionSplit | None) -> None:
+        model.split = split
+        if self.metrics is not None:
+            before = self._exported.get(model.model_id, set())
+            shares = split.shares() if split is not None else {}
+            self._exported[model.model_id] = self.metrics.set_split(model.model_id, shares, before)
+
+    async def _save(
+        self, model_id: str, rollout: Rollout | None, split: VersionSplit | None
+    ) -> None:
+        data: dict[str, Any] = {
+            "split": split.weights if split is not None else None,
+            "rollout": rollout.to_dict() if rollout is not None else None,
+            "saved_at": self._wall(),
+        }
+        try:
+            await self.store.save(model_id, data)
+        except RolloutStoreError as err:
+            raise RolloutUnavailable(f"the rollout store failed, nothing changed: {err}") from None
+        self._unsaved.discard(model_id)
+
+    async def _save_quietly(self, model_id: str) -> None:
+        """Store a change the loop made; on failure log it and try again next tick."""
+        model = self.fleet.models[model_id]
+        try:
+            await self._save(model_id, self.rollouts.get(model_id), model.split)
+        except RolloutUnavailable as err:
+            log.error("rollout_store_failed", model=model_id, error=str(err))
+
+    def _count_rollback(self, model_id: str, check: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rollbacks.labels(model_id, check).inc()
+
+    def _export_phase(self, rollout: Rollout) -> None:
+        if self.metrics is not None:
+            self.metrics.set_phase(rollout.model, rollout.canary, rollout.phase, rollout.weight)
+
+    def _export_figures(self, model_id: str, stats: Sequence[VersionStats]) -> None:
+        assert self.metrics is not None
+        for s in stats:
+            for name, attr in _FIGURES:
+                self.metrics.set_figure(name, model_id, s.version, getattr(s, attr))
+
+
+def config_of(settings: Any) -> RolloutConfig:
+    """The `RolloutConfig` of a `homing.config.RolloutSettings`."""
+    return RolloutConfig(
+        steps=tuple(check_steps(settings.steps)),
+        bake_s=settings.bake_s,
+        window_s=settings.window_s,
+        rule=VerdictRule(
+            min_requests=settings.min_requests,
+            attainment_margin=settings.attainment_margin,
+            error_margin=settings.error_margin,
+            latency_margin=settings.latency_margin,
+            min_latency_samples=settings.min_latency_samples,
+        ),
+        on_rollback=settings.on_rollback,
+        tick_s=settings.tick_s,
+    )

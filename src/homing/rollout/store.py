@@ -1,0 +1,138 @@
+"""Where rollouts are kept between gateway restarts: a JSON file in the state directory, or a
+Redis hash when quotas use Redis (then every instance sharing that Redis sees them).
+
+Rule of this file: I/O only; what is stored is `Rollout.to_dict()` per model, read back as
+the same dicts (the caller parses them with `Rollout.from_dict` and decides what a bad one
+means). Errors: `RolloutStoreError` with one line naming the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+from typing import Any, Protocol
+
+#: Name of the file in the state directory.
+FILE_NAME = "rollouts.json"
+
+#: Format marker of the file and of each Redis value.
+FORMAT = 1
+
+
+class RolloutStoreError(Exception):
+    """The store could not be read or written (one line, naming it)."""
+
+
+class RolloutStore(Protocol):
+    """Keeps each model's rollout data."""
+
+    @property
+    def where(self) -> str:
+        """The store in words (a path, a Redis key)."""
+        ...
+
+    async def load(self) -> dict[str, dict[str, Any]]:
+        """Model -> its stored rollout data (empty when none)."""
+        ...
+
+    async def save(self, model: str, data: dict[str, Any]) -> None:
+        """Store `model`'s rollout data, replacing what was there."""
+        ...
+
+
+class FileStore:
+    """One JSON file, `{"format": 1, "rollouts": {model: data}}`, written whole to a
+    temporary file, synced and renamed into place (a crash leaves the old or the new file,
+    never half of one). Mode 0600."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.path = os.path.join(state_dir, FILE_NAME)
+        self._lock = asyncio.Lock()
+
+    @property
+    def where(self) -> str:
+        return self.path
+
+    async def load(self) -> dict[str, dict[str, Any]]:
+        return await asyncio.to_thread(self._read)
+
+    async def save(self, model: str, data: dict[str, Any]) -> None:
+        async with self._lock:
+            await asyncio.to_thread(self._update, model, data)
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            raise RolloutStoreError(f"{self.path}: cannot be read: {err}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise RolloutStoreError(f"{self.path}: not a homing rollouts file (format {FORMAT})")
+        rollouts = doc.get("rollouts")
+        if not isinstance(rollouts, dict) or not all(
+            isinstance(v, dict) for v in rollouts.values()
+        ):
+            raise RolloutStoreError(f"{self.path}: 'rollouts' is not a table of rollouts")
+        return rollouts
+
+    def _update(self, model: str, data: dict[str, Any]) -> None:
+        rollouts = self._read()
+        rollouts[model] = data
+        directory = os.path.dirname(self.path) or "."
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".rollouts-", dir=directory)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump({"format": FORMAT, "rollouts": rollouts}, f, indent=1)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as err:
+            raise RolloutStoreError(f"{self.path}: cannot be written: {err}") from None
+
+
+class RedisStore:
+    """A Redis hash `<prefix>:rollouts`: field = model, value = the rollout's JSON.
+    `client`: a `redis.asyncio.Redis`; `timeout_s` bounds each call."""
+
+    def __init__(self, client: Any, prefix: str, timeout_s: float = 2.0) -> None:
+        self._client = client
+        self.key = f"{prefix}:rollouts"
+        self._timeout_s = timeout_s
+
+    @property
+    def where(self) -> str:
+        return f"redis key {self.key}"
+
+    async def load(self) -> dict[str, dict[str, Any]]:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                raw = await self._client.hgetall(self.key)
+        except Exception as err:  # redis errors, timeouts: the store is unreachable
+            raise RolloutStoreError(f"{self.where}: {type(err).__name__}: {err}") from None
+        out: dict[str, dict[str, Any]] = {}
+        for field, value in raw.items():
+            model = field.decode() if isinstance(field, bytes) else str(field)
+            try:
+                data = json.loads(value)
+            except ValueError as err:
+                raise RolloutStoreError(f"{self.where}: {model!r} is not JSON: {err}") from None
+            if not isinstance(data, dict):
+                raise RolloutStoreError(f"{self.where}: {model!r} is not a rollout")
+            out[model] = data
+        return out
+
+    async def save(self, model: str, data: dict[str, Any]) -> None:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._client.hset(self.key, model, json.dumps(data))
+        except Exception as err:
+            raise RolloutStoreError(f"{self.where}: {type(err).__name__}: {err}") from None
