@@ -67,6 +67,10 @@ from homing.obs.loop_busy import LoopBusySampler
 from homing.obs.metrics import FleetMetrics, RouterMetrics
 from homing.obs.requests import RequestMetrics, RequestRecorder
 from homing.obs.slo import Slo
+from homing.rollout.build import build_controller
+from homing.rollout.build import build_store as build_rollout_store
+from homing.rollout.controller import RolloutController
+from homing.rollout.store import RolloutStoreError
 from homing.router import Router
 from homing.router.settings import apply_model_settings, policy_configs, router_from_settings
 from homing.scaler.actuators.base import Actuator
@@ -139,6 +143,9 @@ class App:
         self._scaler_task: asyncio.Task[None] | None = None
         self._electors: list[asyncio.Task[None]] = []
         self._leader_redis: Any = None  # the Redis client of the scaler's leases
+        self.rollouts: RolloutController | None = None
+        self._rollout_task: asyncio.Task[None] | None = None
+        self._rollout_redis: Any = None  # the Redis client of the rollout store
         # Each autoscaled model's demand as the gateway sees it (homing.obs.demand).
         self.demand: dict[str, DemandMeter] = {}
         self._clock: Clock = SystemClock()
@@ -216,6 +223,7 @@ class App:
                 *(self._start_model(m, *w) for m, w in zip(specs, launched, strict=True))
             )
             self.fleet = Fleet(list(models), drain_timeout_s=gw.drain_timeout_s)
+            await self._start_rollouts(self.fleet)
             await self._start_gateway(self.fleet)
             if cfg.admin.enabled:
                 await self._start_admin(self.fleet)
@@ -467,6 +475,23 @@ class App:
         self.grpc_port = self.grpc.port
         await self.grpc.start()
 
+    async def _start_rollouts(self, fleet: Fleet) -> None:
+        """Each model's version split and rollout, restored from the store (RuntimeError
+        "rollouts: ..." when it cannot be read: a restart must not forget a rollback), and
+        the task that takes their verdicts."""
+        store, self._rollout_redis = build_rollout_store(self.config)
+        controller = build_controller(
+            self.config, fleet, self.recorder, self.gateway_metrics.registry, store
+        )
+        try:
+            await controller.restore()
+        except RolloutStoreError as err:
+            raise RuntimeError(f"rollouts: {err}") from None
+        self.rollouts = controller
+        self._rollout_task = asyncio.get_running_loop().create_task(
+            controller.run(), name="rollouts"
+        )
+
     def _start_scaler(self, specs: list[ModelSettings], models: list[ModelDispatch]) -> None:
         """The autoscaler of every model whose `scaler` is enabled, as one task."""
         assert self.fleet is not None
@@ -603,6 +628,7 @@ class App:
             in_flight=lambda: service.in_flight if service is not None else 0,
             started_at=self._started_at,
             scaler=lambda: self.scaler,  # it starts after the admin API
+            rollouts=self.rollouts,
         )
         await self.admin.start()
 
@@ -647,6 +673,14 @@ class App:
         if self._leader_redis is not None:
             await self._leader_redis.aclose()
             self._leader_redis = None
+        if self._rollout_task is not None:
+            self._rollout_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rollout_task
+            self._rollout_task = None
+        if self._rollout_redis is not None:
+            await self._rollout_redis.aclose()
+            self._rollout_redis = None
         try:
             await self._stop_serving()
         finally:

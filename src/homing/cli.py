@@ -233,7 +233,9 @@ def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 #: Sub-commands parsed by `admin_parser`: clients of a running gateway.
-ADMIN_COMMANDS = frozenset({"workers", "models", "tenants", "stats", "scaler", "top"})
+ADMIN_COMMANDS = frozenset(
+    {"workers", "models", "tenants", "stats", "scaler", "rollout", "versions", "top"}
+)
 
 
 def admin_parser() -> argparse.ArgumentParser:

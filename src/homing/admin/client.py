@@ -34,12 +34,21 @@ UNBOUNDED_S = 86_400.0
 
 
 class AdminError(Exception):
-    """A refused or failed admin call: `code` (a `grpc.StatusCode`) and `message`."""
+    """A refused or failed admin call: `code` (a `grpc.StatusCode`), `message`, and
+    `answered`: the server itself refused it (its error JSON came with the status), so an
+    UNAVAILABLE is a service of the gateway's, not the admin API, being down."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, answered: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.answered = answered
+
+    @property
+    def unreachable(self) -> bool:
+        """The admin API could not be reached or did not answer in time."""
+        late = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        return self.code in late and not self.answered
 
 
 def default_address() -> str:
@@ -121,11 +130,12 @@ class AdminClient:
             return await method(request, timeout=timeout, metadata=self.metadata)
         except grpc.aio.AioRpcError as err:
             code, details = err.code(), err.details() or ""
-            if code is grpc.StatusCode.UNAVAILABLE:
+            answered = any(k == "x-error-json" for k, _ in err.trailing_metadata() or ())
+            if code is grpc.StatusCode.UNAVAILABLE and not answered:
                 details = f"cannot reach the admin API at {self.address}: {details}"
-            elif code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            elif code is grpc.StatusCode.DEADLINE_EXCEEDED and not answered:
                 details = f"the admin API at {self.address} did not answer in time"
-            raise AdminError(code, details) from None
+            raise AdminError(code, details, answered) from None
 
     async def list_models(self) -> pb.AdminListModelsResponse:
         """Every served model with its pool."""
@@ -191,3 +201,37 @@ class AdminClient:
         would decide now (nothing is changed)."""
         request = pb.GetScalerRequest(model=model, advise=advise)
         return await self._call(self._stub.GetScaler, request)
+
+    async def get_rollout(self, model: str) -> pb.RolloutStatus:
+        """`model`'s version split and rollout now."""
+        return await self._call(self._stub.GetRollout, pb.RolloutRequest(model=model))
+
+    async def start_rollout(
+        self, model: str, version: str, steps: list[float] | None, bake_s: float | None
+    ) -> pb.RolloutStatus:
+        """Roll `version` out on `model` (None: the gateway's default steps / bake)."""
+        request = pb.StartRolloutRequest(model=model, version=version, steps=steps or [])
+        if bake_s is not None:
+            request.bake_s = bake_s
+        return await self._call(self._stub.StartRollout, request)
+
+    async def rollout_op(self, op: str, model: str) -> pb.RolloutStatus:
+        """`op` ("pause", "resume", "promote", "rollback") on `model`'s rollout."""
+        method = {
+            "pause": self._stub.PauseRollout,
+            "resume": self._stub.ResumeRollout,
+            "promote": self._stub.PromoteRollout,
+            "rollback": self._stub.RollbackRollout,
+        }[op]
+        return await self._call(method, pb.RolloutRequest(model=model))
+
+    async def set_versions(
+        self, model: str, weights: dict[str, float], *, reset: bool = False
+    ) -> pb.RolloutStatus:
+        """Set `model`'s split to `weights`, or `reset` it to the config's."""
+        request = pb.SetVersionsRequest(
+            model=model,
+            weights=[pb.VersionWeight(version=v, weight=w) for v, w in weights.items()],
+            reset=reset,
+        )
+        return await self._call(self._stub.SetVersions, request)

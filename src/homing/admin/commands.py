@@ -4,6 +4,7 @@
         [--timeout S] [--grace S] | cordon ID | uncordon ID | rm ID [--force]
     homing models ls | homing tenants ls | homing stats
     homing scaler status [--model M] | advise [--model M]
+    homing rollout ... | homing versions ... (homing.admin.rollout_commands)
 
 Each takes `--admin ADDR` (default `$HOMING_ADMIN`, else the default socket), `--admin-key
 KEY` (default `$HOMING_ADMIN_KEY`) and `--output table|json` (default: table on a terminal,
@@ -399,8 +400,8 @@ async def _scaler_advise(admin: Any, args: argparse.Namespace, out: Output) -> i
 
 
 def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `workers`, `models`, `tenants`, `stats` and `scaler` to the `homing`
-    sub-commands."""
+    """Add `workers`, `models`, `tenants`, `stats`, `scaler`, `rollout` and `versions` to
+    the `homing` sub-commands."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--admin",
@@ -475,6 +476,10 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("--model", help="only this model's pool")
 
+    from homing.admin.rollout_commands import add_rollout_commands
+
+    add_rollout_commands(sub, verb)
+
 
 #: Longest wait a command may ask for (seconds): a day.
 MAX_SECONDS = 86_400.0
@@ -493,8 +498,6 @@ def _seconds(value: str) -> float:
 
 def run_admin(args: argparse.Namespace) -> int:
     """Run the admin verb `args` names (`admin_verb`); the exit status."""
-    import grpc
-
     from homing.admin.client import AdminClient, AdminError, resolve_address
 
     mode = args.output or ("table" if sys.stdout.isatty() else "json")
@@ -520,7 +523,6 @@ def run_admin(args: argparse.Namespace) -> int:
         return asyncio.run(call())
     except AdminError as err:
         print(f"homing: {err.message}", file=sys.stderr)
-        unreachable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-        return EXIT_UNREACHABLE if err.code in unreachable else EXIT_REFUSED
+        return EXIT_UNREACHABLE if err.unreachable else EXIT_REFUSED
     except KeyboardInterrupt:
         return 130

@@ -43,11 +43,13 @@ import structlog
 from grpc_reflection.v1alpha import reflection
 
 from homing import __version__
+from homing.admin.rollouts import status_message, weights_of
 from homing.config import AdminKeySettings, AdminSettings, QuotaLimits, TenantSettings
 from homing.engines.pool import WorkerState
 from homing.fleet import Fleet, FleetError, ModelDispatch
 from homing.gateway.auth import Principal
 from homing.gateway.quotas import QuotaGuard, QuotaStoreError, ScopeUsage, scopes_for
+from homing.rollout.controller import RolloutController
 from homing.v1 import admin_pb2 as pb
 from homing.v1 import admin_pb2_grpc as pb_grpc
 
@@ -69,6 +71,12 @@ _STAGED = "/.bXXXXXXXX/s"
 
 #: Seconds running admin calls (a `DrainWorker` waiting) get when the server stops.
 STOP_GRACE_S = 1.0
+
+
+class NoRollouts(FleetError):
+    """The gateway has no rollout controller (an admin server built without one)."""
+
+    code = "UNAVAILABLE"
 
 
 class InvalidRequest(FleetError):
@@ -345,8 +353,10 @@ class AdminServicer(pb_grpc.AdminServicer):
         in_flight: Callable[[], int],
         started_at: float,
         scaler: Callable[[], Scaler | None] = lambda: None,
+        rollouts: RolloutController | None = None,
     ) -> None:
         self.fleet = fleet
+        self.rollouts = rollouts
         self.keys = list(keys)
         self.tenants = list(tenants)
         self.quotas = quotas
@@ -543,6 +553,73 @@ class AdminServicer(pb_grpc.AdminServicer):
             pools=[scaler_pool_message(p, advise=request.advise) for p in pools]
         )
 
+    # -- rollouts --
+
+    def _controller(self) -> RolloutController:
+        if self.rollouts is None:
+            raise NoRollouts("this gateway runs no rollout controller")
+        return self.rollouts
+
+    def _status(self, model_id: str) -> pb.RolloutStatus:
+        controller = self._controller()
+        return status_message(controller.status(model_id), self.fleet.model(model_id))
+
+    @_admin_call
+    async def GetRollout(
+        self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RolloutStatus:
+        return self._status(request.model)
+
+    @_admin_call
+    async def StartRollout(
+        self, request: pb.StartRolloutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RolloutStatus:
+        bake_s = request.bake_s if request.HasField("bake_s") else None
+        await self._controller().start(
+            request.model, request.version, list(request.steps) or None, bake_s
+        )
+        return self._status(request.model)
+
+    @_admin_call
+    async def PauseRollout(
+        self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RolloutStatus:
+        await self._controller().pause(request.model)
+        return self._status(request.model)
+
+    @_admin_call
+    async def ResumeRollout(
+        self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RolloutStatus:
+        await self._controller().resume(request.model)
+        return self._status(request.model)
+
+    @_admin_call
+    async def PromoteRollout(
+        self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RolloutStatus:
+        await self._controller().promote(request.model)
+        return self._status(request.model)
+
+    @_admin_call
+    async def RollbackRollout(
+        self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RolloutStatus:
+        await self._controller().rollback(request.model)
+        return self._status(request.model)
+
+    @_admin_call
+    async def SetVersions(
+        self, request: pb.SetVersionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RolloutStatus:
+        controller = self._controller()
+        weights = weights_of(request)
+        if request.reset:
+            await controller.reset_split(request.model)
+        else:
+            await controller.set_split(request.model, weights)
+        return self._status(request.model)
+
 
 class AdminServer:
     """The admin API of one gateway process (see the module docstring).
@@ -551,6 +628,7 @@ class AdminServer:
     (None without tenants); `in_flight`: the gateway's requests in flight now;
     `started_at`: `time.monotonic()` when the process started serving (default: now);
     `scaler`: the running autoscaler, asked at each `GetScaler` (None: none enabled).
+    `rollouts`: the version splits and rollouts (None: the rollout calls are UNAVAILABLE).
     After `start`: `socket_path` (None without a socket), `tcp_port` (None without TCP)
     and `addresses` (as `--admin` takes them: "unix:PATH", "HOST:PORT").
     """
@@ -565,6 +643,7 @@ class AdminServer:
         in_flight: Callable[[], int] = lambda: 0,
         started_at: float | None = None,
         scaler: Callable[[], Scaler | None] = lambda: None,
+        rollouts: RolloutController | None = None,
     ) -> None:
         self.settings = settings
         self.servicer = AdminServicer(
@@ -575,6 +654,7 @@ class AdminServer:
             in_flight=in_flight,
             started_at=time.monotonic() if started_at is None else started_at,
             scaler=scaler,
+            rollouts=rollouts,
         )
         self.server: grpc.aio.Server | None = None
         self.socket_path: str | None = None
