@@ -10,7 +10,10 @@ rates; the data source is the `${datasource}` variable (type prometheus). Worker
 gauges are aggregated with max/min by (model, worker) because every gateway instance
 reports the same worker; per-gateway counts (requests in flight, queue depth) are summed.
 Burn-rate thresholds 14.4 (page) and 6 (ticket) are the multiwindow alert rule's factors
-(Google SRE workbook, "Alerting on SLOs"), as `homing_slo_alert` uses them.
+(Google SRE workbook, "Alerting on SLOs"), as `homing_slo_alert` uses them. The "Versions and
+rollouts" row splits the request series by their `version` label and reads the rollout series
+of `homing.rollout.metrics` (the split's weights, the latest rollout's phase per canary,
+verdicts and rollbacks); those have no data for a model without a split or a rollout.
 """
 
 from __future__ import annotations
@@ -186,6 +189,12 @@ def _quantiles(metric: str) -> list[tuple[str, str]]:
     ]
 
 
+def _by_version(metric: str, q: float = 0.95) -> str:
+    """The `q`-quantile of histogram `metric` per (model, version) over the rate interval."""
+    buckets = f"sum by (model, version, le) (rate({metric}_bucket{{{M}}}[{RI}]))"
+    return f"histogram_quantile({q}, {buckets})"
+
+
 def build() -> dict[str, Any]:
     """The dashboard as a JSON-ready dict (Grafana 10/11 dashboard model)."""
     ids = _Ids()
@@ -206,7 +215,8 @@ def build() -> dict[str, Any]:
         .uid(UID)
         .description(
             "homing gateway: requests, TTFT/TPOT against the SLO, goodput, burn rate, "
-            "workers, router, admission and quotas (raw /metrics series)."
+            "workers, router, admission and quotas, versions and rollouts (raw /metrics "
+            "series)."
         )
         .tags(["homing", "llm-inference"])
         .editable()
@@ -469,6 +479,136 @@ def build() -> dict[str, Any]:
                 )
             ],
             stack=True,
+        )
+    )
+    builder = builder.with_row(dash_b.Row("Versions and rollouts").id(ids.next()))
+    builder = builder.with_panel(
+        _series(
+            ids,
+            "Request rate by version",
+            "Requests per second as they end, by the version label of the worker that served "
+            "them (empty: workers without a label, and refusals before routing).",
+            "reqps",
+            [(_rate("homing_requests_total", "model, version"), "{{model}} {{version}}")],
+        )
+    )
+    builder = builder.with_panel(
+        _series(
+            ids,
+            "TTFT p95 by version",
+            "Time to first token, p95 per version (streamed requests); dashed: the SLO's p95 "
+            "TTFT target.",
+            "s",
+            [
+                (_by_version("homing_request_ttft_seconds"), "{{model}} {{version}}"),
+                (f"max by (model) (homing_slo_ttft_p95_seconds{{{M}}})", "SLO p95 {{model}}"),
+            ],
+            dashed="^SLO ",
+        )
+    )
+    builder = builder.with_panel(
+        _series(
+            ids,
+            "TPOT p95 by version",
+            "Mean time per output token after the first, p95 per version; dashed: the SLO's "
+            "p95 TPOT target.",
+            "s",
+            [
+                (_by_version("homing_request_tpot_seconds"), "{{model}} {{version}}"),
+                (f"max by (model) (homing_slo_tpot_p95_seconds{{{M}}})", "SLO p95 {{model}}"),
+            ],
+            dashed="^SLO ",
+        )
+    )
+    met = f'homing_slo_requests_total{{{M},verdict="met"}}'
+    builder = builder.with_panel(
+        _series(
+            ids,
+            "SLO attainment by version",
+            "Met / judged (met + missed + failed) requests per version over the rate "
+            "interval; dashed: the objective.",
+            "percentunit",
+            [
+                (
+                    f"sum by (model, version) (rate({met}[{RI}])) / "
+                    + _rate("homing_slo_requests_total", "model, version"),
+                    "{{model}} {{version}}",
+                ),
+                (f"max by (model) (homing_slo_objective{{{M}}})", "objective {{model}}"),
+            ],
+            width=12,
+            dashed="^objective ",
+        )
+    )
+    builder = builder.with_panel(
+        _series(
+            ids,
+            "Version weight",
+            "Each version's share of new sessions under the model's split, percent (no "
+            "series without a split); a rollout moves the canary's share step by step.",
+            "percent",
+            [(f"max by (model, version) (homing_version_weight{{{M}}})", "{{model}} {{version}}")],
+            width=12,
+            stack=True,
+        )
+    )
+    builder = builder.with_panel(
+        table.Panel()
+        .id(ids.next())
+        .title("Rollout phase")
+        .description(
+            "Each model's rollouts by canary: the phase it is in (running, paused, promoted, "
+            "rolled_back) and the canary's weight now, percent."
+        )
+        .datasource(DATASOURCE)
+        .span(12)
+        .height(8)
+        .show_header(True)
+        .with_target(
+            _query(
+                f"max by (model, canary, phase) (homing_rollout_phase{{{M}}}) == 1",
+                "{{canary}} {{phase}}",
+                "A",
+                instant=True,
+            )
+        )
+        .with_target(
+            _query(
+                f"max by (model, canary) (homing_rollout_canary_weight{{{M}}})",
+                "{{canary}}",
+                "B",
+                instant=True,
+            )
+        )
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(
+            DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True, "Value #A": True},
+                    "renameByName": {"Value #B": "canary weight %"},
+                },
+            )
+        )
+    )
+    builder = builder.with_panel(
+        _series(
+            ids,
+            "Rollout verdicts and rollbacks",
+            "Per minute: rollout verdicts by result (pass, fail, wait) and rollbacks by the "
+            "check that failed first (operator: by hand).",
+            "short",
+            [
+                (
+                    "60 * " + _rate("homing_rollout_verdicts_total", "model, result"),
+                    "verdict {{model}} {{result}}",
+                ),
+                (
+                    "60 * " + _rate("homing_rollout_rollbacks_total", "model, check"),
+                    "rollback {{model}} {{check}}",
+                ),
+            ],
+            width=12,
         )
     )
     data: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))

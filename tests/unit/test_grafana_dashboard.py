@@ -93,3 +93,47 @@ def test_queries_filter_by_model_and_rate_over_the_rate_interval() -> None:
         for window in re.findall(r"\brate\([^\[]*\[([^\]]+)\]", expr):
             assert window == "$__rate_interval", expr
         assert not re.search(r"\bhoming:", expr), f"a recording rule in {expr}"
+
+
+def _exported_names() -> set[str]:
+    """Sample names a gateway's registry declares for the versions row: the request series
+    (`RequestMetrics`), the per-model SLO gauges (`RequestRecorder`, one model watched) and
+    the rollout series (`RolloutMetrics`)."""
+    from prometheus_client import CollectorRegistry
+
+    from homing.obs.requests import RequestMetrics, RequestRecorder
+    from homing.rollout.metrics import RolloutMetrics
+
+    registry = CollectorRegistry()
+    recorder = RequestRecorder(now=lambda: 0.0, metrics=RequestMetrics(registry), registry=registry)
+    recorder.watch("m", lambda: [])
+    RolloutMetrics(registry)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+    return {
+        family.name + suffix
+        for family in registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+def test_versions_row_reads_series_the_gateway_exports() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    (row,) = [p for p in dashboard["panels"] if p["title"] == "Versions and rollouts"]
+    at = dashboard["panels"].index(row)
+    after = dashboard["panels"][at + 1 :]
+    ends = next((i for i, p in enumerate(after) if p["type"] == "row"), len(after))
+    panels = [*row.get("panels", []), *after[:ends]]
+    assert {p["title"] for p in panels} >= {
+        "Request rate by version",
+        "TTFT p95 by version",
+        "TPOT p95 by version",
+        "SLO attainment by version",
+        "Version weight",
+        "Rollout phase",
+        "Rollout verdicts and rollbacks",
+    }
+    exported = _exported_names()
+    for panel in panels:
+        for target in panel["targets"]:
+            used = set(re.findall(r"\b(homing_\w+)\b", target["expr"]))
+            assert used <= exported, (panel["title"], used - exported)

@@ -1,5 +1,5 @@
-"""The pure part of `homing top`: scrapes of a gateway's `/metrics` in, one frame of per-model
-and per-worker rows out.
+"""The pure part of `homing top`: scrapes of a gateway's `/metrics` in, one frame of per-model,
+per-version and per-worker rows out.
 
 `parse_scrape(text, at)` turns a Prometheus text exposition (prometheus-client's parser) taken
 at monotonic second `at` into a `Scrape`. A `Window` keeps the scrapes of the last `span_s`
@@ -8,19 +8,24 @@ seconds; its `frame()` computes, over the oldest and newest scrape it holds:
 - rates (requests/s, output tokens/s) from the counters' increase, per series: a series absent
   from the oldest scrape was created after it and counts from 0; one whose value went down was
   reset (the gateway restarted) and counts from 0 too (Prometheus' `increase` rule, without its
-  extrapolation to the window's edges);
+  extrapolation to the window's edges); a version's error share and SLO attainment from the
+  increases of its SLO verdict counter the same way;
 - quantiles (TTFT p50/p95, TPOT p95) from the histograms' bucket increases over the window,
-  summed over the other labels (version, tenant; worker for a model's row), with
+  summed over the other labels (version, tenant; worker for a model's or a version's row), with
   `histogram_quantile`, Prometheus' linear interpolation within the bucket;
-- gauges (in-flight, queue, KV use, hit rate, SLO attainment, goodput, burn rates, alerts) from
-  the newest scrape.
+- gauges (in-flight, queue, KV use, hit rate, SLO attainment, goodput, burn rates, alerts,
+  version weights, rollout phases) from the newest scrape.
 
-Metric names are the gateway's (`homing.obs`). Anything missing is None, never an error: a
-gauge or histogram with no series, a counter whose family the gateway does not declare, and
-every windowed figure until the window holds two scrapes. A counter family that is declared
-but has no series for the row (no request yet) gives a rate of 0. Workers are those with
-per-worker gauges in the newest scrape: a worker that left is not shown (the gateway drops
-every series labelled with it).
+Versions: a model gets one row per version label (`VersionRow`) when the newest scrape shows
+more than one for it, the empty label "" counting as one (`_Reader.versions` says where the
+labels come from).
+
+Metric names are the gateway's (`homing.obs`, `homing.rollout.metrics`). Anything missing is
+None, never an error: a gauge or histogram with no series, a counter whose family the gateway
+does not declare, and every windowed figure until the window holds two scrapes. A counter
+family that is declared but has no series for the row (no request yet) gives a rate of 0.
+Workers are those with per-worker gauges in the newest scrape: a worker that left is not shown
+(the gateway drops every series labelled with it).
 """
 
 from __future__ import annotations
@@ -57,6 +62,19 @@ WORKER_GAUGES = (
 #: The per-worker info gauge {model, worker, version, phase, state} (1 per worker): its
 #: lifecycle phase is read from it; a gateway that does not export it shows no phase.
 WORKER_PHASE = "homing_worker_info"
+
+#: Request series {model, version, worker, ...} whose version labels, on series of a routed
+#: request (non-empty worker), are a model's versions.
+VERSION_REQUEST_SERIES = (
+    "homing_requests_total",
+    "homing_request_ttft_seconds_bucket",
+    "homing_request_tpot_seconds_bucket",
+)
+#: Each version's share of new sessions under the model's split {model, version}, percent
+#: (no series for a model without a split).
+VERSION_WEIGHT = "homing_version_weight"
+#: 1 for the current phase of a rollout {model, canary, phase}, 0 for the other phases.
+ROLLOUT_PHASE = "homing_rollout_phase"
 
 
 class MetricsTextError(ValueError):
@@ -179,14 +197,39 @@ class WorkerRow:
 
 
 @dataclass(frozen=True)
+class VersionRow:
+    """One version of a model that has several. `version` "": workers without a label (the
+    row's requests include the model's refusals before routing, which carry ""). Gauges:
+    `weight_percent`, its share of new sessions under the split, 0..100
+    (`homing_version_weight`; None without a split); `rollout`, the phase ("running",
+    "paused", "promoted", "rolled_back") of the model's rollout with this version as canary,
+    None without one (`homing_rollout_phase`). Over the window: `requests_per_second`
+    (`homing_requests_total`, every outcome); `error_ratio` (failed / judged) and
+    `attainment_ratio` (met / judged), 0..1 from the increases of `homing_slo_requests_total`
+    (None with no judged request in the window); `ttft_p95_s`, `tpot_p95_s` in seconds."""
+
+    model: str
+    version: str
+    weight_percent: float | None
+    requests_per_second: float | None
+    error_ratio: float | None
+    attainment_ratio: float | None
+    ttft_p95_s: float | None
+    tpot_p95_s: float | None
+    rollout: str | None
+
+
+@dataclass(frozen=True)
 class Frame:
     """What one refresh shows. `window_s`: seconds between the oldest and the newest scrape
-    the windowed figures span (None with one scrape); `scrapes`: how many the window holds."""
+    the windowed figures span (None with one scrape); `scrapes`: how many the window holds;
+    `versions`: the version rows of the models with several versions ([] when none has)."""
 
     window_s: float | None
     scrapes: int
     models: list[ModelRow]
     workers: list[WorkerRow]
+    versions: list[VersionRow]
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready data: these fields, rows as objects with every field (None as null)."""
@@ -252,6 +295,30 @@ class _Reader:
             if bound is not None:
                 per_bound[bound] = per_bound.get(bound, 0.0) + delta
         return histogram_quantile(q, list(per_bound.items()))
+
+    def increase(self, family: str, want: Labels) -> float | None:
+        """The increase of counter `family` (samples `family_total`) over the window, summed
+        over the matching series; None without a window."""
+        if self.span is None:
+            return None
+        return sum(self._increases(family + "_total", want).values())
+
+    def versions(self, model: str) -> list[str]:
+        """`model`'s version labels in the newest scrape, "" first, then sorted with digits
+        as numbers: those of routed requests (`VERSION_REQUEST_SERIES` with a worker), of its
+        workers (`homing_worker_info`) and of its split (`homing_version_weight`)."""
+        found: set[str] = set()
+        for name in VERSION_REQUEST_SERIES:
+            for labels in self.last.samples.get(name, {}):
+                tags = dict(labels)
+                if tags.get("model") == model and tags.get("worker") and "version" in tags:
+                    found.add(tags["version"])
+        for name in (WORKER_PHASE, VERSION_WEIGHT):
+            for labels in self.last.samples.get(name, {}):
+                tags = dict(labels)
+                if tags.get("model") == model and "version" in tags:
+                    found.add(tags["version"])
+        return sorted(found, key=_natural)
 
     def models(self) -> list[str]:
         """Every non-empty `model` label of the newest scrape, sorted."""
@@ -348,17 +415,49 @@ def _worker_row(r: _Reader, model: str, worker: str) -> WorkerRow:
     )
 
 
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or whole is None or whole <= 0 else part / whole
+
+
+def _version_row(r: _Reader, model: str, version: str) -> VersionRow:
+    v = _labels(model=model, version=version)
+    judged = r.increase("homing_slo_requests", v)
+    failed = r.increase("homing_slo_requests", v | _labels(verdict="failed"))
+    met = r.increase("homing_slo_requests", v | _labels(verdict="met"))
+    canary = r.last.series(ROLLOUT_PHASE, _labels(model=model, canary=version))
+    phases = sorted(_label_values(canary, "phase", 1))
+    return VersionRow(
+        model=model,
+        version=version,
+        weight_percent=r.gauge_mean(VERSION_WEIGHT, v),
+        requests_per_second=r.rate("homing_requests", v),
+        error_ratio=_ratio(failed, judged),
+        attainment_ratio=_ratio(met, judged),
+        ttft_p95_s=r.quantile(0.95, "homing_request_ttft_seconds", v),
+        tpot_p95_s=r.quantile(0.95, "homing_request_tpot_seconds", v),
+        rollout=phases[0] if len(phases) == 1 else None,
+    )
+
+
 def compute_frame(scrapes: Sequence[Scrape]) -> Frame:
     """The frame of `scrapes` (oldest first; at least one): windowed figures over the first
     and the last, gauges and the rows' models and workers from the last."""
     if not scrapes:
         raise ValueError("a frame needs at least one scrape")
     r = _Reader(scrapes[0] if len(scrapes) > 1 else None, scrapes[-1])
+    models = r.models()
+    versions = {model: r.versions(model) for model in models}
     return Frame(
         window_s=r.span,
         scrapes=len(scrapes),
-        models=[_model_row(r, model) for model in r.models()],
+        models=[_model_row(r, model) for model in models],
         workers=[_worker_row(r, model, worker) for model, worker in r.workers()],
+        versions=[
+            _version_row(r, model, version)
+            for model in models
+            if len(versions[model]) > 1
+            for version in versions[model]
+        ],
     )
 
 

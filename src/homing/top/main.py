@@ -3,11 +3,12 @@
 
 Scrapes `URL/metrics` (URL: the gateway's HTTP address, default http://127.0.0.1:8080; a URL
 whose path already ends in /metrics is used as it is; no scheme means http) every `--interval`
-seconds (default 1) and redraws the models and workers tables (`homing.top.view`) of the last
-`--window` seconds of scrapes (default 30) until Ctrl-C, which exits 0. `--once` takes two
-scrapes `--interval` apart, prints one frame and exits. `--output json` prints the frame's data
-instead (`Frame.as_dict`): indented with `--once`, else one compact object per line per refresh
-(a failed scrape then prints its `homing: ...` line on stderr instead of a frame).
+seconds (default 1) and redraws the models, versions (models with several versions only) and
+workers tables (`homing.top.view`) of the last `--window` seconds of scrapes (default 30)
+until Ctrl-C, which exits 0. `--once` takes two scrapes `--interval` apart, prints one frame
+and exits. `--output json` prints the frame's data instead (`Frame.as_dict`): indented with
+`--once`, else one compact object per line per refresh (a failed scrape then prints its
+`homing: ...` line on stderr instead of a frame).
 
 Scaler lines: at each frame the admin API (`--admin`/`--admin-key`, as the admin verbs take
 them; `homing.top.scaler`) is asked for the autoscaled pools; one line per autoscaled model

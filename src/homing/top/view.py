@@ -1,7 +1,9 @@
-"""rich tables of a `homing top` frame: one row per model, one per worker; "-" for a figure
+"""rich tables of a `homing top` frame: one row per model, one per version of the models that
+have several (the versions table is left out when none has), one per worker; "-" for a figure
 the gateway does not export (or, for rates and quantiles, before the window has two scrapes
-or without requests in it). Below the models, one line per autoscaled model from the admin
-API (`homing.top.scaler`), shown only when some model is autoscaled (or the call failed)."""
+or without requests in it). Below the models (and versions), one line per autoscaled model
+from the admin API (`homing.top.scaler`), shown only when some model is autoscaled (or the
+call failed)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from homing.top.frame import Frame, ModelRow, WorkerRow
+from homing.top.frame import Frame, ModelRow, VersionRow, WorkerRow
 from homing.top.scaler import ScalerView
 
 MODEL_COLUMNS = (
@@ -31,6 +33,17 @@ MODEL_COLUMNS = (
     "BURN 1h",
     "BURN 5m",
     "ALERTS",
+)
+VERSION_COLUMNS = (
+    "MODEL",
+    "VERSION",
+    "WEIGHT",
+    "REQ/S",
+    "ERRORS",
+    "ATTAIN",
+    "TTFT p95",
+    "TPOT p95",
+    "ROLLOUT",
 )
 WORKER_COLUMNS = (
     "MODEL",
@@ -123,6 +136,37 @@ def model_cells(row: ModelRow) -> list[str | Text]:
     ]
 
 
+def weight(value: float | None) -> str:
+    """A split weight in percent, 0..100, as "90%" or "12.5%"; "-" for None."""
+    return _or_dash(value, lambda v: f"{v:.1f}".removesuffix(".0") + "%")
+
+
+def _rollout(row: VersionRow) -> str | Text:
+    if row.rollout is None:
+        return "-"
+    text = f"canary {row.rollout}"
+    if row.rollout == "rolled_back":
+        return Text(text, style="bold red")
+    if row.rollout in ("running", "paused"):
+        return Text(text, style="bold yellow")
+    return text
+
+
+def version_cells(row: VersionRow) -> list[str | Text]:
+    """The cells of `row` under `VERSION_COLUMNS` (the empty version label as "-")."""
+    return [
+        row.model,
+        row.version or "-",
+        weight(row.weight_percent),
+        rate(row.requests_per_second),
+        percent(row.error_ratio),
+        percent(row.attainment_ratio),
+        seconds(row.ttft_p95_s),
+        seconds(row.tpot_p95_s),
+        _rollout(row),
+    ]
+
+
 def worker_cells(row: WorkerRow) -> list[str | Text]:
     """The cells of `row` under `WORKER_COLUMNS`."""
     state: str | Text = row.state or "-"
@@ -182,12 +226,20 @@ def _scaler_lines(scaler: ScalerView | None) -> list[RenderableType]:
     return [*lines, Text("")] if lines else []
 
 
+def _versions(frame: Frame) -> list[RenderableType]:
+    if not frame.versions:
+        return []
+    rows = [version_cells(v) for v in frame.versions]
+    return [_table("versions", VERSION_COLUMNS, rows), Text("")]
+
+
 def render(
     frame: Frame, source: str, status: str | None = None, scaler: ScalerView | None = None
 ) -> RenderableType:
     """The frame as a header line (`source`, the window, and `status` in red when given: a
-    failed scrape), the models table, the scaler lines of `scaler` (none when no model is
-    autoscaled; its error in red) and the workers table."""
+    failed scrape), the models table, the versions table (only when some model has several
+    versions), the scaler lines of `scaler` (none when no model is autoscaled; its error in
+    red) and the workers table."""
     window = "-" if frame.window_s is None else f"{frame.window_s:.0f} s"
     header = Text(f"homing top  {source}  window {window} ({frame.scrapes} scrapes)", style="bold")
     if status:
@@ -197,6 +249,7 @@ def render(
         Text(""),
         _table("models", MODEL_COLUMNS, [model_cells(m) for m in frame.models]),
         Text(""),
+        *_versions(frame),
         *_scaler_lines(scaler),
         _table("workers", WORKER_COLUMNS, [worker_cells(w) for w in frame.workers]),
     )

@@ -13,6 +13,7 @@ from homing.top.frame import (
     MetricsTextError,
     ModelRow,
     Scrape,
+    VersionRow,
     Window,
     WorkerRow,
     compute_frame,
@@ -229,7 +230,7 @@ def test_workers_are_sorted_with_their_numbers_as_numbers() -> None:
 
 def test_frame_json_has_stable_keys(frame: Frame) -> None:
     data = frame.as_dict()
-    assert list(data) == ["window_s", "scrapes", "models", "workers"]
+    assert list(data) == ["window_s", "scrapes", "models", "workers", "versions"]
     assert list(data["models"][0]) == [
         "model",
         "workers",
@@ -261,6 +262,148 @@ def test_frame_json_has_stable_keys(frame: Frame) -> None:
         "waiting",
         "kv_usage_ratio",
         "cache_hit_ratio",
+    ]
+    assert list(data["versions"][0]) == [
+        "model",
+        "version",
+        "weight_percent",
+        "requests_per_second",
+        "error_ratio",
+        "attainment_ratio",
+        "ttft_p95_s",
+        "tpot_p95_s",
+        "rollout",
+    ]
+
+
+def _version_text(
+    requests: tuple[int, int, int],
+    slo: dict[str, tuple[int, int, int]],
+    ttft: dict[str, tuple[int, ...]],
+    tpot: dict[str, tuple[int, ...]],
+) -> str:
+    """A scrape of model "m" with versions v1 (worker w0) and v2 (w1, the canary of a running
+    rollout) and a quota refusal (version "", never routed), and model "solo" with one
+    version and a refusal: `requests` of v1, v2 and the refusal; `slo` version -> (met,
+    missed, failed); histograms by version."""
+    v1, v2, refused = requests
+    rv1 = 'model="m",version="v1",worker="w0"'
+    rv2 = 'model="m",version="v2",worker="w1"'
+    lines = [
+        "# TYPE homing_requests_total counter",
+        f'homing_requests_total{{{rv1},outcome="ok",finish_reason="stop"}} {v1}',
+        f'homing_requests_total{{{rv2},outcome="ok",finish_reason="stop"}} {v2}',
+        'homing_requests_total{model="m",version="",worker="",outcome="rate_limit_exceeded",'
+        f'finish_reason=""}} {refused}',
+        'homing_requests_total{model="solo",version="v1",worker="s0",outcome="ok",'
+        'finish_reason="stop"} 1',
+        'homing_requests_total{model="solo",version="",worker="",outcome="no_capacity",'
+        'finish_reason=""} 1',
+        "# TYPE homing_slo_requests_total counter",
+    ]
+    for version, counts in slo.items():
+        for verdict, n in zip(("met", "missed", "failed"), counts, strict=True):
+            labels = f'model="m",version="{version}",verdict="{verdict}"'
+            lines.append(f"homing_slo_requests_total{{{labels}}} {n}")
+    lines += [
+        "# TYPE homing_version_weight gauge",
+        'homing_version_weight{model="m",version="v1"} 90',
+        'homing_version_weight{model="m",version="v2"} 10',
+        "# TYPE homing_rollout_phase gauge",
+        'homing_rollout_phase{model="m",canary="v2",phase="running"} 1',
+        'homing_rollout_phase{model="m",canary="v2",phase="paused"} 0',
+        'homing_rollout_phase{model="m",canary="v2",phase="promoted"} 0',
+        'homing_rollout_phase{model="m",canary="v2",phase="rolled_back"} 0',
+        # an earlier rollout's canary, no longer served: no row of its own
+        'homing_rollout_phase{model="m",canary="v0",phase="promoted"} 1',
+        "# TYPE homing_worker_info gauge",
+        'homing_worker_info{model="m",worker="w0",version="v1",phase="ready",state="ready"} 1',
+        'homing_worker_info{model="m",worker="w1",version="v2",phase="ready",state="ready"} 1',
+    ]
+    body = "\n".join(lines) + "\n"
+    labels = {v: f'model="m",version="{v}",worker="{w}"' for v, w in (("v1", "w0"), ("v2", "w1"))}
+    body += _histogram("homing_request_ttft_seconds", {labels[v]: c for v, c in ttft.items()})
+    body += _histogram("homing_request_tpot_seconds", {labels[v]: c for v, c in tpot.items()})
+    return body
+
+
+ZERO = (0, 0, 0, 0, 0)
+VERSIONS_T0 = _version_text(
+    (10, 2, 1),
+    {"v1": (8, 1, 1), "v2": (2, 0, 0)},
+    {"v1": ZERO, "v2": ZERO},
+    {"v1": ZERO},
+)
+# Increases: requests v1 +20, v2 +5, "" +5; verdicts v1 (18, 1, 1), v2 (3, 0, 2).
+VERSIONS_T1 = _version_text(
+    (30, 7, 6),
+    {"v1": (26, 2, 2), "v2": (5, 0, 2)},
+    {"v1": (10, 20, 20, 20, 20), "v2": (0, 0, 4, 5, 5)},
+    {"v1": (20, 20, 20, 20, 20)},
+) + (
+    # a version whose worker is joining: no request yet
+    'homing_worker_info{model="m",worker="w2",version="v3",phase="joining",state="joining"} 1\n'
+)
+
+
+def test_versions_of_a_model_with_several_are_rows_side_by_side() -> None:
+    """m's versions: v1, v2 (requests, workers, weights), v3 (a worker); a refusal's "" is
+    no version (never routed), so "solo" has one version and no rows.
+
+    v1: 20 / 5 s; verdicts 20 judged, 1 failed, 18 met; TTFT increases (10, 20, 20, 20, 20):
+    rank 19 in (0.1, 0.2] holding 10 above 10: 0.1 + 0.1 * 9/10 = 0.19; TPOT (20, ...): rank
+    19 in (0, 0.1]: 0.1 * 19/20 = 0.095. v2: 5 / 5 s; 5 judged, 2 failed, 3 met; TTFT
+    (0, 0, 4, 5, 5): rank 4.75 in (0.3, 0.4] holding 1 above 4: 0.375; no TPOT."""
+    frame = compute_frame([parse_scrape(VERSIONS_T0, T0), parse_scrape(VERSIONS_T1, T1)])
+    assert [(v.model, v.version) for v in frame.versions] == [
+        ("m", "v1"),
+        ("m", "v2"),
+        ("m", "v3"),
+    ]
+    v1, v2, v3 = frame.versions
+    assert v1 == VersionRow(
+        "m", "v1", 90.0, 4.0, 0.05, 0.9, pytest.approx(0.19), pytest.approx(0.095), None
+    )
+    assert v2 == VersionRow("m", "v2", 10.0, 1.0, 0.4, 0.6, pytest.approx(0.375), None, "running")
+    assert v3 == VersionRow("m", "v3", None, 0.0, None, None, None, None, None)
+
+
+def test_version_rows_of_one_scrape_have_gauges_only() -> None:
+    frame = compute_frame([parse_scrape(VERSIONS_T1, T1)])
+    v2 = next(v for v in frame.versions if v.version == "v2")
+    assert (v2.weight_percent, v2.rollout) == (10.0, "running")
+    assert (v2.requests_per_second, v2.error_ratio, v2.ttft_p95_s) == (None, None, None)
+
+
+def test_the_empty_version_is_a_row_when_one_of_several(frame: Frame) -> None:
+    """The fixture's workers: w0 and w2 without a label, w1 with v2. TTFT of "": w0's
+    increases (0, 8, 16, 16, 16) (w2's are 0): 0.29 as w0's own."""
+    assert [(v.version, v.requests_per_second) for v in frame.versions] == [("", 3.0), ("v2", 1.0)]
+    assert frame.versions[0].ttft_p95_s == pytest.approx(0.29, rel=1e-12)
+    assert frame.versions[1].ttft_p95_s == 0.4
+
+
+def test_a_model_with_one_version_has_no_version_rows() -> None:
+    """Workers all without a label: one version, no rows."""
+    text = (
+        "# TYPE homing_requests_total counter\n"
+        f'homing_requests_total{{{W0},outcome="ok",finish_reason="stop"}} 1\n'
+        f'homing_requests_total{{{W2},outcome="ok",finish_reason="stop"}} 2\n'
+    )
+    assert compute_frame([parse_scrape(text, T0), parse_scrape(text, T1)]).versions == []
+
+
+def test_a_rolled_back_canary_is_marked() -> None:
+    text = (
+        'homing_version_weight{model="m",version="v1"} 100\n'
+        'homing_version_weight{model="m",version="v2"} 0\n'
+        'homing_rollout_phase{model="m",canary="v2",phase="running"} 0\n'
+        'homing_rollout_phase{model="m",canary="v2",phase="rolled_back"} 1\n'
+    )
+    frame = compute_frame([parse_scrape(text, T0)])
+    assert [(v.version, v.weight_percent, v.rollout) for v in frame.versions] == [
+        ("v1", 100.0, None),
+        ("v2", 0.0, "rolled_back"),
     ]
 
 

@@ -21,7 +21,7 @@ from rich.console import Console
 from homing.cli import main
 from homing.top.frame import compute_frame, parse_scrape
 from homing.top.main import ScrapeError, metrics_url, scrape
-from homing.top.view import literal, percent, render, seconds
+from homing.top.view import literal, percent, render, seconds, weight
 
 Reply = tuple[int, str]
 
@@ -178,6 +178,77 @@ def test_view_draws_dashes_for_missing_figures_and_units_for_the_rest() -> None:
     assert model.split() == ["m", "2", "ready", *["-"] * 9, *slo, "-", "-", "-"]
     assert [seconds(v) for v in (0.0125, 0.35, 1.5, None)] == ["12.5 ms", "350 ms", "1.50 s", "-"]
     assert (percent(0.125), percent(None)) == ("12.5%", "-")
+
+
+def _versions_text(n: int) -> str:
+    """Scrape `n` of a model "m" with an unlabelled worker w0 and a canary v2 (worker w1)
+    under a 90/10 split; 10 requests of w0 and 5 of v2 a scrape, 1 of each failed."""
+    lines = ["# TYPE homing_requests_total counter", "# TYPE homing_slo_requests_total counter"]
+    for version, worker, total in (("", "w0", 10), ("v2", "w1", 5)):
+        labels = f'model="m",version="{version}",worker="{worker}"'
+        lines.append(
+            f'homing_requests_total{{{labels},outcome="ok",finish_reason="stop"}} {total * n}'
+        )
+        for verdict, k in (("met", total - 1), ("failed", 1)):
+            v = f'model="m",version="{version}",verdict="{verdict}"'
+            lines.append(f"homing_slo_requests_total{{{v}}} {k * n}")
+        lines.append(f'homing_worker_kv_usage_ratio{{model="m",worker="{worker}"}} 0.5')
+    lines += [
+        'homing_version_weight{model="m",version=""} 90',
+        'homing_version_weight{model="m",version="v2"} 10',
+        'homing_rollout_phase{model="m",canary="v2",phase="running"} 0',
+        'homing_rollout_phase{model="m",canary="v2",phase="paused"} 1',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_view_draws_a_versions_table_for_a_model_with_several() -> None:
+    frame = compute_frame(
+        [parse_scrape(_versions_text(1), 0.0), parse_scrape(_versions_text(3), 2.0)]
+    )
+    console = Console(width=200, record=True)
+    console.print(render(frame, "SRC"))
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    start = lines.index("versions")
+    assert lines[start + 1].split() == [
+        "MODEL",
+        "VERSION",
+        "WEIGHT",
+        "REQ/S",
+        "ERRORS",
+        "ATTAIN",
+        "TTFT",
+        "p95",
+        "TPOT",
+        "p95",
+        "ROLLOUT",
+    ]
+    # (20 requests, 2 of 20 failed) and (10, 2 of 10) over 2 s; no histograms
+    assert lines[start + 2].split() == ["m", "-", "90%", "10.0", "10.0%", "90.0%", "-", "-", "-"]
+    assert lines[start + 3].split() == [
+        "m",
+        "v2",
+        "10%",
+        "5.0",
+        "20.0%",
+        "80.0%",
+        "-",
+        "-",
+        "canary",
+        "paused",
+    ]
+    assert lines.index("versions") < lines.index("workers")
+    assert (weight(12.5), weight(100.0), weight(None)) == ("12.5%", "100%", "-")
+
+
+def test_view_has_no_versions_table_when_every_model_has_one_version() -> None:
+    text = (
+        'homing_requests_total{model="m",version="v1",worker="w0",outcome="ok"} 1\n'
+        'homing_version_weight{model="m",version="v1"} 100\n'
+    )
+    console = Console(width=200, record=True)
+    console.print(render(compute_frame([parse_scrape(text, 1.0)]), "SRC"))
+    assert "versions" not in [line.rstrip() for line in console.export_text().splitlines()]
 
 
 def _flaky(n: int) -> Reply:
