@@ -221,12 +221,17 @@ class Rollout:
             step = int(data["step"])
             if not 0 <= step < len(steps):
                 raise ValueError(f"step {step} is out of range")
+            bake_s = float(data["bake_s"])
+            if not math.isfinite(bake_s) or bake_s < 0:
+                raise ValueError(f"bake_s {bake_s!r} is not a finite number >= 0")
+            if str(data["canary"]) == str(data["baseline"]):
+                raise ValueError("the canary is the baseline")
             return cls(
                 model=str(data["model"]),
                 baseline=str(data["baseline"]),
                 canary=str(data["canary"]),
                 steps=steps,
-                bake_s=float(data["bake_s"]),
+                bake_s=bake_s,
                 step=step,
                 phase=phase,
                 step_started_at=float(data["step_started_at"]),

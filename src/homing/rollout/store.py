@@ -95,7 +95,12 @@ class FileStore:
             except BaseException:
                 os.unlink(tmp)
                 raise
-        except OSError as err:
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the rename itself survives a crash
+            finally:
+                os.close(dir_fd)
+        except (OSError, TypeError, ValueError) as err:
             raise RolloutStoreError(f"{self.path}: cannot be written: {err}") from None
 
 
@@ -120,7 +125,10 @@ class RedisStore:
             raise RolloutStoreError(f"{self.where}: {type(err).__name__}: {err}") from None
         out: dict[str, dict[str, Any]] = {}
         for field, value in raw.items():
-            model = field.decode() if isinstance(field, bytes) else str(field)
+            try:
+                model = field.decode() if isinstance(field, bytes) else str(field)
+            except UnicodeDecodeError:
+                raise RolloutStoreError(f"{self.where}: field {field!r} is not UTF-8") from None
             try:
                 data = json.loads(value)
             except ValueError as err:
