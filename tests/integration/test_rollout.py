@@ -1,0 +1,461 @@
+"""Model rollouts on simulated workers (real child processes on loopback), end to end: the
+sticky version split, a canary promoted, a slow canary rolled back, a rollout resumed after a
+gateway restart (state directory and Redis), and the refusals of the admin calls and of a
+pinned version, each with its exact status and message.
+
+Three `homing sim` workers serve the whole module: two carry version "v1", one "v2" (the
+canary). Each test builds its own gateway over them (listed workers, so a stopped gateway
+leaves them running). The verdict's rule is relaxed so a verdict comes in seconds: 30
+judged requests per version, 10 latency samples, 15-point proportion margins and a 50%
+latency margin (a 2x slower canary is still far over it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+import pytest_asyncio
+from helpers import eventually, post_fault
+from prometheus_client.parser import text_string_to_metric_families
+from redis_server import RedisServer
+
+from homing.admin.client import AdminClient, AdminError
+from homing.app import App
+from homing.config import (
+    AdminSettings,
+    EngineSettings,
+    GatewaySettings,
+    HomingConfig,
+    ModelSettings,
+    QuotaSettings,
+    RolloutSettings,
+    WorkerEntry,
+)
+from homing.sim.process import spawn_sim, terminate
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MODEL = "llama-3.1-8b"
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda omicron sigma".split()
+Code = grpc.StatusCode
+
+
+@dataclass
+class Sims:
+    """The module's simulated workers: `baseline` (two, version v1) and `canary` (v2)."""
+
+    baseline: list[str]
+    canary: str
+    processes: list[asyncio.subprocess.Process] = field(default_factory=list)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def sims() -> AsyncIterator[Sims]:
+    processes, urls = [], []
+    for _ in range(3):
+        args = ["--workers", "1", "--port", "0", "--speedup", "2"]
+        process, ready = await spawn_sim([*args, "--parent-pid", str(os.getpid())])
+        processes.append(process)
+        urls.append(str(ready["workers"][0]["url"]))
+    yield Sims(urls[:2], urls[2], processes)
+    await terminate(processes, 5.0)
+
+
+@pytest.fixture
+def state_dir() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="ro-") as path:
+        yield path
+
+
+def config(
+    sims: Sims,
+    state_dir: str,
+    *,
+    versions: dict[str, float] | None = None,
+    quotas: QuotaSettings | None = None,
+    on_rollback: str = "drain",
+) -> HomingConfig:
+    return HomingConfig(
+        gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=5.0),
+        engines=EngineSettings(health_interval_s=0.2),
+        admin=AdminSettings(state_dir=state_dir),
+        quotas=quotas or QuotaSettings(),
+        models=[
+            ModelSettings(
+                name=MODEL,
+                workers=[
+                    *(WorkerEntry(url=u, version="v1") for u in sims.baseline),
+                    WorkerEntry(url=sims.canary, version="v2"),
+                ],
+                versions={"v1": 100} if versions is None else versions,
+            )
+        ],
+        rollout=RolloutSettings(
+            min_requests=30,
+            min_latency_samples=20,
+            attainment_margin=0.15,
+            error_margin=0.15,
+            latency_margin=0.5,
+            tick_s=0.2,
+            on_rollback=on_rollback,  # type: ignore[arg-type]
+        ),
+    )
+
+
+@asynccontextmanager
+async def gateway(cfg: HomingConfig) -> AsyncIterator[tuple[App, AdminClient]]:
+    async with App(cfg) as app:
+        assert app.admin is not None and app.admin.socket_path is not None
+        async with AdminClient("unix:" + app.admin.socket_path) as admin:
+            yield app, admin
+
+
+@dataclass
+class Served:
+    """One request's answer: its session, HTTP status, version served, and whether the
+    body was a whole answer (a stream that ended with [DONE] and no error event)."""
+
+    session: str
+    status: int
+    version: str
+    whole: bool
+
+
+class Load:
+    """Clients sending streamed completions to `port` until stopped: each picks a session
+    of `sessions` (a fresh one when None) and a prompt of ~300 random words (uncached, so
+    the TTFT per uncached token figure has samples)."""
+
+    def __init__(self, port: int, sessions: list[str] | None = None, clients: int = 4) -> None:
+        self.port = port
+        self.sessions = sessions
+        self.served: list[Served] = []
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._client(i)) for i in range(clients)]
+
+    async def _client(self, seed: int) -> None:
+        rng = random.Random(seed)
+        url = f"http://127.0.0.1:{self.port}/v1/completions"
+        async with aiohttp.ClientSession() as http:
+            while not self._stop.is_set():
+                session = rng.choice(self.sessions) if self.sessions else uuid.uuid4().hex
+                body = {
+                    "model": MODEL,
+                    "prompt": " ".join(rng.choice(WORDS) for _ in range(300)),
+                    "max_tokens": 16,
+                    "stream": True,
+                }
+                async with http.post(url, json=body, headers={"x-session-id": session}) as r:
+                    text = await r.read()
+                    whole = text.endswith(b"data: [DONE]\n\n") and b'"error"' not in text
+                    version = r.headers.get("x-homing-version", "")
+                    self.served.append(Served(session, r.status, version, whole))
+
+    async def stop(self) -> list[Served]:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        return self.served
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of sample `name` with exactly `labels` in a Prometheus exposition."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return None
+
+
+async def until_phase(admin: AdminClient, phases: tuple[str, ...], within_s: float) -> str:
+    """Poll the rollout's phase until it is one of `phases`; the last phase seen."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    phase = ""
+    while loop.time() < deadline:
+        phase = (await admin.get_rollout(MODEL)).phase
+        if phase in phases:
+            return phase
+        await asyncio.sleep(0.2)
+    return phase
+
+
+async def one_turn(http: aiohttp.ClientSession, port: int, session: str, turn: int) -> str:
+    """A one-token chat turn of `session`; the version that served it."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"turn {turn} of {session}"}],
+        "max_tokens": 1,
+    }
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    async with http.post(url, json=body, headers={"x-session-id": session}) as r:
+        assert r.status == 200, await r.text()
+        return r.headers["x-homing-version"]
+
+
+async def turns(port: int, sessions: list[str], turn: int) -> dict[str, str]:
+    """One turn of every session (8 at a time): session -> version."""
+    out: dict[str, str] = {}
+    gate = asyncio.Semaphore(8)
+    async with aiohttp.ClientSession() as http:
+
+        async def run(s: str) -> None:
+            async with gate:
+                out[s] = await one_turn(http, port, s, turn)
+
+        await asyncio.gather(*(run(s) for s in sessions))
+    return out
+
+
+async def test_each_conversation_keeps_its_version_and_5_to_25_moves_about_20_percent(
+    sims: Sims, state_dir: str
+) -> None:
+    """Under a 95/5 split every turn of a session lands on one version; moving the canary
+    to 25% moves ~20% of the sessions, every one of them from v1 to v2, and no other."""
+    sessions = [f"conversation-{i}" for i in range(300)]
+    async with gateway(config(sims, state_dir, versions={"v1": 95, "v2": 5})) as (app, admin):
+        port = app.http_port
+        assert port is not None
+        first = await turns(port, sessions, 1)
+        second = await turns(port, sessions, 2)
+        assert first == second
+        share = sum(v == "v2" for v in first.values()) / len(sessions)
+        assert 0.015 <= share <= 0.10, share
+        status = await admin.set_versions(MODEL, {"v1": 75, "v2": 25})
+        assert [(w.version, w.weight) for w in status.split] == [("v1", 75.0), ("v2", 25.0)]
+        third = await turns(port, sessions, 3)
+        moved = [s for s in sessions if third[s] != first[s]]
+        assert all(first[s] == "v1" and third[s] == "v2" for s in moved)
+        assert 0.14 <= len(moved) / len(sessions) <= 0.26, len(moved)
+        assert third == await turns(port, sessions, 4)
+
+
+async def test_a_canary_equal_to_the_baseline_is_promoted_to_100_percent(
+    sims: Sims, state_dir: str
+) -> None:
+    """Steps 20, 50, 100 each pass their verdict: the canary ends at 100% with nothing
+    failed, and a conversation that reached the canary never went back to the baseline."""
+    sessions = [f"s{i}" for i in range(40)]
+    async with gateway(config(sims, state_dir)) as (app, admin):
+        assert app.http_port is not None
+        started = await admin.start_rollout(MODEL, "v2", [20, 50, 100], 1.0)
+        assert (started.phase, started.weight, started.baseline) == ("running", 20.0, "v1")
+        load = Load(app.http_port, sessions)
+        try:
+            phase = await until_phase(admin, ("promoted", "rolled_back"), 90)
+        finally:
+            served = await load.stop()
+        status = await admin.get_rollout(MODEL)
+        assert phase == "promoted", status
+        assert status.weight == 100.0
+        assert [e.event for e in status.history] == ["started", "stepped", "promoted"]
+        assert [(w.version, w.weight) for w in status.split] == [("v1", 0.0), ("v2", 100.0)]
+        assert served and all(s.status == 200 and s.whole for s in served)
+        for session in sessions:
+            seen = [s.version for s in served if s.session == session]
+            assert seen == sorted(seen), (session, seen)  # v1 ... v1 v2 ... v2
+        after = await turns(app.http_port, sessions, 1)
+        assert set(after.values()) == {"v2"}
+
+
+async def test_a_canary_twice_as_slow_is_rolled_back_at_the_first_step_with_none_failed(
+    sims: Sims, state_dir: str
+) -> None:
+    """A 2x slowdown on the canary fails its latency checks at the first step: weight 0 at
+    once with the failing check in `rollout status` and the metrics, its workers drained
+    with their streams finished, and not one request failed."""
+    await post_fault(sims.canary, {"slowdown": 2.0})
+    try:
+        async with gateway(config(sims, state_dir)) as (app, admin):
+            assert app.http_port is not None
+            pool = app.fleet.models[MODEL].pool
+            canary = next(w.worker_id for w in pool.workers() if w.version == "v2")
+            await admin.start_rollout(MODEL, "v2", [20, 50, 100], 1.0)
+            load = Load(app.http_port)
+            try:
+                phase = await until_phase(admin, ("promoted", "rolled_back"), 90)
+                assert phase == "rolled_back"
+                assert await eventually(lambda: not pool.has(canary), 15)
+            finally:
+                served = await load.stop()
+            status = await admin.get_rollout(MODEL)
+            assert (status.weight, status.step) == (0.0, 0)
+            assert [e.event for e in status.history] == ["started", "rolled_back"]
+            assert "over the 1.50x limit" in status.reason
+            assert "TPOT p50" in status.reason or "TTFT per uncached token" in status.reason
+            assert status.history[-1].reason == status.reason
+            assert [(w.version, w.weight) for w in status.split] == [("v1", 100.0), ("v2", 0.0)]
+            assert any(s.version == "v2" for s in served)
+            assert all(s.status == 200 and s.whole for s in served), [
+                s for s in served if not (s.status == 200 and s.whole)
+            ]
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"http://127.0.0.1:{app.http_port}/metrics") as r:
+                    metrics = await r.text()
+            # Counted under the first check that failed (checks in their order).
+            first = "TTFT per uncached token" in status.reason
+            check = "ttft_per_uncached_token" if first else "tpot"
+            assert sample(metrics, "homing_rollout_rollbacks_total", model=MODEL, check=check) == 1
+            phase = {"model": MODEL, "canary": "v2", "phase": "rolled_back"}
+            assert sample(metrics, "homing_rollout_phase", **phase) == 1
+    finally:
+        await post_fault(sims.canary, {"slowdown": 1.0})
+
+
+@pytest.mark.parametrize("store", ["state_dir", "redis"])
+async def test_a_gateway_restart_mid_rollout_resumes_it(
+    sims: Sims, state_dir: str, redis_server: RedisServer, store: str
+) -> None:
+    """A rollout at its first step survives a gateway restart: the same phase, step, bake
+    start and history, and the canary's sessions still go to the canary."""
+    quotas = None
+    if store == "redis":
+        quotas = QuotaSettings(
+            backend="redis", redis_url=redis_server.url, key_prefix=f"ro-{uuid.uuid4().hex}"
+        )
+    cfg = config(sims, state_dir, quotas=quotas)
+    sessions = [f"resume-{i}" for i in range(200)]
+    async with gateway(cfg) as (app, admin):
+        assert app.http_port is not None
+        before = await admin.start_rollout(MODEL, "v2", [25, 50, 100], 3600.0)
+        routed = await turns(app.http_port, sessions, 1)
+    assert "v2" in routed.values() and "v1" in routed.values()
+    async with gateway(cfg) as (app, admin):
+        assert app.http_port is not None
+        after = await admin.get_rollout(MODEL)
+        assert (after.phase, after.step, after.weight, after.canary) == ("running", 0, 25.0, "v2")
+        assert after.history[0].at_unix_s == before.history[0].at_unix_s
+        assert after.baked_s >= before.baked_s
+        assert await turns(app.http_port, sessions, 2) == routed
+        rolled = await admin.rollout_op("rollback", MODEL)
+        assert (rolled.phase, rolled.reason) == ("rolled_back", "rolled back by operator")
+    if store == "state_dir":
+        text = await asyncio.to_thread(Path(state_dir, "rollouts.json").read_text)
+        saved = json.loads(text)["rollouts"][MODEL]
+        assert saved["rollout"]["phase"] == "rolled_back"
+        assert saved["split"] == {"v1": 100.0, "v2": 0.0}
+
+
+async def test_rollout_refusals_have_their_status_and_message(sims: Sims, state_dir: str) -> None:
+    """Each refused rollout call: its gRPC status and the message a person can act on."""
+    async with gateway(config(sims, state_dir)) as (_, admin):
+
+        async def refused(call: object) -> tuple[grpc.StatusCode, str]:
+            with pytest.raises(AdminError) as info:
+                await call  # type: ignore[misc]
+            return info.value.code, info.value.message
+
+        assert await refused(admin.get_rollout("nope")) == (
+            Code.NOT_FOUND,
+            f"no model 'nope' is served (served: {MODEL})",
+        )
+        assert await refused(admin.rollout_op("pause", MODEL)) == (
+            Code.FAILED_PRECONDITION,
+            f"{MODEL} has no rollout (start one: homing rollout start)",
+        )
+        assert await refused(admin.start_rollout(MODEL, "v3", None, None)) == (
+            Code.FAILED_PRECONDITION,
+            f"no ready worker of {MODEL} carries version 'v3': add one first "
+            f"(homing workers add {MODEL} URL --version v3)",
+        )
+        assert await refused(admin.start_rollout(MODEL, "v2", [50, 25, 100], None)) == (
+            Code.INVALID_ARGUMENT,
+            "the steps must increase (e.g. 5,25,50,100)",
+        )
+        assert await refused(admin.start_rollout(MODEL, "v2", [5, 25, 100], -1.0)) == (
+            Code.INVALID_ARGUMENT,
+            "bake_s must be a finite number >= 0, got -1.0",
+        )
+        assert await refused(admin.set_versions(MODEL, {"v1": -1})) == (
+            Code.INVALID_ARGUMENT,
+            "the weight of version 'v1' must be in [0, 1e+06], got -1.0",
+        )
+        assert await refused(admin.set_versions(MODEL, {"v1": 0})) == (
+            Code.INVALID_ARGUMENT,
+            "at least one version needs a weight above 0",
+        )
+        await admin.start_rollout(MODEL, "v2", None, 3600.0)
+        assert await refused(admin.start_rollout(MODEL, "v2", None, None)) == (
+            Code.FAILED_PRECONDITION,
+            f"a rollout of v2 is running on {MODEL}: promote or roll it back first "
+            f"(homing rollout status {MODEL})",
+        )
+        assert await refused(admin.set_versions(MODEL, {"v1": 1})) == (
+            Code.FAILED_PRECONDITION,
+            f"a rollout of v2 is running on {MODEL}: cannot set the split until it is "
+            "promoted or rolled back",
+        )
+        assert await refused(admin.rollout_op("resume", MODEL)) == (
+            Code.FAILED_PRECONDITION,
+            "the rollout of v2 is running: it cannot resume",
+        )
+        await admin.rollout_op("promote", MODEL)
+        assert await refused(admin.rollout_op("rollback", MODEL)) == (
+            Code.FAILED_PRECONDITION,
+            "the rollout of v2 is promoted: it cannot roll back",
+        )
+
+
+async def test_a_pinned_version_is_served_by_it_and_an_unknown_one_is_400(
+    sims: Sims, state_dir: str
+) -> None:
+    """`x-homing-version` sends a request to that version even at weight 0; an unknown
+    version is 400 `unknown_version`; a version with no ready worker is 503."""
+    async with gateway(config(sims, state_dir)) as (app, _):
+        url = f"http://127.0.0.1:{app.http_port}/v1/completions"
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 1}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json=body, headers={"x-homing-version": "v2"}) as r:
+                assert r.status == 200 and r.headers["x-homing-version"] == "v2"
+            async with http.post(url, json=body, headers={"x-homing-version": "v9"}) as r:
+                assert r.status == 400
+                assert await r.json() == {
+                    "error": {
+                        "message": f"Model '{MODEL}' has no version 'v9' (versions: 'v1', 'v2').",
+                        "type": "invalid_request_error",
+                        "param": "x-homing-version",
+                        "code": "unknown_version",
+                    }
+                }
+            canary = next(w for _, w in app.fleet.workers() if w.version == "v2")
+            app.fleet.cordon(canary.worker_id)
+            async with http.post(url, json=body, headers={"x-homing-version": "v2"}) as r:
+                assert r.status == 503
+                error = (await r.json())["error"]
+                assert error["message"] == (
+                    "No healthy replica of version 'v2' is available for this model."
+                )
+
+
+async def test_rollout_status_prints_the_comparison(sims: Sims, state_dir: str) -> None:
+    """`homing rollout status MODEL` (the CLI, a child process) prints the rollout's head
+    line, its split and the two versions side by side."""
+    async with gateway(config(sims, state_dir)) as (app, admin):
+        assert app.admin is not None and app.admin.socket_path is not None
+        await admin.start_rollout(MODEL, "v2", [5, 25, 50, 100], 600.0)
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "homing", "rollout", "status", MODEL,
+            "--admin", "unix:" + app.admin.socket_path, "--output", "table",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await child.communicate()
+        assert child.returncode == 0, err.decode()
+        text = out.decode()
+        assert text.startswith(
+            f"{MODEL}: rollout of v2 against v1: running, step 1 of 4 (5%), baked 0s of 10m00s\n"
+        )
+        assert "split: v1 95, v2 5\n" in text
+        assert "verdict: wait: baseline has 0 of 30 judged requests" in text
+        assert "v1       baseline" in text and "v2       canary" in text
