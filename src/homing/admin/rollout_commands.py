@@ -111,11 +111,13 @@ def print_status(status: dict[str, Any], out: Output) -> None:
     phase = status["phase"].replace("_", " ")
     head = f"{model}: rollout of {status['canary']} against {status['baseline']}: {phase}"
     n = len(status["steps"])
-    if status["phase"] in ("running", "paused"):
+    if status["phase"] == "running":
         head += (
             f", step {status['step'] + 1} of {n} ({status['weight']:g}%), baked "
             f"{_span(status['baked_s'])} of {_span(status['bake_s'])}"
         )
+    elif status["phase"] == "paused":
+        head += f" at step {status['step'] + 1} of {n} ({status['weight']:g}%)"
     else:
         head += f" (canary at {status['weight']:g}%)"
     out.line(head)

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from homing.admin.commands import Output, message_dict
-from homing.admin.rollout_commands import duration, print_status, steps, weight_pair
+from homing.admin.rollout_commands import _span, duration, print_status, steps, weight_pair
 from homing.cli import admin_parser, main
 from homing.v1 import admin_pb2 as pb
 
@@ -232,7 +232,7 @@ def test_print_status_of_a_paused_rollout_names_the_step_and_why() -> None:
     s.reason = "paused by operator"
     lines = _printed(s)
     assert lines[:2] == [
-        "m: rollout of v2 against v1: paused, step 2 of 4 (25%), baked 0s of 2h00m",
+        "m: rollout of v2 against v1: paused at step 2 of 4 (25%)",
         "reason: paused by operator",
     ]
 
@@ -302,3 +302,11 @@ def test_a_bad_argument_exits_2_with_its_message_on_stderr(
     assert out == ""
     assert message in err
     assert err.rstrip().splitlines()[-1].endswith(message)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (45.9, "45s"), (192, "3m12s"), (7200, "2h00m"), (3900, "1h05m")],
+)
+def test_bake_spans_read_in_hours_minutes_and_seconds(seconds: float, text: str) -> None:
+    assert _span(seconds) == text
