@@ -459,3 +459,39 @@ async def test_rollout_status_prints_the_comparison(sims: Sims, state_dir: str) 
         assert "split: v1 95, v2 5\n" in text
         assert "verdict: wait: baseline has 0 of 30 judged requests" in text
         assert "v1       baseline" in text and "v2       canary" in text
+
+
+async def test_two_gateways_on_one_redis_follow_each_others_rollout(
+    sims: Sims, redis_server: RedisServer
+) -> None:
+    """A rollout started on one instance is followed by the other within a tick or two (its
+    split and its status), a rollback there is followed back, and both send each session to
+    the same version."""
+    quotas = QuotaSettings(
+        backend="redis", redis_url=redis_server.url, key_prefix=f"pair-{uuid.uuid4().hex}"
+    )
+    sessions = [f"pair-{i}" for i in range(100)]
+    with tempfile.TemporaryDirectory(prefix="ro-a-") as a_dir:
+        with tempfile.TemporaryDirectory(prefix="ro-b-") as b_dir:
+            async with (
+                gateway(config(sims, a_dir, quotas=quotas)) as (a, admin_a),
+                gateway(config(sims, b_dir, quotas=quotas)) as (b, admin_b),
+            ):
+                assert a.http_port is not None and b.http_port is not None
+                model_b = b.fleet.models[MODEL]
+                await admin_a.start_rollout(MODEL, "v2", [25, 50, 100], 3600.0)
+                assert await eventually(
+                    lambda: model_b.split is not None and model_b.split.weights.get("v2") == 25, 5
+                )
+                status_b = await admin_b.get_rollout(MODEL)
+                assert (status_b.phase, status_b.weight, status_b.canary) == ("running", 25.0, "v2")
+                on_a = await turns(a.http_port, sessions, 1)
+                assert on_a == await turns(b.http_port, sessions, 1)
+                assert "v2" in on_a.values()
+                await admin_b.rollout_op("rollback", MODEL)
+                model_a = a.fleet.models[MODEL]
+                assert await eventually(
+                    lambda: model_a.split is not None and model_a.split.weights.get("v2") == 0, 5
+                )
+                assert (await admin_a.get_rollout(MODEL)).phase == "rolled_back"
+                assert set((await turns(a.http_port, sessions, 2)).values()) == {"v1"}

@@ -9,6 +9,13 @@ split and rollout after each change, so a restarted gateway resumes where it was
 (`restore`). The split last set at runtime (by a rollout or `set_split`) wins over the
 config's `versions` until `reset_split`.
 
+Several instances on one shared store (Redis): each change is written over the revision
+this instance last saw (`RolloutStore.save`), and every tick and operation first follows
+what the others wrote (`sync`). So only one instance moves a rollout a step; a change that
+lost the race is dropped, or refused to the operator, and the store's state is followed. A
+failing verdict rolls back locally at once even when the store cannot be written (it is
+stored at a later tick); a passing one moves on only once stored.
+
 Errors of the operations are `FleetError`s (their `code` is the admin API's status):
 `UnknownModel`, `RolloutRefused` (FAILED_PRECONDITION: the phase or the pool does not allow
 it), `InvalidRollout` (INVALID_ARGUMENT), `RolloutUnavailable` (UNAVAILABLE: the store
@@ -40,7 +47,7 @@ from homing.rollout.compare import (
 )
 from homing.rollout.metrics import RolloutMetrics
 from homing.rollout.plan import Rollout, RolloutError, check_steps
-from homing.rollout.store import RolloutStore, RolloutStoreError
+from homing.rollout.store import RolloutStore, RolloutStoreError, revision_of
 from homing.router.versions import VersionSplit
 
 log = structlog.get_logger("homing.rollout")
@@ -133,6 +140,7 @@ class RolloutController:
             name: VersionWindow(config.window_s) for name in fleet.models
         }
         self._exported: dict[str, set[str]] = {}
+        self._revisions: dict[str, int] = {}  # the stored revision of each model's state
         self._unsaved: set[str] = set()
         self._lock = asyncio.Lock()
         for name, model in fleet.models.items():
@@ -180,11 +188,21 @@ class RolloutController:
         """Apply the stored splits and rollouts of the served models (a stored entry that
         cannot be read is logged and left out). `RolloutStoreError` when the store cannot
         be read at all."""
+        await self.sync(announce=False)
+
+    async def sync(self, *, announce: bool = True) -> None:
+        """Follow what the store holds past this instance's revision of each model (another
+        instance's changes); `announce`: log them and, for a rollback, drain as this
+        instance would. `RolloutStoreError` when the store cannot be read."""
         stored = await self.store.load()
         for name, data in stored.items():
             model = self.fleet.models.get(name)
             if model is None:
-                log.warning("rollout_not_restored", model=name, reason="model not served")
+                if not announce:
+                    log.warning("rollout_not_restored", model=name, reason="model not served")
+                continue
+            revision = revision_of(data)
+            if revision <= self._revisions.get(name, 0) and announce:
                 continue
             try:
                 split = data.get("split")
@@ -193,13 +211,22 @@ class RolloutController:
             except (ValueError, KeyError, TypeError, AttributeError) as err:
                 log.error("rollout_not_restored", model=name, reason=str(err))
                 continue
+            self._revisions[name] = revision
+            self._unsaved.discard(name)
+            before = self.rollouts.get(name)
             if rollout is not None:
                 self.rollouts[name] = rollout
                 self._export_phase(rollout)
+            else:
+                self.rollouts.pop(name, None)
             self._set_split(model, restored)
+            if announce and rollout is not None:
+                if rollout.phase == "rolled_back" and before is not None and before.active:
+                    self._drain_canary(rollout)
             log.info(
-                "rollout_restored",
+                "rollout_followed" if announce else "rollout_restored",
                 model=name,
+                revision=revision,
                 split=restored.weights if restored else None,
                 canary=rollout.canary if rollout else None,
                 phase=rollout.phase if rollout else None,
@@ -216,23 +243,43 @@ class RolloutController:
                 log.exception("rollout_tick_failed")
 
     async def tick(self) -> None:
-        """One verdict per active rollout, applied and stored when it changes something;
-        stores that failed earlier are tried again."""
+        """Follow the shared store, then one verdict per active rollout, applied and stored
+        when it changes something (module docstring); stores that failed earlier are tried
+        again."""
         async with self._lock:
+            if self.store.shared:
+                try:
+                    await self.sync()
+                except RolloutStoreError as err:
+                    log.warning("rollout_store_unreadable", error=str(err))
             now = self._wall()
             for name, rollout in list(self.rollouts.items()):
-                if not rollout.active:
+                if not rollout.active or name in self._unsaved:
                     continue
                 verdict = self._verdict(rollout, now)
                 if self.metrics is not None:
                     self.metrics.verdicts.labels(name, verdict.result).inc()
                     self._export_figures(name, (verdict.baseline, verdict.canary))
-                if rollout.observe(now, verdict.result, verdict.reason):
-                    if rollout.phase == "rolled_back":
-                        failed = next((c.name for c in verdict.checks if c.result == "fail"), "")
-                        self._count_rollback(name, failed or "verdict")
-                    await self._apply(rollout)
+                changed = Rollout.from_dict(rollout.to_dict())
+                if not changed.observe(now, verdict.result, verdict.reason):
+                    rollout.last_verdict = changed.last_verdict
+                    continue
+                rolled_back = changed.phase == "rolled_back"
+                if rolled_back:  # safety first: at once, stored or not
+                    failed = next((c.name for c in verdict.checks if c.result == "fail"), "")
+                    self._count_rollback(name, failed or "verdict")
+                    self.rollouts[name] = changed
+                    await self._apply(changed)
                     self._unsaved.add(name)
+                    continue
+                try:
+                    stored = await self._save(name, changed, VersionSplit(changed.weights()))
+                except RolloutUnavailable as err:
+                    log.error("rollout_store_failed", model=name, error=str(err))
+                    continue
+                if stored:
+                    self.rollouts[name] = changed
+                    await self._apply(changed)
             for name in sorted(self._unsaved):
                 await self._save_quietly(name)
 
@@ -250,6 +297,7 @@ class RolloutController:
         exactly one other version serves; `InvalidRollout` for bad steps or bake time."""
         async with self._lock:
             model = self.fleet.model(model_id)
+            await self._follow()
             current = self.rollouts.get(model_id)
             if current is not None and current.active:
                 raise RolloutRefused(
@@ -285,7 +333,7 @@ class RolloutController:
                 )
             except ValueError as err:
                 raise InvalidRollout(str(err)) from None
-            await self._save(model_id, rollout, VersionSplit(rollout.weights()))
+            await self._save_or_refuse(model_id, rollout, VersionSplit(rollout.weights()))
             self.rollouts[model_id] = rollout
             await self._apply(rollout)
             return rollout
@@ -313,6 +361,7 @@ class RolloutController:
         `InvalidRollout` for bad labels or weights)."""
         async with self._lock:
             model = self.fleet.model(model_id)
+            await self._follow()
             self._refuse_if_active(model_id, "set the split")
             try:
                 for label in weights:
@@ -320,7 +369,7 @@ class RolloutController:
                 split = VersionSplit(weights)
             except ValueError as err:
                 raise InvalidRollout(str(err)) from None
-            await self._save(model_id, self.rollouts.get(model_id), split)
+            await self._save_or_refuse(model_id, self.rollouts.get(model_id), split)
             self._set_split(model, split)
             log.info("version_split_set", model=model_id, split=split.weights)
             return split
@@ -330,10 +379,11 @@ class RolloutController:
         active); returns it (None: unsplit)."""
         async with self._lock:
             model = self.fleet.model(model_id)
+            await self._follow()
             self._refuse_if_active(model_id, "reset the split")
             configured = self._config_splits.get(model_id)
             split = VersionSplit(configured) if configured else None
-            await self._save(model_id, self.rollouts.get(model_id), split)
+            await self._save_or_refuse(model_id, self.rollouts.get(model_id), split)
             self._set_split(model, split)
             log.info("version_split_reset", model=model_id, split=configured)
             return split
@@ -389,6 +439,7 @@ class RolloutController:
     async def _change(self, model_id: str, change: Callable[[Rollout, float], None]) -> Rollout:
         async with self._lock:
             self.fleet.model(model_id)
+            await self._follow()
             rollout = self.rollouts.get(model_id)
             if rollout is None:
                 raise RolloutRefused(f"{model_id} has no rollout (start one: homing rollout start)")
@@ -397,7 +448,7 @@ class RolloutController:
                 change(changed, self._wall())
             except RolloutError as err:
                 raise RolloutRefused(str(err)) from None
-            await self._save(model_id, changed, VersionSplit(changed.weights()))
+            await self._save_or_refuse(model_id, changed, VersionSplit(changed.weights()))
             self.rollouts[model_id] = changed
             await self._apply(changed)
             return changed
@@ -418,13 +469,19 @@ class RolloutController:
             weight=rollout.weight,
             reason=rollout.reason or None,
         )
-        if rollout.phase == "rolled_back" and self.config.on_rollback == "drain":
-            for w in model.workers():
-                if w.version == rollout.canary and w.phase in (Phase.READY, Phase.CORDONED):
-                    try:
-                        self.fleet.drain(w.worker_id)
-                    except FleetError as err:
-                        log.warning("rollout_drain_failed", worker=w.worker_id, error=str(err))
+        if rollout.phase == "rolled_back":
+            self._drain_canary(rollout)
+
+    def _drain_canary(self, rollout: Rollout) -> None:
+        """Drain the rolled-back canary's workers, unless `on_rollback` keeps them."""
+        if self.config.on_rollback != "drain":
+            return
+        for w in self.fleet.models[rollout.model].workers():
+            if w.version == rollout.canary and w.phase in (Phase.READY, Phase.CORDONED):
+                try:
+                    self.fleet.drain(w.worker_id)
+                except FleetError as err:
+                    log.warning("rollout_drain_failed", worker=w.worker_id, error=str(err))
 
     def _set_split(self, model: ModelDispatch, split: VersionSplit | None) -> None:
         model.split = split
@@ -435,17 +492,50 @@ class RolloutController:
 
     async def _save(
         self, model_id: str, rollout: Rollout | None, split: VersionSplit | None
-    ) -> None:
+    ) -> bool:
+        """Store the model's state over the revision last seen; False when another
+        instance wrote first (this instance then follows the store). `RolloutUnavailable`
+        when the store failed."""
+        revision = self._revisions.get(model_id, 0)
         data: dict[str, Any] = {
+            "revision": revision + 1,
             "split": split.weights if split is not None else None,
             "rollout": rollout.to_dict() if rollout is not None else None,
             "saved_at": self._wall(),
         }
         try:
-            await self.store.save(model_id, data)
+            written = await self.store.save(model_id, data, revision)
         except RolloutStoreError as err:
             raise RolloutUnavailable(f"the rollout store failed, nothing changed: {err}") from None
+        if not written:
+            log.info("rollout_changed_elsewhere", model=model_id, revision=revision)
+            self._unsaved.discard(model_id)
+            await self._follow()
+            return False
+        self._revisions[model_id] = revision + 1
         self._unsaved.discard(model_id)
+        return True
+
+    async def _save_or_refuse(
+        self, model_id: str, rollout: Rollout | None, split: VersionSplit | None
+    ) -> None:
+        """`_save` for an operator's change: `RolloutRefused` when another instance
+        changed the model's state first."""
+        if not await self._save(model_id, rollout, split):
+            raise RolloutRefused(
+                f"another gateway instance changed {model_id}'s rollout meanwhile: see "
+                f"homing rollout status {model_id}, then try again"
+            )
+
+    async def _follow(self) -> None:
+        """`sync` with a shared store (no-op otherwise); `RolloutUnavailable` when it
+        cannot be read."""
+        if not self.store.shared:
+            return
+        try:
+            await self.sync()
+        except RolloutStoreError as err:
+            raise RolloutUnavailable(f"the rollout store cannot be read: {err}") from None
 
     async def _save_quietly(self, model_id: str) -> None:
         """Store a change the loop made; on failure log it and try again next tick."""

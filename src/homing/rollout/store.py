@@ -1,9 +1,11 @@
 """Where rollouts are kept between gateway restarts: a JSON file in the state directory, or a
 Redis hash when quotas use Redis (then every instance sharing that Redis sees them).
 
-Rule of this file: I/O only; what is stored is `Rollout.to_dict()` per model, read back as
-the same dicts (the caller parses them with `Rollout.from_dict` and decides what a bad one
-means). Errors: `RolloutStoreError` with one line naming the store.
+Rule of this file: I/O only; what is stored is one JSON object per model, read back as the
+same dicts (the caller parses them and decides what a bad one means). Each object carries an
+integer `revision`; `save` writes only over the revision the caller last saw (compare and
+set, atomic in Redis through a Lua script), so two gateway instances cannot both move one
+rollout. Errors: `RolloutStoreError` with one line naming the store.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ class RolloutStoreError(Exception):
     """The store could not be read or written (one line, naming it)."""
 
 
+def revision_of(data: dict[str, Any] | None) -> int:
+    """The `revision` of stored data (0 for none, or one without a whole number)."""
+    value = (data or {}).get("revision")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 class RolloutStore(Protocol):
     """Keeps each model's rollout data."""
 
@@ -33,12 +41,18 @@ class RolloutStore(Protocol):
         """The store in words (a path, a Redis key)."""
         ...
 
+    @property
+    def shared(self) -> bool:
+        """Other gateway instances may write it (their changes are to be followed)."""
+        ...
+
     async def load(self) -> dict[str, dict[str, Any]]:
         """Model -> its stored rollout data (empty when none)."""
         ...
 
-    async def save(self, model: str, data: dict[str, Any]) -> None:
-        """Store `model`'s rollout data, replacing what was there."""
+    async def save(self, model: str, data: dict[str, Any], expected: int) -> bool:
+        """Store `model`'s rollout data if its stored revision is `expected` (0: none
+        stored); False, nothing written, when another writer got there first."""
         ...
 
 
@@ -55,12 +69,16 @@ class FileStore:
     def where(self) -> str:
         return self.path
 
+    @property
+    def shared(self) -> bool:
+        return False
+
     async def load(self) -> dict[str, dict[str, Any]]:
         return await asyncio.to_thread(self._read)
 
-    async def save(self, model: str, data: dict[str, Any]) -> None:
+    async def save(self, model: str, data: dict[str, Any], expected: int) -> bool:
         async with self._lock:
-            await asyncio.to_thread(self._update, model, data)
+            return await asyncio.to_thread(self._update, model, data, expected)
 
     def _read(self) -> dict[str, dict[str, Any]]:
         try:
@@ -79,8 +97,10 @@ class FileStore:
             raise RolloutStoreError(f"{self.path}: 'rollouts' is not a table of rollouts")
         return rollouts
 
-    def _update(self, model: str, data: dict[str, Any]) -> None:
+    def _update(self, model: str, data: dict[str, Any], expected: int) -> bool:
         rollouts = self._read()
+        if revision_of(rollouts.get(model)) != expected:
+            return False
         rollouts[model] = data
         directory = os.path.dirname(self.path) or "."
         try:
@@ -102,6 +122,24 @@ class FileStore:
                 os.close(dir_fd)
         except (OSError, TypeError, ValueError) as err:
             raise RolloutStoreError(f"{self.path}: cannot be written: {err}") from None
+        return True
+
+
+#: Compare and set of one hash field: KEYS[1] the hash, ARGV[1] the field, ARGV[2] the
+#: revision expected there (0: none), ARGV[3] the new JSON. 1 when written, 0 when not.
+_CAS_SCRIPT = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+local revision = 0
+if current then
+  local ok, data = pcall(cjson.decode, current)
+  if ok and type(data) == 'table' and type(data['revision']) == 'number' then
+    revision = data['revision']
+  end
+end
+if revision ~= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
 
 
 class RedisStore:
@@ -112,10 +150,15 @@ class RedisStore:
         self._client = client
         self.key = f"{prefix}:rollouts"
         self._timeout_s = timeout_s
+        self._cas = client.register_script(_CAS_SCRIPT)
 
     @property
     def where(self) -> str:
         return f"redis key {self.key}"
+
+    @property
+    def shared(self) -> bool:
+        return True
 
     async def load(self) -> dict[str, dict[str, Any]]:
         try:
@@ -138,9 +181,11 @@ class RedisStore:
             out[model] = data
         return out
 
-    async def save(self, model: str, data: dict[str, Any]) -> None:
+    async def save(self, model: str, data: dict[str, Any], expected: int) -> bool:
         try:
+            text = json.dumps(data)
             async with asyncio.timeout(self._timeout_s):
-                await self._client.hset(self.key, model, json.dumps(data))
+                written = await self._cas(keys=[self.key], args=[model, expected, text])
         except Exception as err:
             raise RolloutStoreError(f"{self.where}: {type(err).__name__}: {err}") from None
+        return bool(written)
