@@ -546,6 +546,22 @@ class ModelSettings(_Section):
         return name
 
     @model_validator(mode="after")
+    def _split_needs_a_carried_version(self) -> ModelSettings:
+        if self.versions is None:
+            return self
+        carried = (
+            {version for _, version in self.worker_specs()} if self.workers else {self.version}
+        )
+        weighted = sorted(v for v, w in self.versions.items() if w > 0)
+        if not carried & set(weighted):
+            listed = ", ".join(repr(v) for v in sorted(carried))
+            raise ValueError(
+                f"versions gives weight to {', '.join(repr(v) for v in weighted)} but the "
+                f"model's workers carry {listed}: no request could be served"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _overrides_need_a_name(self) -> ModelSettings:
         if self.name is None and (self.policy is not None or self.weights is not None):
             raise ValueError("a model's policy or weights need its name (models.name)")

@@ -6,7 +6,7 @@ pinned version, each with its exact status and message.
 Three `homing sim` workers serve the whole module: two carry version "v1", one "v2" (the
 canary). Each test builds its own gateway over them (listed workers, so a stopped gateway
 leaves them running). The verdict's rule is relaxed so a verdict comes in seconds: 30
-judged requests per version, 10 latency samples, 15-point proportion margins and a 50%
+judged requests per version, 20 latency samples, 15-point proportion margins and a 50%
 latency margin (a 2x slower canary is still far over it).
 """
 
@@ -386,6 +386,11 @@ async def test_rollout_refusals_have_their_status_and_message(sims: Sims, state_
             Code.INVALID_ARGUMENT,
             "at least one version needs a weight above 0",
         )
+        assert await refused(admin.set_versions(MODEL, {"v1": 50, "v3": 50})) == (
+            Code.FAILED_PRECONDITION,
+            f"no worker of {MODEL} carries version 'v3' (versions: 'v1', 'v2'): add one "
+            "first, or give it weight 0",
+        )
         await admin.start_rollout(MODEL, "v2", None, 3600.0)
         assert await refused(admin.start_rollout(MODEL, "v2", None, None)) == (
             Code.FAILED_PRECONDITION,
@@ -495,3 +500,98 @@ async def test_two_gateways_on_one_redis_follow_each_others_rollout(
                 )
                 assert (await admin_a.get_rollout(MODEL)).phase == "rolled_back"
                 assert set((await turns(a.http_port, sessions, 2)).values()) == {"v1"}
+
+
+async def test_anonymous_conversations_sharing_a_system_prompt_are_split_by_their_first_question(
+    sims: Sims, state_dir: str
+) -> None:
+    """Without a session key, a chat's version follows its first user message: 300
+    conversations that share a long system prompt split about 95/5, and each one's second
+    turn lands where its first did."""
+    system = "You are a careful assistant for the homing platform. " * 8
+    url_path = "/v1/chat/completions"
+
+    async def ask(http: aiohttp.ClientSession, port: int, messages: list[dict[str, str]]) -> str:
+        body = {"model": MODEL, "messages": messages, "max_tokens": 1}
+        async with http.post(f"http://127.0.0.1:{port}{url_path}", json=body) as r:
+            assert r.status == 200, await r.text()
+            return r.headers["x-homing-version"]
+
+    async with gateway(config(sims, state_dir, versions={"v1": 95, "v2": 5})) as (app, _):
+        assert app.http_port is not None
+        port = app.http_port
+        gate = asyncio.Semaphore(8)
+        first: dict[int, str] = {}
+        second: dict[int, str] = {}
+        async with aiohttp.ClientSession() as http:
+
+            async def conversation(i: int) -> None:
+                question = {"role": "user", "content": f"question number {i}, please"}
+                turn = [{"role": "system", "content": system}, question]
+                async with gate:
+                    first[i] = await ask(http, port, turn)
+                    follow = [
+                        *turn,
+                        {"role": "assistant", "content": "an answer"},
+                        {"role": "user", "content": "and why?"},
+                    ]
+                    second[i] = await ask(http, port, follow)
+
+            await asyncio.gather(*(conversation(i) for i in range(300)))
+        assert first == second
+        share = sum(v == "v2" for v in first.values()) / len(first)
+        assert 0.015 <= share <= 0.10, share
+
+
+async def test_a_stored_rollout_that_cannot_be_read_stops_the_start(
+    sims: Sims, state_dir: str
+) -> None:
+    """A restart must not forget a rollback: a served model's stored entry that cannot be
+    read fails the start, naming the file and the model."""
+    path = Path(state_dir, "rollouts.json")
+    entry = {"revision": 3, "split": {"v1": 100}, "rollout": {"phase": "rolled_back"}}
+    doc = {"format": 1, "rollouts": {MODEL: entry}}
+    await asyncio.to_thread(path.write_text, json.dumps(doc))
+    with pytest.raises(RuntimeError) as err:
+        async with App(config(sims, state_dir)):
+            pass
+    assert str(err.value) == (
+        f"rollouts: {path}: the stored state of '{MODEL}' cannot be read (not a stored "
+        "rollout: 'steps'); fix it, or remove it to start from the config"
+    )
+
+
+async def test_a_rolled_back_canary_kept_for_inspection_serves_only_pinned_requests(
+    sims: Sims, state_dir: str
+) -> None:
+    """With on_rollback = "keep", the canary's workers stay ready at weight 0: unpinned
+    requests all go to the baseline, a pinned one still reaches the canary."""
+    sessions = [f"keep-{i}" for i in range(60)]
+    async with gateway(config(sims, state_dir, on_rollback="keep")) as (app, admin):
+        assert app.http_port is not None
+        await admin.start_rollout(MODEL, "v2", [50, 100], 3600.0)
+        assert "v2" in (await turns(app.http_port, sessions, 1)).values()
+        await admin.rollout_op("rollback", MODEL)
+        status = await admin.get_rollout(MODEL)
+        assert status.canary_figures.ready_workers == 1
+        assert set((await turns(app.http_port, sessions, 2)).values()) == {"v1"}
+        url = f"http://127.0.0.1:{app.http_port}/v1/completions"
+        body = {"model": MODEL, "prompt": "inspect", "max_tokens": 1}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json=body, headers={"x-homing-version": "v2"}) as r:
+                assert r.status == 200 and r.headers["x-homing-version"] == "v2"
+
+
+async def test_a_split_set_at_runtime_outlives_a_restart_until_the_config_changes(
+    sims: Sims, state_dir: str
+) -> None:
+    """`versions set` is kept over a restart with the same config; a restart with another
+    `versions` in the config takes the config's."""
+    async with gateway(config(sims, state_dir)) as (_, admin):
+        await admin.set_versions(MODEL, {"v1": 50, "v2": 50})
+    async with gateway(config(sims, state_dir)) as (_, admin):
+        split = (await admin.get_rollout(MODEL)).split
+        assert [(w.version, w.weight) for w in split] == [("v1", 50.0), ("v2", 50.0)]
+    async with gateway(config(sims, state_dir, versions={"v1": 90, "v2": 10})) as (_, admin):
+        split = (await admin.get_rollout(MODEL)).split
+        assert [(w.version, w.weight) for w in split] == [("v1", 90.0), ("v2", 10.0)]

@@ -33,6 +33,7 @@ from homing.fleet.stream_interval import StreamIntervalPolicy
 from homing.obs.demand import DemandMeter
 from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
 from homing.router.policies.consistent_hash import routing_key
+from homing.router.ring import key_hash
 from homing.router.types import WorkerSnapshot
 from homing.router.versions import VersionSplit
 from homing.text.tokenizer import TextTokenizer
@@ -201,15 +202,22 @@ class ModelDispatch:
             found.update(self.split.weights)
         return sorted(found)
 
-    def choose_version(self, request: RouteRequest, exclude: Sequence[str] = ()) -> str | None:
+    def choose_version(
+        self, request: RouteRequest, exclude: Sequence[str] = (), split_key: str | None = None
+    ) -> str | None:
         """The version `request` goes to under the split, among the versions with a ready
-        worker not in `exclude`; None without a split. Raises `NoReplica` when no weighted
-        version has one."""
+        worker not in `exclude`: by `split_key` when given, else by the request's routing
+        key (its session key, else its first prompt block); None without a split. Raises
+        `NoReplica` when no weighted version has a ready worker."""
         split = self.split
         if split is None:
             return None
         available = {w.version for w in self.pool.routable_workers() if w.worker_id not in exclude}
-        version = split.choose(routing_key(request, self.router.block_size), available)
+        if split_key is not None:
+            key = key_hash("session:" + split_key)
+        else:
+            key = routing_key(request, self.router.block_size)
+        version = split.choose(key, available)
         if version is None:
             raise NoReplica(self.model_id)
         return version
@@ -222,15 +230,16 @@ class ModelDispatch:
         slots: int = 1,
         exclude: Sequence[str] = (),
         version: str | None = None,
+        split_key: str | None = None,
     ) -> Lease:
         """Route the request and count `slots` requests in flight on the chosen worker
         before returning (so the next decision sees them); on a half-open worker the lease
         is its breaker's trial (module docstring). `version`: a version the client pinned
-        (None: the split's choice, `choose_version`); routing works within it. Raises
-        `NoReplica`."""
+        (None: the split's choice, `choose_version`, by `split_key`); routing works within
+        it. Raises `NoReplica`."""
         request = RouteRequest(prompt_ids=prompt_ids, session_key=session_key)
         if version is None:
-            version = self.choose_version(request, exclude)
+            version = self.choose_version(request, exclude, split_key)
         try:
             decision = self.router.select(request, list(self.snapshots(exclude, version)))
         except NoWorkerAvailable:

@@ -880,6 +880,8 @@ class Generation:
         }
         if self._migrated_from is not None:
             fields["migrated_from"] = self._migrated_from
+        if p.version_pin is not None:
+            fields["version_pinned"] = True
         if p.trace is not None:
             fields["trace_id"] = p.trace.trace_id
             fields["parent_span_id"] = p.trace.span_id
@@ -889,6 +891,7 @@ class Generation:
                 outcome=self.outcome,
                 model=p.model.model_id,
                 version=self.version,
+                pinned=p.version_pin is not None,
                 worker=self.worker_id or "",
                 tenant=p.tenant,
                 status=refused.status if refused is not None else None,

@@ -66,6 +66,10 @@ class PreparedRequest:
     arrived_at: float = field(default_factory=time.monotonic)
     trace: TraceContext | None = None  # the client's W3C traceparent
     version_pin: str | None = None  # the version the client asked for (`pin_version`)
+    # What the version split hashes (`ModelDispatch.choose_version`); None: the session key,
+    # else the first prompt block. A chat without a session key: its first user message,
+    # the same in every turn and apart between conversations that share a system prompt.
+    split_key: str | None = None
 
 
 class Preparer:
@@ -145,10 +149,15 @@ class Preparer:
             return tokenizer.encode_chat(messages, add_generation_prompt=True)
 
         prompt_ids = await self._encode(encode, cost, "messages")
-        return self._prepared(
+        prepared = self._prepared(
             "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal,
             arrived_at, trace,
         )  # fmt: skip
+        if prepared.session_key is None:  # the split's key: the conversation's first question
+            first = next((m for m in req.messages if m.role == "user"), None)
+            if first is not None:
+                prepared = replace(prepared, split_key="first-user:" + first.text())
+        return prepared
 
     async def completion(
         self,

@@ -98,6 +98,7 @@ class InferenceService:
             return prepared.model.lease(
                 prepared.prompt_ids,
                 session_key=prepared.session_key,
+                split_key=prepared.split_key,
                 slots=prepared.n if slots is None else slots,
                 exclude=exclude,
                 version=prepared.version_pin,

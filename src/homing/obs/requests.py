@@ -72,12 +72,14 @@ class RequestDone:
     (API, path, finish reasons, engine ids, ...), logged as they are. `worker_part`: what
     `worker`'s replica stats get (the attempt it served, of a retried or migrated
     request); None: the request's own figures, failed when the outcome is "engine_error".
+    `pinned`: the client chose the version (`x-homing-version`), not the split.
     """
 
     request_id: str
     outcome: str
     model: str = ""
     version: str = ""
+    pinned: bool = False
     worker: str = ""
     tenant: str | None = None
     status: int | None = None

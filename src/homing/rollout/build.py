@@ -47,7 +47,7 @@ def build_controller(
     }
     controller = RolloutController(
         fleet,
-        config_of(cfg.rollout),
+        config_of(cfg.rollout, cfg.gateway.request_timeout_s),
         store,
         config_splits=splits,
         metrics=RolloutMetrics(registry),

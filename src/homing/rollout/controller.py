@@ -84,7 +84,8 @@ class RolloutUnavailable(FleetError):
 class RolloutConfig:
     """`steps` / `bake_s`: the defaults of `start`; `window_s`: the comparison's window;
     `rule`: the verdict's; `on_rollback`: "drain" or "keep" the canary's workers;
-    `tick_s`: seconds between verdicts."""
+    `tick_s`: seconds between verdicts; `drain_timeout_s`: a rolled-back canary worker's
+    drain timeout (above the longest request, so none of its streams is cut)."""
 
     steps: tuple[float, ...] = (5.0, 25.0, 50.0, 100.0)
     bake_s: float = 600.0
@@ -92,6 +93,7 @@ class RolloutConfig:
     rule: VerdictRule = field(default_factory=VerdictRule)
     on_rollback: str = "drain"
     tick_s: float = 1.0
+    drain_timeout_s: float = 630.0
 
 
 @dataclass(frozen=True)
@@ -150,9 +152,13 @@ class RolloutController:
     # -- intake (the request path: no awaits) --
 
     def record(self, r: RequestDone, verdict: str | None) -> None:
-        """Add an ended request to its model's window under the version that served it
-        (requests never routed, or of an unknown model, are left out)."""
-        if not r.model or r.queue_s is None:
+        """Add an ended request to its model's window under the version that served it,
+        while the model has an active rollout and the version is one of its two (requests
+        never routed, pinned to a version, or of an unknown model are left out)."""
+        rollout = self.rollouts.get(r.model)
+        if rollout is None or not rollout.active or r.pinned or r.queue_s is None:
+            return
+        if r.version != rollout.canary and r.version != rollout.baseline:
             return
         window = self.windows.get(r.model)
         if window is None:
@@ -177,7 +183,10 @@ class RolloutController:
         even when the baseline saved the request."""
         window = self.windows.get(model_id)
         model = self.fleet.models.get(model_id)
+        rollout = self.rollouts.get(model_id)
         if window is None or model is None or not model.pool.has(worker_id):
+            return
+        if rollout is None or not rollout.active:
             return
         version = model.pool.state(worker_id).version
         window.add(version, Sample(self._wall(), "failed", None, 0, None, 0, ""))
@@ -185,9 +194,9 @@ class RolloutController:
     # -- the loop --
 
     async def restore(self) -> None:
-        """Apply the stored splits and rollouts of the served models (a stored entry that
-        cannot be read is logged and left out). `RolloutStoreError` when the store cannot
-        be read at all."""
+        """Apply the stored splits and rollouts of the served models. `RolloutStoreError`
+        when the store cannot be read, or a served model's entry cannot (a restart must not
+        forget a rollback)."""
         await self.sync(announce=False)
 
     async def sync(self, *, announce: bool = True) -> None:
@@ -209,10 +218,26 @@ class RolloutController:
                 rollout = Rollout.from_dict(data["rollout"]) if data.get("rollout") else None
                 restored = VersionSplit(split) if split else None
             except (ValueError, KeyError, TypeError, AttributeError) as err:
-                log.error("rollout_not_restored", model=name, reason=str(err))
+                if not announce:  # a restart must not forget a rollback: refuse to start
+                    raise RolloutStoreError(
+                        f"{self.store.where}: the stored state of {name!r} cannot be read "
+                        f"({err}); fix it, or remove it to start from the config"
+                    ) from None
+                log.error("rollout_not_followed", model=name, reason=str(err))
                 continue
             self._revisions[name] = revision
             self._unsaved.discard(name)
+            configured = self._config_splits.get(name)
+            if (
+                not announce
+                and (rollout is None or not rollout.active)
+                and "configured" in data
+                and data["configured"] != configured
+            ):  # the config's split changed since: it wins over what was set at runtime
+                log.info(
+                    "version_split_from_config", model=name, stored=split, configured=configured
+                )
+                restored = VersionSplit(configured) if configured else None
             before = self.rollouts.get(name)
             if rollout is not None:
                 self.rollouts[name] = rollout
@@ -334,6 +359,7 @@ class RolloutController:
             except ValueError as err:
                 raise InvalidRollout(str(err)) from None
             await self._save_or_refuse(model_id, rollout, VersionSplit(rollout.weights()))
+            self.windows[model_id].clear()
             self.rollouts[model_id] = rollout
             await self._apply(rollout)
             return rollout
@@ -357,8 +383,9 @@ class RolloutController:
         return rollout
 
     async def set_split(self, model_id: str, weights: Mapping[str, float]) -> VersionSplit:
-        """Set the model's split by hand (`RolloutRefused` while a rollout is active;
-        `InvalidRollout` for bad labels or weights)."""
+        """Set the model's split by hand (`RolloutRefused` while a rollout is active or
+        when no worker carries a version it gives weight; `InvalidRollout` for bad labels or
+        weights)."""
         async with self._lock:
             model = self.fleet.model(model_id)
             await self._follow()
@@ -369,6 +396,14 @@ class RolloutController:
                 split = VersionSplit(weights)
             except ValueError as err:
                 raise InvalidRollout(str(err)) from None
+            carried = {w.version for w in model.workers()}
+            missing = sorted(v for v, w in split.weights.items() if w > 0 and v not in carried)
+            if missing:
+                listed = ", ".join(repr(v) for v in sorted(carried)) or "none"
+                raise RolloutRefused(
+                    f"no worker of {model_id} carries version {missing[0]!r} (versions: "
+                    f"{listed}): add one first, or give it weight 0"
+                )
             await self._save_or_refuse(model_id, self.rollouts.get(model_id), split)
             self._set_split(model, split)
             log.info("version_split_set", model=model_id, split=split.weights)
@@ -459,8 +494,13 @@ class RolloutController:
         model = self.fleet.models[rollout.model]
         self._set_split(model, VersionSplit(rollout.weights()))
         self._export_phase(rollout)
+        if not rollout.active:  # its samples and figures are of no further use
+            self.windows[rollout.model].clear()
+            if self.metrics is not None:
+                self.metrics.clear_figures(rollout.model)
         event = rollout.history[-1].event if rollout.history else rollout.phase
-        log.info(
+        emit = log.warning if rollout.phase == "rolled_back" else log.info
+        emit(
             f"rollout_{event}",
             model=rollout.model,
             canary=rollout.canary,
@@ -479,7 +519,7 @@ class RolloutController:
         for w in self.fleet.models[rollout.model].workers():
             if w.version == rollout.canary and w.phase in (Phase.READY, Phase.CORDONED):
                 try:
-                    self.fleet.drain(w.worker_id)
+                    self.fleet.drain(w.worker_id, self.config.drain_timeout_s)
                 except FleetError as err:
                     log.warning("rollout_drain_failed", worker=w.worker_id, error=str(err))
 
@@ -499,6 +539,7 @@ class RolloutController:
         revision = self._revisions.get(model_id, 0)
         data: dict[str, Any] = {
             "revision": revision + 1,
+            "configured": self._config_splits.get(model_id),
             "split": split.weights if split is not None else None,
             "rollout": rollout.to_dict() if rollout is not None else None,
             "saved_at": self._wall(),
@@ -538,10 +579,28 @@ class RolloutController:
             raise RolloutUnavailable(f"the rollout store cannot be read: {err}") from None
 
     async def _save_quietly(self, model_id: str) -> None:
-        """Store a change the loop made; on failure log it and try again next tick."""
+        """Store a change the loop made; on failure log it and try again next tick. A
+        rollback that lost the race to another instance's change of the same rollout is
+        made again on top of it: the safety net wins."""
         model = self.fleet.models[model_id]
+        mine = self.rollouts.get(model_id)
         try:
-            await self._save(model_id, self.rollouts.get(model_id), model.split)
+            if await self._save(model_id, mine, model.split):
+                return
+            theirs = self.rollouts.get(model_id)  # `_save` followed the store
+            if (
+                mine is not None
+                and mine.phase == "rolled_back"
+                and theirs is not None
+                and theirs.active
+                and (theirs.canary, theirs.baseline) == (mine.canary, mine.baseline)
+            ):
+                again = Rollout.from_dict(theirs.to_dict())
+                again.rollback(self._wall(), mine.reason)
+                self.rollouts[model_id] = again
+                await self._apply(again)
+                self._unsaved.add(model_id)
+                await self._save(model_id, again, VersionSplit(again.weights()))
         except RolloutUnavailable as err:
             log.error("rollout_store_failed", model=model_id, error=str(err))
 
@@ -560,8 +619,9 @@ class RolloutController:
                 self.metrics.set_figure(name, model_id, s.version, getattr(s, attr))
 
 
-def config_of(settings: Any) -> RolloutConfig:
-    """The `RolloutConfig` of a `homing.config.RolloutSettings`."""
+def config_of(settings: Any, request_timeout_s: float = 600.0) -> RolloutConfig:
+    """The `RolloutConfig` of a `homing.config.RolloutSettings`; a rolled-back canary's
+    drain outlasts `request_timeout_s` (`gateway.request_timeout_s`) by 30 s."""
     return RolloutConfig(
         steps=tuple(check_steps(settings.steps)),
         bake_s=settings.bake_s,
@@ -575,4 +635,5 @@ def config_of(settings: Any) -> RolloutConfig:
         ),
         on_rollback=settings.on_rollback,
         tick_s=settings.tick_s,
+        drain_timeout_s=request_timeout_s + 30.0,
     )

@@ -23,6 +23,8 @@ class RolloutMetrics:
     """The series above, registered once on `registry`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._canaries: dict[str, str] = {}  # the canary whose phase series each model has
+        self._figured: dict[str, set[tuple[str, str]]] = {}  # (figure, version) exported
         self.weight = Gauge(
             "homing_version_weight",
             "A version's share of new sessions under the model's split, percent.",
@@ -82,10 +84,22 @@ class RolloutMetrics:
         return set(shares)
 
     def set_phase(self, model: str, canary: str, phase: str, weight: float) -> None:
-        """The rollout of `canary` is in `phase` with `weight` percent."""
+        """The rollout of `canary` is in `phase` with `weight` percent; the series of the
+        model's earlier rollout of another canary go."""
+        before = self._canaries.get(model)
+        if before is not None and before != canary:
+            for p in PHASES:
+                self.phase.remove(model, before, p)
+            self.canary_weight.remove(model, before)
+        self._canaries[model] = canary
         for p in PHASES:
             self.phase.labels(model, canary, p).set(1.0 if p == phase else 0.0)
         self.canary_weight.labels(model, canary).set(weight)
+
+    def clear_figures(self, model: str) -> None:
+        """Remove every comparison figure of `model` (its rollout ended)."""
+        for name, version in self._figured.pop(model, set()):
+            self.set_figure(name, model, version, None)
 
     def set_figure(self, name: str, model: str, version: str, value: float | None) -> None:
         """One comparison figure (`figures` key) of `version`; None removes its series."""
@@ -97,3 +111,4 @@ class RolloutMetrics:
                 pass
         else:
             gauge.labels(model, version).set(value)
+            self._figured.setdefault(model, set()).add((name, version))

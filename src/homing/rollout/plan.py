@@ -35,7 +35,8 @@ MAX_STEPS = 100
 
 def check_steps(steps: Iterable[float]) -> list[float]:
     """`steps` as floats if they are a rollout's canary weights: percents in (0, 100],
-    strictly increasing, the last 100, at most MAX_STEPS; ValueError saying what is wrong."""
+    strictly increasing, the last 100 with at least one before it, at most MAX_STEPS;
+    ValueError saying what is wrong."""
     out = [float(s) for s in steps]
     if not out:
         raise ValueError("a rollout needs at least one step (the last is 100)")
@@ -48,6 +49,11 @@ def check_steps(steps: Iterable[float]) -> list[float]:
         raise ValueError("the steps must increase (e.g. 5,25,50,100)")
     if out[-1] != 100:
         raise ValueError(f"the last step must be 100 (it promotes the canary), got {out[-1]:g}")
+    if len(out) < 2:
+        raise ValueError(
+            "a rollout needs a step below 100 (at 100 no baseline traffic is left to compare "
+            "with; use homing rollout promote to skip the comparison)"
+        )
     return out
 
 
@@ -221,23 +227,47 @@ class Rollout:
             step = int(data["step"])
             if not 0 <= step < len(steps):
                 raise ValueError(f"step {step} is out of range")
-            bake_s = float(data["bake_s"])
-            if not math.isfinite(bake_s) or bake_s < 0:
-                raise ValueError(f"bake_s {bake_s!r} is not a finite number >= 0")
-            if str(data["canary"]) == str(data["baseline"]):
-                raise ValueError("the canary is the baseline")
+            bake_s = _finite(data["bake_s"], "bake_s")
+            if bake_s < 0:
+                raise ValueError(f"bake_s {bake_s!r} is negative")
+            baseline, canary = _label(data["baseline"]), _label(data["canary"])
+            if not canary or canary == baseline:
+                raise ValueError("the canary is empty or the baseline")
+            history = [
+                Event(
+                    _finite(e["at"], "an event's at"),
+                    str(e["event"]),
+                    _finite(e["weight"], "an event's weight"),
+                    str(e.get("reason", "")),
+                )
+                for e in data.get("history", [])
+            ]
             return cls(
                 model=str(data["model"]),
-                baseline=str(data["baseline"]),
-                canary=str(data["canary"]),
+                baseline=baseline,
+                canary=canary,
                 steps=steps,
                 bake_s=bake_s,
                 step=step,
                 phase=phase,
-                step_started_at=float(data["step_started_at"]),
+                step_started_at=_finite(data["step_started_at"], "step_started_at"),
                 reason=str(data.get("reason", "")),
                 last_verdict=str(data.get("last_verdict", "")),
-                history=[Event(**e) for e in data.get("history", [])][-HISTORY_KEPT:],
+                history=history[-HISTORY_KEPT:],
             )
-        except (KeyError, TypeError) as err:
+        except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"not a stored rollout: {err}") from None
+
+
+def _finite(value: Any, name: str) -> float:
+    """`value` as a finite float; ValueError naming `name` otherwise (a bool is refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r:.40}")
+    return float(value)
+
+
+def _label(value: Any) -> str:
+    """`value` if it is a version label as stored (at most 128 printable ASCII characters)."""
+    if not isinstance(value, str) or len(value) > 128 or not all(" " <= c <= "~" for c in value):
+        raise ValueError(f"{value!r:.60} is not a version label")
+    return value

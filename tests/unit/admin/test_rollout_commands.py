@@ -62,7 +62,7 @@ def test_duration_shows_at_most_40_characters_of_a_bad_value() -> None:
 
 def test_steps_reads_increasing_percents_ending_at_100() -> None:
     assert steps("5,25,50,100") == [5.0, 25.0, 50.0, 100.0]
-    assert steps("100") == [100.0]
+    assert steps("50,100") == [50.0, 100.0]
     assert steps(" 1 , 2.5,100") == [1.0, 2.5, 100.0]
 
 

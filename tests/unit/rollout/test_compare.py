@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -213,7 +214,7 @@ def test_a_canary_with_10_points_lower_attainment_fails() -> None:
     check = _check(verdict, "attainment")
     assert check.result == "fail"
     assert check.detail.startswith("attainment canary 0.850 vs baseline 0.950: worse by more")
-    assert "2.0 points (95% bound -" in check.detail
+    assert "2.0 points (99.5% bound -" in check.detail
 
 
 def test_a_canary_1_point_lower_on_small_samples_waits() -> None:
@@ -299,3 +300,53 @@ def test_rule_validation_messages(kwargs: dict[str, float], message: str) -> Non
 
 def test_rule_allows_a_latency_margin_above_one() -> None:
     assert VerdictRule(latency_margin=2.0).latency_margin == 2.0
+
+
+@pytest.mark.parametrize(("attainment", "error_rate"), [(0.99, 0.001), (0.95, 0.002)])
+def test_an_equal_canary_judged_after_every_request_is_rarely_failed(
+    attainment: float, error_rate: float
+) -> None:
+    """Repeated looks: an equal canary at 5% weight, judged after each of its requests up
+    to `min_requests`, as the controller's ticks do; false fails stay rare (seeded)."""
+    rng = random.Random(16)
+    rule = VerdictRule()
+    failed_rollouts = 0
+    rollouts = 100
+    for _ in range(rollouts):
+        arms = {"base": [0, 0, 0], "canary": [0, 0, 0]}  # judged, met, failed
+
+        def serve(arm: list[int]) -> None:
+            u = rng.random()
+            arm[0] += 1
+            arm[1] += u < attainment
+            arm[2] += u > 1 - error_rate
+
+        for _ in range(rule.min_requests):
+            for _ in range(19):
+                serve(arms["base"])
+            serve(arms["canary"])
+            b, c = (_counts(k, *arms[k]) for k in ("base", "canary"))
+            if compare(b, c, rule).result == "fail":
+                failed_rollouts += 1
+                break
+    assert failed_rollouts <= 1, failed_rollouts
+
+
+def _counts(version: str, judged: int, met: int, failed: int) -> VersionStats:
+    """Stats with only the SLO counts (no latency figure: those checks wait)."""
+    return VersionStats(
+        version=version,
+        requests=judged,
+        judged=judged,
+        failed=failed,
+        met=met,
+        error_rate=failed / judged if judged else None,
+        attainment=met / judged if judged else None,
+        ttft_per_uncached_token_s=None,
+        ttft_samples=0,
+        tpot_p50_s=None,
+        tpot_samples=0,
+        output_tokens_mean=None,
+        output_tokens_p50=None,
+        finish_reasons={},
+    )

@@ -101,11 +101,9 @@ def test_passing_the_step_before_100_promotes() -> None:
     assert r.history[-1] == Event(now, "promoted", 100.0, "all checks pass")
 
 
-def test_a_single_step_of_100_promotes_on_the_first_pass_after_the_bake() -> None:
-    r = _rollout(steps=[100])
-    assert r.weight == 100.0 and r.phase == "running"
-    assert r.observe(T0 + BAKE, "pass", "ok") is True
-    assert r.phase == "promoted"
+def test_a_plan_of_100_alone_is_refused_as_it_has_no_baseline_to_compare_with() -> None:
+    with pytest.raises(ValueError, match="a rollout needs a step below 100"):
+        _rollout(steps=[100])
 
 
 def test_fail_rolls_back_at_once_with_the_verdicts_reason() -> None:
@@ -350,7 +348,6 @@ def test_from_dict_refuses_a_malformed_history_event() -> None:
 def test_check_steps_returns_floats() -> None:
     assert check_steps([5, 25, 50, 100]) == [5.0, 25.0, 50.0, 100.0]
     assert check_steps(iter(["1", "100"])) == [1.0, 100.0]
-    assert check_steps([100]) == [100.0]
 
 
 @pytest.mark.parametrize(
@@ -381,3 +378,32 @@ def test_check_steps_allows_exactly_max_steps() -> None:
     steps = [i * 100 / MAX_STEPS for i in range(1, MAX_STEPS + 1)]
     steps[-1] = 100.0
     assert len(check_steps(steps)) == MAX_STEPS
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("step_started_at", float("nan"), "step_started_at must be a finite number, got nan"),
+        ("bake_s", float("inf"), "bake_s must be a finite number, got inf"),
+        ("bake_s", True, "bake_s must be a finite number, got True"),
+        ("canary", "v\n2", "'v\\n2' is not a version label"),
+        ("canary", "", "the canary is empty or the baseline"),
+        ("baseline", 7, "7 is not a version label"),
+    ],
+)
+def test_from_dict_refuses_values_that_would_stall_or_break_a_rollout(
+    field: str, value: object, message: str
+) -> None:
+    data = _rollout().to_dict()
+    data[field] = value
+    with pytest.raises(ValueError) as err:
+        Rollout.from_dict(data)
+    assert str(err.value) == message
+
+
+def test_from_dict_refuses_a_history_event_that_is_not_numbers_where_numbers_go() -> None:
+    data = _rollout().to_dict()
+    data["history"][0]["at"] = "yesterday"
+    with pytest.raises(ValueError) as err:
+        Rollout.from_dict(data)
+    assert str(err.value) == "an event's at must be a finite number, got 'yesterday'"
