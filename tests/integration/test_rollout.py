@@ -567,14 +567,22 @@ async def test_a_rolled_back_canary_kept_for_inspection_serves_only_pinned_reque
     """With on_rollback = "keep", the canary's workers stay ready at weight 0: unpinned
     requests all go to the baseline, a pinned one still reaches the canary."""
     sessions = [f"keep-{i}" for i in range(60)]
-    async with gateway(config(sims, state_dir, on_rollback="keep")) as (app, admin):
+    cfg = config(sims, state_dir, versions={"v1": 50, "v2": 50}, on_rollback="keep")
+    async with gateway(cfg) as (app, admin):
         assert app.http_port is not None
+        await admin.set_versions(MODEL, {"v1": 100})
         await admin.start_rollout(MODEL, "v2", [50, 100], 3600.0)
         assert "v2" in (await turns(app.http_port, sessions, 1)).values()
         await admin.rollout_op("rollback", MODEL)
         status = await admin.get_rollout(MODEL)
         assert status.canary_figures.ready_workers == 1
         assert set((await turns(app.http_port, sessions, 2)).values()) == {"v1"}
+        with pytest.raises(AdminError) as refused:
+            await admin.set_versions(MODEL, {}, reset=True)
+        assert refused.value.message == (
+            "the config's split would give the rolled-back canary v2 traffic again: remove "
+            "its workers first (homing workers rm ID), or set the split (homing versions set)"
+        )
         url = f"http://127.0.0.1:{app.http_port}/v1/completions"
         body = {"model": MODEL, "prompt": "inspect", "max_tokens": 1}
         async with aiohttp.ClientSession() as http:

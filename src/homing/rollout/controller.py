@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -411,13 +411,24 @@ class RolloutController:
 
     async def reset_split(self, model_id: str) -> VersionSplit | None:
         """Return the model to its config's split (`RolloutRefused` while a rollout is
-        active); returns it (None: unsplit)."""
+        active, or when that would give a rolled-back canary's ready workers traffic again);
+        returns it (None: unsplit)."""
         async with self._lock:
             model = self.fleet.model(model_id)
             await self._follow()
             self._refuse_if_active(model_id, "reset the split")
             configured = self._config_splits.get(model_id)
             split = VersionSplit(configured) if configured else None
+            last = self.rollouts.get(model_id)
+            if last is not None and last.phase == "rolled_back":
+                ready = {w.version for w in model.pool.routable_workers()}
+                gets = split is None or split.weights.get(last.canary, 0) > 0
+                if gets and last.canary in ready:
+                    raise RolloutRefused(
+                        f"the config's split would give the rolled-back canary {last.canary} "
+                        "traffic again: remove its workers first (homing workers rm ID), or "
+                        "set the split (homing versions set)"
+                    )
             await self._save_or_refuse(model_id, self.rollouts.get(model_id), split)
             self._set_split(model, split)
             log.info("version_split_reset", model=model_id, split=configured)
@@ -447,13 +458,22 @@ class RolloutController:
     # -- helpers --
 
     def _verdict(self, rollout: Rollout, now: float) -> Verdict:
+        """The comparison of the current step; a wait while no ready worker carries the
+        canary says so first (it gets no requests until one joins)."""
         window = self.windows[rollout.model]
         since = rollout.step_started_at
-        return compare(
+        verdict = compare(
             window.stats(rollout.baseline, now, since),
             window.stats(rollout.canary, now, since),
             self.config.rule,
         )
+        model = self.fleet.models[rollout.model]
+        if verdict.result == "wait" and not any(
+            w.version == rollout.canary for w in model.pool.routable_workers()
+        ):
+            reason = f"no ready worker carries the canary {rollout.canary}; {verdict.reason}"
+            return replace(verdict, reason=reason)
+        return verdict
 
     def _serving(self, model: ModelDispatch) -> set[str]:
         """The versions taking unpinned requests now: the split's weighted ones with a ready
