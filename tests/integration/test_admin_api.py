@@ -380,7 +380,7 @@ async def test_add_worker_and_its_refusals(app: App, admin: AdminClient, spare: 
         (
             admin.add_worker(model, "grpc://127.0.0.1:1", "x" * 129),
             Code.INVALID_ARGUMENT,
-            "version must be at most 128 printable characters",
+            "version must be at most 128 printable ASCII characters",
         ),
         (
             admin.add_worker("", "grpc://127.0.0.1:1"),

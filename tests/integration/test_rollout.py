@@ -376,11 +376,11 @@ async def test_rollout_refusals_have_their_status_and_message(sims: Sims, state_
         )
         assert await refused(admin.start_rollout(MODEL, "v2", [5, 25, 100], -1.0)) == (
             Code.INVALID_ARGUMENT,
-            "bake_s must be a finite number >= 0, got -1.0",
+            "bake_s must be in [0, 604800] seconds, got -1.0",
         )
         assert await refused(admin.set_versions(MODEL, {"v1": -1})) == (
             Code.INVALID_ARGUMENT,
-            "the weight of version 'v1' must be in [0, 1e+06], got -1.0",
+            "the weight of version 'v1' must be 0 or in [1e-06, 1e+06], got -1.0",
         )
         assert await refused(admin.set_versions(MODEL, {"v1": 0})) == (
             Code.INVALID_ARGUMENT,
@@ -603,3 +603,39 @@ async def test_a_split_set_at_runtime_outlives_a_restart_until_the_config_change
     async with gateway(config(sims, state_dir, versions={"v1": 90, "v2": 10})) as (_, admin):
         split = (await admin.get_rollout(MODEL)).split
         assert [(w.version, w.weight) for w in split] == [("v1", 90.0), ("v2", 10.0)]
+
+
+async def test_a_canary_without_a_ready_worker_is_neither_stepped_nor_promoted(
+    sims: Sims, state_dir: str
+) -> None:
+    """With the canary's only worker cordoned, a comparison whose checks all pass is a
+    wait that says why (so the step cannot move on), and a promotion by hand is refused:
+    either would send requests to no replica."""
+    async with gateway(config(sims, state_dir)) as (app, admin):
+        assert app.http_port is not None
+        await admin.start_rollout(MODEL, "v2", [50, 100], 3600.0)
+        load = Load(app.http_port)
+        try:
+
+            def enough() -> bool:
+                versions = [s.version for s in load.served]
+                return min(versions.count("v1"), versions.count("v2")) >= 40
+
+            assert await eventually(enough, 60)
+            canary = next(w for _, w in app.fleet.workers() if w.version == "v2")
+            app.fleet.cordon(canary.worker_id)
+            status = await admin.get_rollout(MODEL)
+        finally:
+            served = await load.stop()
+        assert (status.phase, status.weight) == ("running", 50.0), status
+        assert status.verdict == "wait"  # while every check passes
+        assert [c.result for c in status.checks] == ["pass"] * 4, status.checks
+        assert status.verdict_reason == "no ready worker carries the canary v2; all checks pass"
+        with pytest.raises(AdminError) as refused:
+            await admin.rollout_op("promote", MODEL)
+        assert (refused.value.code, refused.value.message) == (
+            Code.FAILED_PRECONDITION,
+            f"no ready worker of {MODEL} carries the canary v2: promoting it would leave "
+            "every request without a replica",
+        )
+        assert all(s.status == 200 and s.whole for s in served)

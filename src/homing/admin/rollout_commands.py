@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from homing.admin.commands import EXIT_OK, MAX_SECONDS, Output, Verb, message_dict
+from homing.admin.commands import EXIT_OK, Output, Verb, message_dict
 
 if TYPE_CHECKING:
     from homing.v1 import admin_pb2 as pb
@@ -28,18 +28,22 @@ VerbMaker = Callable[
     argparse.ArgumentParser,
 ]
 
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|m|h)?\s*$", re.ASCII)
+_NUMBER = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*$", re.ASCII)
+
+#: The longest bake a step may have (seconds): a week, as `[rollout] bake_s` allows.
+MAX_BAKE_S = 7 * 86400.0
 _UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def duration(value: str) -> float:
-    """A bake time: "90s", "10m", "1h" or bare seconds, in 0..MAX_SECONDS."""
+    """A bake time: "90s", "10m", "1h" or bare seconds, in 0..MAX_BAKE_S."""
     m = _DURATION.match(value)
     if m is None:
         raise argparse.ArgumentTypeError(f"{value[:40]!r} is not a duration (e.g. 90s, 10m, 1h)")
     seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if seconds > MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"{value[:40]!r} is longer than {MAX_SECONDS:g} s")
+    if seconds > MAX_BAKE_S:
+        raise argparse.ArgumentTypeError(f"{value[:40]!r} is longer than {MAX_BAKE_S:g} s")
     return seconds
 
 
@@ -48,7 +52,10 @@ def steps(value: str) -> list[float]:
     from homing.rollout.plan import check_steps
 
     try:
-        return check_steps(float(part) for part in value.split(","))
+        parts = value.split(",")
+        if not all(_NUMBER.match(part) for part in parts):
+            raise ValueError("could not convert")
+        return check_steps(float(part) for part in parts)
     except ValueError as err:
         shown = value[:60]
         if "could not convert" in str(err):
@@ -61,10 +68,7 @@ def steps(value: str) -> list[float]:
 def weight_pair(value: str) -> tuple[str, float]:
     """One VERSION=WEIGHT of `versions set`."""
     version, sep, weight = value.rpartition("=")
-    try:
-        w = float(weight)
-    except ValueError:
-        w = math.nan
+    w = float(weight) if _NUMBER.match(weight) else math.nan
     if not sep or not version or not math.isfinite(w):
         raise argparse.ArgumentTypeError(
             f"{value[:60]!r} must look like VERSION=WEIGHT (e.g. v2=10)"
@@ -88,6 +92,14 @@ def _span(seconds: float) -> str:
     if s >= 60:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s}s"
+
+
+def _when(at: float) -> str:
+    """Unix seconds as "2026-12-03 10:15:08" (UTC); the number itself when out of range."""
+    try:
+        return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError, OSError):
+        return f"{at:g}"
 
 
 def _finish(f: dict[str, Any]) -> str:
@@ -170,9 +182,7 @@ def print_status(status: dict[str, Any], out: Output) -> None:
         ["AT", "EVENT", "WEIGHT", "REASON"],
         [
             [
-                datetime.datetime.fromtimestamp(e["at_unix_s"], datetime.UTC).strftime(
-                    "%Y-%m-%d %H:%M:%S"
-                ),
+                _when(e["at_unix_s"]),
                 e["event"].replace("_", " "),
                 f"{e['weight']:g}%",
                 e["reason"],
@@ -239,8 +249,8 @@ def add_rollout_commands(
     for name, text in (
         ("pause", "hold the rollout at its step"),
         ("resume", "go on from a pause (the step bakes again from now)"),
-        ("promote", "give the canary 100% now"),
-        ("rollback", "give the canary 0% now (its workers drained or kept)"),
+        ("promote", "give the canary 100%% now"),
+        ("rollback", "give the canary 0%% now (its workers drained or kept)"),
     ):
         p = verb(rsub, name, _op(name), text)
         p.add_argument("model", metavar="MODEL")

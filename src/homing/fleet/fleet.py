@@ -121,8 +121,8 @@ class Fleet:
             url = check_worker_url(url)  # canonical: one engine has one URL
         except ValueError as err:
             raise InvalidWorker(str(err)) from None
-        if len(version) > 128 or not version.isprintable():
-            raise InvalidWorker("version must be at most 128 printable characters")
+        if len(version) > 128 or not all(" " <= c <= "~" for c in version):
+            raise InvalidWorker("version must be at most 128 printable ASCII characters")
         for m, w in self.workers():
             if w.url == url:
                 raise DuplicateWorker(

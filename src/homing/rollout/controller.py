@@ -154,9 +154,12 @@ class RolloutController:
     def record(self, r: RequestDone, verdict: str | None) -> None:
         """Add an ended request to its model's window under the version that served it,
         while the model has an active rollout and the version is one of its two (requests
-        never routed, pinned to a version, or of an unknown model are left out)."""
+        never routed, pinned to a version, outside the SLO such as those the client left, or
+        of an unknown model are left out)."""
         rollout = self.rollouts.get(r.model)
         if rollout is None or not rollout.active or r.pinned or r.queue_s is None:
+            return
+        if verdict is None:  # the client's doing (it left, or asked badly): not the version's
             return
         if r.version != rollout.canary and r.version != rollout.baseline:
             return
@@ -214,8 +217,12 @@ class RolloutController:
             if revision <= self._revisions.get(name, 0) and announce:
                 continue
             try:
+                if "unreadable" in data:
+                    raise ValueError(data["unreadable"])
                 split = data.get("split")
                 rollout = Rollout.from_dict(data["rollout"]) if data.get("rollout") else None
+                if rollout is not None and rollout.model != name:
+                    raise ValueError(f"it holds a rollout of model {rollout.model!r}")
                 restored = VersionSplit(split) if split else None
             except (ValueError, KeyError, TypeError, AttributeError) as err:
                 if not announce:  # a restart must not forget a rollback: refuse to start
@@ -281,32 +288,39 @@ class RolloutController:
             for name, rollout in list(self.rollouts.items()):
                 if not rollout.active or name in self._unsaved:
                     continue
-                verdict = self._verdict(rollout, now)
-                if self.metrics is not None:
-                    self.metrics.verdicts.labels(name, verdict.result).inc()
-                    self._export_figures(name, (verdict.baseline, verdict.canary))
-                changed = Rollout.from_dict(rollout.to_dict())
-                if not changed.observe(now, verdict.result, verdict.reason):
-                    rollout.last_verdict = changed.last_verdict
-                    continue
-                rolled_back = changed.phase == "rolled_back"
-                if rolled_back:  # safety first: at once, stored or not
-                    failed = next((c.name for c in verdict.checks if c.result == "fail"), "")
-                    self._count_rollback(name, failed or "verdict")
-                    self.rollouts[name] = changed
-                    await self._apply(changed)
-                    self._unsaved.add(name)
-                    continue
                 try:
-                    stored = await self._save(name, changed, VersionSplit(changed.weights()))
-                except RolloutUnavailable as err:
-                    log.error("rollout_store_failed", model=name, error=str(err))
-                    continue
-                if stored:
-                    self.rollouts[name] = changed
-                    await self._apply(changed)
+                    await self._judge(name, rollout, now)
+                except Exception:  # one model's fault must not stop the others' verdicts
+                    log.exception("rollout_tick_failed", model=name)
             for name in sorted(self._unsaved):
                 await self._save_quietly(name)
+
+    async def _judge(self, name: str, rollout: Rollout, now: float) -> None:
+        """One verdict of an active rollout, applied (and stored) when it changes it."""
+        verdict = self._verdict(rollout, now)
+        if self.metrics is not None:
+            self.metrics.verdicts.labels(name, verdict.result).inc()
+            self._export_figures(name, (verdict.baseline, verdict.canary))
+        changed = Rollout.from_dict(rollout.to_dict())
+        if not changed.observe(now, verdict.result, verdict.reason):
+            rollout.last_verdict = changed.last_verdict
+            return
+        rolled_back = changed.phase == "rolled_back"
+        if rolled_back:  # safety first: at once, stored or not
+            failed = next((c.name for c in verdict.checks if c.result == "fail"), "")
+            self._count_rollback(name, failed or "verdict")
+            self.rollouts[name] = changed
+            await self._apply(changed)
+            self._unsaved.add(name)
+            return
+        try:
+            stored = await self._save(name, changed, VersionSplit(changed.weights()))
+        except RolloutUnavailable as err:
+            log.error("rollout_store_failed", model=name, error=str(err))
+            return
+        if stored:
+            self.rollouts[name] = changed
+            await self._apply(changed)
 
     # -- operations (the admin API's) --
 
@@ -373,8 +387,18 @@ class RolloutController:
         return await self._change(model_id, lambda r, now: r.resume(now))
 
     async def promote(self, model_id: str) -> Rollout:
-        """Give the canary 100% now (`RolloutRefused` unless running or paused)."""
-        return await self._change(model_id, lambda r, now: r.promote(now))
+        """Give the canary 100% now (`RolloutRefused` unless running or paused, or while
+        no ready worker carries the canary)."""
+
+        def promote(r: Rollout, now: float) -> None:
+            if r.active and not self._canary_ready(r):
+                raise RolloutRefused(
+                    f"no ready worker of {model_id} carries the canary {r.canary}: promoting "
+                    "it would leave every request without a replica"
+                )
+            r.promote(now)
+
+        return await self._change(model_id, promote)
 
     async def rollback(self, model_id: str) -> Rollout:
         """Give the canary 0% now (`RolloutRefused` unless running or paused)."""
@@ -458,8 +482,9 @@ class RolloutController:
     # -- helpers --
 
     def _verdict(self, rollout: Rollout, now: float) -> Verdict:
-        """The comparison of the current step; a wait while no ready worker carries the
-        canary says so first (it gets no requests until one joins)."""
+        """The comparison of the current step; while no ready worker carries the canary it
+        is a wait that says so first (a pass would move all of a step's share, or at 100
+        every request, to no replica)."""
         window = self.windows[rollout.model]
         since = rollout.step_started_at
         verdict = compare(
@@ -467,13 +492,14 @@ class RolloutController:
             window.stats(rollout.canary, now, since),
             self.config.rule,
         )
-        model = self.fleet.models[rollout.model]
-        if verdict.result == "wait" and not any(
-            w.version == rollout.canary for w in model.pool.routable_workers()
-        ):
+        if verdict.result != "fail" and not self._canary_ready(rollout):
             reason = f"no ready worker carries the canary {rollout.canary}; {verdict.reason}"
-            return replace(verdict, reason=reason)
+            return replace(verdict, result="wait", reason=reason)
         return verdict
+
+    def _canary_ready(self, rollout: Rollout) -> bool:
+        model = self.fleet.models[rollout.model]
+        return any(w.version == rollout.canary for w in model.pool.routable_workers())
 
     def _serving(self, model: ModelDispatch) -> set[str]:
         """The versions taking unpinned requests now: the split's weighted ones with a ready

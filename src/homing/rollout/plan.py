@@ -32,6 +32,9 @@ HISTORY_KEPT = 50
 #: Most steps a plan may have.
 MAX_STEPS = 100
 
+#: The longest bake of a step (seconds): a week (`[rollout] bake_s` has the same bound).
+MAX_BAKE_S = 7 * 86400.0
+
 
 def check_steps(steps: Iterable[float]) -> list[float]:
     """`steps` as floats if they are a rollout's canary weights: percents in (0, 100],
@@ -105,12 +108,12 @@ class Rollout:
         bake_s: float,
         now: float,
     ) -> Rollout:
-        """A rollout at its first step from `now`. ValueError for bad steps, a negative or
-        non-finite `bake_s`, or `canary` equal to `baseline`."""
+        """A rollout at its first step from `now`. ValueError for bad steps, a `bake_s`
+        outside [0, MAX_BAKE_S], or `canary` equal to `baseline`."""
         if canary == baseline:
             raise ValueError(f"the canary {canary!r} is the baseline")
-        if not math.isfinite(bake_s) or bake_s < 0:
-            raise ValueError(f"bake_s must be a finite number >= 0, got {bake_s!r}")
+        if not math.isfinite(bake_s) or not 0 <= bake_s <= MAX_BAKE_S:
+            raise ValueError(f"bake_s must be in [0, {MAX_BAKE_S:g}] seconds, got {bake_s!r}")
         r = cls(model, baseline, canary, check_steps(steps), float(bake_s), step_started_at=now)
         r._log(now, "started", f"baseline {baseline}, steps {r.steps_text()}")
         return r

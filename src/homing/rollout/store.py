@@ -47,7 +47,8 @@ class RolloutStore(Protocol):
         ...
 
     async def load(self) -> dict[str, dict[str, Any]]:
-        """Model -> its stored rollout data (empty when none)."""
+        """Model -> its stored rollout data (empty when none); an entry of its own that
+        cannot be read is `{"unreadable": why}`, so one model's bad entry spoils no other's."""
         ...
 
     async def save(self, model: str, data: dict[str, Any], expected: int) -> bool:
@@ -175,9 +176,9 @@ class RedisStore:
             try:
                 data = json.loads(value)
             except ValueError as err:
-                raise RolloutStoreError(f"{self.where}: {model!r} is not JSON: {err}") from None
+                data = {"unreadable": f"not JSON: {err}"}
             if not isinstance(data, dict):
-                raise RolloutStoreError(f"{self.where}: {model!r} is not a rollout")
+                data = {"unreadable": "not a table"}
             out[model] = data
         return out
 

@@ -24,25 +24,33 @@ import xxhash
 
 _SCALE = 1.0 / 2.0**64
 
-#: The largest weight one version may be given (weights are relative; percent in practice).
+#: The largest and the smallest non-zero weight one version may be given (weights are
+#: relative, percent in practice; below MIN_WEIGHT the score -ln(u)/w overflows to inf).
 MAX_WEIGHT = 1_000_000.0
+MIN_WEIGHT = 1e-6
+
+#: The most versions one split may name.
+MAX_VERSIONS = 64
 
 
 class VersionSplit:
     """Weights of a model's versions: `weights` maps a version label to a weight >= 0 (relative:
-    percent in practice); at least one must be positive. ValueError otherwise, or for a
-    weight that is not finite or over MAX_WEIGHT."""
+    percent in practice); at least one must be positive. ValueError otherwise, for a
+    weight that is not finite, under MIN_WEIGHT but not 0, or over MAX_WEIGHT, or for more
+    than MAX_VERSIONS versions."""
 
     __slots__ = ("_order", "weights")
 
     def __init__(self, weights: Mapping[str, float]) -> None:
+        if len(weights) > MAX_VERSIONS:
+            raise ValueError(f"a split names at most {MAX_VERSIONS} versions, got {len(weights)}")
         checked: dict[str, float] = {}
         for version, weight in weights.items():
             w = float(weight)
-            if not math.isfinite(w) or w < 0 or w > MAX_WEIGHT:
+            if not math.isfinite(w) or w < 0 or w > MAX_WEIGHT or 0 < w < MIN_WEIGHT:
                 raise ValueError(
-                    f"the weight of version {version!r} must be in [0, {MAX_WEIGHT:g}], "
-                    f"got {weight!r}"
+                    f"the weight of version {version!r} must be 0 or in [{MIN_WEIGHT:g}, "
+                    f"{MAX_WEIGHT:g}], got {weight!r}"
                 )
             checked[version] = w
         if not any(w > 0 for w in checked.values()):

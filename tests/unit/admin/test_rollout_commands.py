@@ -44,11 +44,12 @@ def test_duration_refuses_what_is_not_a_duration(text: str) -> None:
     assert str(err.value) == f"{text!r} is not a duration (e.g. 90s, 10m, 1h)"
 
 
-@pytest.mark.parametrize("text", ["25h", "86401", "1441m", "86400.5s"])
-def test_duration_refuses_longer_than_a_day(text: str) -> None:
+@pytest.mark.parametrize("text", ["169h", "604801", "10081m", "604800.5s"])
+def test_duration_refuses_longer_than_a_week(text: str) -> None:
+    """A bake is at most a week, as `[rollout] bake_s` allows."""
     with pytest.raises(argparse.ArgumentTypeError) as err:
         duration(text)
-    assert str(err.value) == f"{text!r} is longer than 86400 s"
+    assert str(err.value) == f"{text!r} is longer than 604800 s"
 
 
 def test_duration_shows_at_most_40_characters_of_a_bad_value() -> None:
@@ -75,7 +76,9 @@ def test_steps_reads_increasing_percents_ending_at_100() -> None:
         ("50,25,100", "'50,25,100': the steps must increase (e.g. 5,25,50,100)"),
         ("5,25", "'5,25': the last step must be 100 (it promotes the canary), got 25"),
         ("0,100", "'0,100': each step is a percent in (0, 100], got 0"),
-        ("5,nan,100", "'5,nan,100': each step is a percent in (0, 100], got nan"),
+        ("5,nan,100", "'5,nan,100': steps are numbers, e.g. 5,25,50,100"),
+        ("５,100", "'５,100': steps are numbers, e.g. 5,25,50,100"),
+        ("1_0,100", "'1_0,100': steps are numbers, e.g. 5,25,50,100"),
     ],
 )
 def test_steps_refusals_say_what_is_wrong(text: str, message: str) -> None:
@@ -310,3 +313,17 @@ def test_a_bad_argument_exits_2_with_its_message_on_stderr(
 )
 def test_bake_spans_read_in_hours_minutes_and_seconds(seconds: float, text: str) -> None:
     assert _span(seconds) == text
+
+
+@pytest.mark.parametrize("verb", [[], ["promote"], ["rollback"], ["start"]])
+def test_rollout_help_prints(verb: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`homing rollout [VERB] --help` exits 0 (a bare % in a help text would crash it)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["rollout", *verb, "--help"])
+    assert exit_.value.code == 0
+    assert "usage: homing rollout" in capsys.readouterr().out
+
+
+def test_weights_in_other_digits_are_refused() -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        weight_pair("v1=１００")

@@ -40,7 +40,7 @@ def test_a_split_that_weights_no_version_the_workers_carry_is_refused(tmp_path: 
     ("versions", "message"),
     [
         ("{ v1 = 0 }", "at least one version needs a weight above 0"),
-        ("{ v1 = -1 }", "the weight of version 'v1' must be in [0, 1e+06], got -1.0"),
+        ("{ v1 = -1 }", "the weight of version 'v1' must be 0 or in [1e-06, 1e+06], got -1.0"),
         ('{ "" = 1 }', "a version label must be 1 to 128 printable ASCII characters, got ''"),
     ],
 )

@@ -10,7 +10,7 @@ from collections.abc import Collection
 
 import pytest
 
-from homing.router.versions import MAX_WEIGHT, VersionSplit
+from homing.router.versions import MAX_VERSIONS, MAX_WEIGHT, MIN_WEIGHT, VersionSplit
 
 N_KEYS = 100_000
 
@@ -150,7 +150,9 @@ def test_equal_splits_compare_equal_by_weights() -> None:
 def test_a_weight_outside_0_to_max_is_refused_naming_the_version(weight: float, shown: str) -> None:
     with pytest.raises(ValueError) as err:
         VersionSplit({"v1": 50.0, "v2": weight})
-    assert str(err.value) == f"the weight of version 'v2' must be in [0, 1e+06], got {shown}"
+    assert (
+        str(err.value) == f"the weight of version 'v2' must be 0 or in [1e-06, 1e+06], got {shown}"
+    )
 
 
 def test_max_weight_itself_is_allowed() -> None:
@@ -162,3 +164,25 @@ def test_all_zero_or_no_weights_are_refused(weights: dict[str, float]) -> None:
     with pytest.raises(ValueError) as err:
         VersionSplit(weights)
     assert str(err.value) == "at least one version needs a weight above 0"
+
+
+@pytest.mark.parametrize("weight", [1e-320, 5e-324, 1e-7])
+def test_a_weight_so_small_its_score_overflows_is_refused(weight: float) -> None:
+    """Under MIN_WEIGHT, -ln(u)/w is infinite and no version would win a key."""
+    with pytest.raises(ValueError) as err:
+        VersionSplit({"v1": weight, "v2": 0})
+    assert str(err.value) == (
+        f"the weight of version 'v1' must be 0 or in [1e-06, 1e+06], got {weight!r}"
+    )
+
+
+def test_at_the_smallest_weight_every_key_still_gets_a_version() -> None:
+    split = VersionSplit({"v1": MIN_WEIGHT})
+    rng = random.Random(3)
+    assert all(split.choose(rng.getrandbits(64)) == "v1" for _ in range(10_000))
+
+
+def test_a_split_names_at_most_max_versions() -> None:
+    with pytest.raises(ValueError) as err:
+        VersionSplit({f"v{i}": 1 for i in range(MAX_VERSIONS + 1)})
+    assert str(err.value) == f"a split names at most {MAX_VERSIONS} versions, got 65"
