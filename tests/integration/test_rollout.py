@@ -500,6 +500,26 @@ async def test_two_gateways_on_one_redis_follow_each_others_rollout(
                 )
                 assert (await admin_a.get_rollout(MODEL)).phase == "rolled_back"
                 assert set((await turns(a.http_port, sessions, 2)).values()) == {"v1"}
+                # The store emptied under them (a Redis restart without persistence): both
+                # write their state again, and operations go on instead of being refused.
+                import redis.asyncio as aioredis
+
+                client = aioredis.Redis.from_url(redis_server.url)
+                try:
+                    key = f"{quotas.key_prefix}:rollouts"
+                    await client.delete(key)
+                    for _ in range(100):  # an instance sees its entry vanish and writes it
+                        if await client.hexists(key, MODEL):
+                            break
+                        await asyncio.sleep(0.05)
+                    assert await client.hexists(key, MODEL)
+                    await admin_a.set_versions(MODEL, {"v1": 50})
+                    assert await eventually(
+                        lambda: model_b.split is not None and model_b.split.weights == {"v1": 50},
+                        5,
+                    )
+                finally:
+                    await client.aclose()
 
 
 async def test_anonymous_conversations_sharing_a_system_prompt_are_split_by_their_first_question(

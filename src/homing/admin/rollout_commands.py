@@ -253,6 +253,7 @@ def add_rollout_commands(
         ("rollback", "give the canary 0%% now (its workers drained or kept)"),
     ):
         p = verb(rsub, name, _op(name), text)
+        p.description = text.replace("%%", "%")  # argparse %-formats help, not descriptions
         p.add_argument("model", metavar="MODEL")
     versions = sub.add_parser("versions", help="set a model's version split by hand")
     vsub = versions.add_subparsers(dest="verb", required=True, metavar="VERB")

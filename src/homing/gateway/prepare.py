@@ -67,8 +67,9 @@ class PreparedRequest:
     trace: TraceContext | None = None  # the client's W3C traceparent
     version_pin: str | None = None  # the version the client asked for (`pin_version`)
     # What the version split hashes (`ModelDispatch.choose_version`); None: the session key,
-    # else the first prompt block. A chat without a session key: its first user message,
-    # the same in every turn and apart between conversations that share a system prompt.
+    # else the first prompt block. A chat without a session key: its tenant and first user
+    # message, the same in every turn and apart between conversations that share a system
+    # prompt (a client that trims the history's start moves its conversation).
     split_key: str | None = None
 
 
@@ -155,8 +156,9 @@ class Preparer:
         )  # fmt: skip
         if prepared.session_key is None:  # the split's key: the conversation's first question
             first = next((m for m in req.messages if m.role == "user"), None)
-            if first is not None:
-                prepared = replace(prepared, split_key="first-user:" + first.text())
+            if first is not None:  # a tenant's "hi" and another's are different conversations
+                key = f"first-user:{prepared.tenant or ''}:{first.text()}"
+                prepared = replace(prepared, split_key=key)
         return prepared
 
     async def completion(

@@ -176,6 +176,14 @@ class VersionWindow:
         kept = [s for s in samples if s.at > cutoff and (since is None or s.at >= since)]
         return _summarise(version, kept, self.min_uncached_tokens)
 
+    def full_since(self, version: str) -> float | None:
+        """The time of `version`'s oldest sample kept when its `max_samples` are all taken
+        (older ones were dropped, so its figures start there); None while it has room."""
+        samples = self._samples.get(version)
+        if samples is None or len(samples) < self.max_samples:
+            return None
+        return samples[0].at
+
     def versions(self) -> list[str]:
         """The versions with samples kept (in the order first seen)."""
         return [v for v, samples in self._samples.items() if samples]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -75,7 +76,7 @@ class InvalidRollout(FleetError):
 
 
 class RolloutUnavailable(FleetError):
-    """The rollout store could not be written; nothing changed."""
+    """The rollout store could not be read or written; the change was not applied here."""
 
     code = "UNAVAILABLE"
 
@@ -138,11 +139,13 @@ class RolloutController:
         self.metrics = metrics
         self._config_splits = {k: dict(v) if v else None for k, v in (config_splits or {}).items()}
         self.rollouts: dict[str, Rollout] = {}
+        # Room for 20 times the verdict's sample (5,000 at the defaults) per version.
+        room = max(5_000, 20 * config.rule.min_requests)
         self.windows: dict[str, VersionWindow] = {
-            name: VersionWindow(config.window_s) for name in fleet.models
+            name: VersionWindow(config.window_s, room) for name in fleet.models
         }
         self._exported: dict[str, set[str]] = {}
-        self._revisions: dict[str, int] = {}  # the stored revision of each model's state
+        self._revisions: dict[str, str] = {}  # the stored revision each model's state came from
         self._unsaved: set[str] = set()
         self._lock = asyncio.Lock()
         for name, model in fleet.models.items():
@@ -203,10 +206,18 @@ class RolloutController:
         await self.sync(announce=False)
 
     async def sync(self, *, announce: bool = True) -> None:
-        """Follow what the store holds past this instance's revision of each model (another
-        instance's changes); `announce`: log them and, for a rollback, drain as this
-        instance would. `RolloutStoreError` when the store cannot be read."""
+        """Follow what the store holds where its revision differs from this instance's (the
+        store is the truth: another instance's change, or a store that was emptied);
+        `announce`: log it and, for a rollback, drain as this instance would. A rollback of
+        ours not yet stored is made again on top of what is followed, and a model whose
+        entry vanished has its state written again. `RolloutStoreError` when the store
+        cannot be read (or, at `restore`, a served model's entry cannot)."""
         stored = await self.store.load()
+        for name in self.fleet.models:
+            if name not in stored and self._revisions.get(name, ""):
+                log.warning("rollout_entry_vanished", model=name, revision=self._revisions[name])
+                self._revisions[name] = ""  # written again at the tick, over nothing
+                self._unsaved.add(name)
         for name, data in stored.items():
             model = self.fleet.models.get(name)
             if model is None:
@@ -214,7 +225,7 @@ class RolloutController:
                     log.warning("rollout_not_restored", model=name, reason="model not served")
                 continue
             revision = revision_of(data)
-            if revision <= self._revisions.get(name, 0) and announce:
+            if revision == self._revisions.get(name, "") and announce:
                 continue
             try:
                 if "unreadable" in data:
@@ -233,28 +244,29 @@ class RolloutController:
                 log.error("rollout_not_followed", model=name, reason=str(err))
                 continue
             self._revisions[name] = revision
-            self._unsaved.discard(name)
-            configured = self._config_splits.get(name)
-            if (
-                not announce
-                and (rollout is None or not rollout.active)
-                and "configured" in data
-                and data["configured"] != configured
-            ):  # the config's split changed since: it wins over what was set at runtime
+            mine = self.rollouts.get(name)
+            if name in self._unsaved and _rebases(mine, rollout):
+                assert mine is not None and rollout is not None
+                rollout.rollback(self._wall(), mine.reason)  # the safety net wins
+                restored = VersionSplit(rollout.weights())
+            else:
+                self._unsaved.discard(name)
+            if not announce and self._config_wins(name, data, rollout):
+                configured = self._config_splits.get(name)
                 log.info(
                     "version_split_from_config", model=name, stored=split, configured=configured
                 )
                 restored = VersionSplit(configured) if configured else None
-            before = self.rollouts.get(name)
+                self._unsaved.add(name)  # stored with the config it came from at the tick
             if rollout is not None:
                 self.rollouts[name] = rollout
                 self._export_phase(rollout)
             else:
                 self.rollouts.pop(name, None)
             self._set_split(model, restored)
-            if announce and rollout is not None:
-                if rollout.phase == "rolled_back" and before is not None and before.active:
-                    self._drain_canary(rollout)
+            if announce and rollout is not None and not rollout.active:
+                if mine is not None and mine.active:  # it ended elsewhere: end it here too
+                    self._ended(rollout)
             log.info(
                 "rollout_followed" if announce else "rollout_restored",
                 model=name,
@@ -264,6 +276,26 @@ class RolloutController:
                 phase=rollout.phase if rollout else None,
                 step_weight=rollout.weight if rollout else None,
             )
+
+    def _config_wins(self, name: str, data: dict[str, Any], rollout: Rollout | None) -> bool:
+        """At restore: the config's split changed since the stored one was set, no rollout
+        is active, and it would not give a rolled-back canary kept for inspection traffic."""
+        configured = self._config_splits.get(name)
+        if (rollout is not None and rollout.active) or "configured" not in data:
+            return False
+        if data["configured"] == configured:
+            return False
+        if rollout is not None and rollout.phase == "rolled_back":
+            model = self.fleet.models[name]
+            kept = any(w.version == rollout.canary for w in model.workers())
+            if kept and (configured is None or configured.get(rollout.canary, 0) > 0):
+                log.warning(
+                    "version_split_from_config_refused",
+                    model=name,
+                    reason=f"it would give the rolled-back canary {rollout.canary} traffic",
+                )
+                return False
+        return True
 
     async def run(self) -> None:
         """Take verdicts every `tick_s` until cancelled."""
@@ -287,6 +319,8 @@ class RolloutController:
             now = self._wall()
             for name, rollout in list(self.rollouts.items()):
                 if not rollout.active or name in self._unsaved:
+                    continue
+                if self.rollouts.get(name) is not rollout:  # followed meanwhile: judge anew
                     continue
                 try:
                     await self._judge(name, rollout, now)
@@ -486,7 +520,10 @@ class RolloutController:
         is a wait that says so first (a pass would move all of a step's share, or at 100
         every request, to no replica)."""
         window = self.windows[rollout.model]
-        since = rollout.step_started_at
+        # Both versions over the same span: a busy baseline that filled its samples has
+        # figures from its oldest kept one on, so the canary's are taken from there too.
+        starts = [window.full_since(v) for v in (rollout.baseline, rollout.canary)]
+        since = max([rollout.step_started_at, *(t for t in starts if t is not None)])
         verdict = compare(
             window.stats(rollout.baseline, now, since),
             window.stats(rollout.canary, now, since),
@@ -540,10 +577,8 @@ class RolloutController:
         model = self.fleet.models[rollout.model]
         self._set_split(model, VersionSplit(rollout.weights()))
         self._export_phase(rollout)
-        if not rollout.active:  # its samples and figures are of no further use
-            self.windows[rollout.model].clear()
-            if self.metrics is not None:
-                self.metrics.clear_figures(rollout.model)
+        if not rollout.active:
+            self._ended(rollout)
         event = rollout.history[-1].event if rollout.history else rollout.phase
         emit = log.warning if rollout.phase == "rolled_back" else log.info
         emit(
@@ -555,6 +590,13 @@ class RolloutController:
             weight=rollout.weight,
             reason=rollout.reason or None,
         )
+
+    def _ended(self, rollout: Rollout) -> None:
+        """A rollout ended (here or elsewhere): drop its samples and figures; a rollback
+        drains the canary."""
+        self.windows[rollout.model].clear()
+        if self.metrics is not None:
+            self.metrics.clear_figures(rollout.model)
         if rollout.phase == "rolled_back":
             self._drain_canary(rollout)
 
@@ -582,9 +624,10 @@ class RolloutController:
         """Store the model's state over the revision last seen; False when another
         instance wrote first (this instance then follows the store). `RolloutUnavailable`
         when the store failed."""
-        revision = self._revisions.get(model_id, 0)
+        revision = self._revisions.get(model_id, "")
+        new_revision = uuid.uuid4().hex
         data: dict[str, Any] = {
-            "revision": revision + 1,
+            "revision": new_revision,
             "configured": self._config_splits.get(model_id),
             "split": split.weights if split is not None else None,
             "rollout": rollout.to_dict() if rollout is not None else None,
@@ -593,13 +636,15 @@ class RolloutController:
         try:
             written = await self.store.save(model_id, data, revision)
         except RolloutStoreError as err:
-            raise RolloutUnavailable(f"the rollout store failed, nothing changed: {err}") from None
+            raise RolloutUnavailable(
+                f"the rollout store failed, so the change was not applied (a write that timed "
+                f"out may still land: see homing rollout status): {err}"
+            ) from None
         if not written:
             log.info("rollout_changed_elsewhere", model=model_id, revision=revision)
-            self._unsaved.discard(model_id)
             await self._follow()
             return False
-        self._revisions[model_id] = revision + 1
+        self._revisions[model_id] = new_revision
         self._unsaved.discard(model_id)
         return True
 
@@ -625,28 +670,12 @@ class RolloutController:
             raise RolloutUnavailable(f"the rollout store cannot be read: {err}") from None
 
     async def _save_quietly(self, model_id: str) -> None:
-        """Store a change the loop made; on failure log it and try again next tick. A
-        rollback that lost the race to another instance's change of the same rollout is
-        made again on top of it: the safety net wins."""
+        """Store a change the loop made; on failure log it and try again next tick (a
+        rollback that lost the race to another instance's write was made again on top of it
+        by `sync`, and is stored then)."""
         model = self.fleet.models[model_id]
-        mine = self.rollouts.get(model_id)
         try:
-            if await self._save(model_id, mine, model.split):
-                return
-            theirs = self.rollouts.get(model_id)  # `_save` followed the store
-            if (
-                mine is not None
-                and mine.phase == "rolled_back"
-                and theirs is not None
-                and theirs.active
-                and (theirs.canary, theirs.baseline) == (mine.canary, mine.baseline)
-            ):
-                again = Rollout.from_dict(theirs.to_dict())
-                again.rollback(self._wall(), mine.reason)
-                self.rollouts[model_id] = again
-                await self._apply(again)
-                self._unsaved.add(model_id)
-                await self._save(model_id, again, VersionSplit(again.weights()))
+            await self._save(model_id, self.rollouts.get(model_id), model.split)
         except RolloutUnavailable as err:
             log.error("rollout_store_failed", model=model_id, error=str(err))
 
@@ -682,4 +711,19 @@ def config_of(settings: Any, request_timeout_s: float = 600.0) -> RolloutConfig:
         on_rollback=settings.on_rollback,
         tick_s=settings.tick_s,
         drain_timeout_s=request_timeout_s + 30.0,
+    )
+
+
+def _rebases(mine: Rollout | None, theirs: Rollout | None) -> bool:
+    """Our unstored rollback is to be made again on `theirs`: the same rollout (canary,
+    baseline and start), still active there."""
+    return (
+        mine is not None
+        and theirs is not None
+        and mine.phase == "rolled_back"
+        and theirs.active
+        and (mine.canary, mine.baseline) == (theirs.canary, theirs.baseline)
+        and bool(mine.history)
+        and bool(theirs.history)
+        and mine.history[0].at == theirs.history[0].at
     )

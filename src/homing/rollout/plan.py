@@ -36,10 +36,10 @@ MAX_STEPS = 100
 MAX_BAKE_S = 7 * 86400.0
 
 
-def check_steps(steps: Iterable[float]) -> list[float]:
+def check_steps(steps: Iterable[float], *, need_baseline: bool = True) -> list[float]:
     """`steps` as floats if they are a rollout's canary weights: percents in (0, 100],
-    strictly increasing, the last 100 with at least one before it, at most MAX_STEPS;
-    ValueError saying what is wrong."""
+    strictly increasing, the last 100 with (when `need_baseline`: a new plan) at least one
+    before it, at most MAX_STEPS; ValueError saying what is wrong."""
     out = [float(s) for s in steps]
     if not out:
         raise ValueError("a rollout needs at least one step (the last is 100)")
@@ -52,7 +52,7 @@ def check_steps(steps: Iterable[float]) -> list[float]:
         raise ValueError("the steps must increase (e.g. 5,25,50,100)")
     if out[-1] != 100:
         raise ValueError(f"the last step must be 100 (it promotes the canary), got {out[-1]:g}")
-    if len(out) < 2:
+    if need_baseline and len(out) < 2:
         raise ValueError(
             "a rollout needs a step below 100 (at 100 no baseline traffic is left to compare "
             "with; use homing rollout promote to skip the comparison)"
@@ -226,13 +226,13 @@ class Rollout:
             phase = data["phase"]
             if phase not in PHASES:
                 raise ValueError(f"unknown phase {phase!r}")
-            steps = check_steps(data["steps"])
+            steps = check_steps(data["steps"], need_baseline=False)  # an older plan reads
             step = int(data["step"])
             if not 0 <= step < len(steps):
                 raise ValueError(f"step {step} is out of range")
             bake_s = _finite(data["bake_s"], "bake_s")
-            if bake_s < 0:
-                raise ValueError(f"bake_s {bake_s!r} is negative")
+            if not 0 <= bake_s <= MAX_BAKE_S:
+                raise ValueError(f"bake_s {bake_s!r} is outside [0, {MAX_BAKE_S:g}]")
             baseline, canary = _label(data["baseline"]), _label(data["canary"])
             if not canary or canary == baseline:
                 raise ValueError("the canary is empty or the baseline")

@@ -2,10 +2,11 @@
 Redis hash when quotas use Redis (then every instance sharing that Redis sees them).
 
 Rule of this file: I/O only; what is stored is one JSON object per model, read back as the
-same dicts (the caller parses them and decides what a bad one means). Each object carries an
-integer `revision`; `save` writes only over the revision the caller last saw (compare and
-set, atomic in Redis through a Lua script), so two gateway instances cannot both move one
-rollout. Errors: `RolloutStoreError` with one line naming the store.
+same dicts (the caller parses them and decides what a bad one means). Each object carries a
+`revision`, a string unique to each write (a counter would repeat once a store is emptied);
+`save` writes only over the revision the caller last saw (compare and set, atomic in Redis
+through a Lua script), so two gateway instances cannot both move one rollout. Errors:
+`RolloutStoreError` with one line naming the store.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ class RolloutStoreError(Exception):
     """The store could not be read or written (one line, naming it)."""
 
 
-def revision_of(data: dict[str, Any] | None) -> int:
-    """The `revision` of stored data (0 for none, or one without a whole number)."""
+def revision_of(data: dict[str, Any] | None) -> str:
+    """The `revision` of stored data ("" for none, or one that is not a string)."""
     value = (data or {}).get("revision")
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if isinstance(value, str) else ""
 
 
 class RolloutStore(Protocol):
@@ -51,8 +52,8 @@ class RolloutStore(Protocol):
         cannot be read is `{"unreadable": why}`, so one model's bad entry spoils no other's."""
         ...
 
-    async def save(self, model: str, data: dict[str, Any], expected: int) -> bool:
-        """Store `model`'s rollout data if its stored revision is `expected` (0: none
+    async def save(self, model: str, data: dict[str, Any], expected: str) -> bool:
+        """Store `model`'s rollout data if its stored revision is `expected` ("": none
         stored); False, nothing written, when another writer got there first."""
         ...
 
@@ -77,7 +78,7 @@ class FileStore:
     async def load(self) -> dict[str, dict[str, Any]]:
         return await asyncio.to_thread(self._read)
 
-    async def save(self, model: str, data: dict[str, Any], expected: int) -> bool:
+    async def save(self, model: str, data: dict[str, Any], expected: str) -> bool:
         async with self._lock:
             return await asyncio.to_thread(self._update, model, data, expected)
 
@@ -98,7 +99,7 @@ class FileStore:
             raise RolloutStoreError(f"{self.path}: 'rollouts' is not a table of rollouts")
         return rollouts
 
-    def _update(self, model: str, data: dict[str, Any], expected: int) -> bool:
+    def _update(self, model: str, data: dict[str, Any], expected: str) -> bool:
         rollouts = self._read()
         if revision_of(rollouts.get(model)) != expected:
             return False
@@ -127,17 +128,16 @@ class FileStore:
 
 
 #: Compare and set of one hash field: KEYS[1] the hash, ARGV[1] the field, ARGV[2] the
-#: revision expected there (0: none), ARGV[3] the new JSON. 1 when written, 0 when not.
+#: revision expected there ("": none), ARGV[3] the new JSON. 1 when written, 0 when not.
 _CAS_SCRIPT = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
-local revision = 0
+local revision = ''
 if current then
   local ok, data = pcall(cjson.decode, current)
-  if ok and type(data) == 'table' and type(data['revision']) == 'number' then
-    revision = data['revision']
-  end
+  local r = ok and type(data) == 'table' and data['revision']
+  if type(r) == 'string' then revision = r end
 end
-if revision ~= tonumber(ARGV[2]) then return 0 end
+if revision ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 return 1
 """
@@ -182,7 +182,7 @@ class RedisStore:
             out[model] = data
         return out
 
-    async def save(self, model: str, data: dict[str, Any], expected: int) -> bool:
+    async def save(self, model: str, data: dict[str, Any], expected: str) -> bool:
         try:
             text = json.dumps(data)
             async with asyncio.timeout(self._timeout_s):

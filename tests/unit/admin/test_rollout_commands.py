@@ -321,7 +321,10 @@ def test_rollout_help_prints(verb: list[str], capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as exit_:
         main(["rollout", *verb, "--help"])
     assert exit_.value.code == 0
-    assert "usage: homing rollout" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "usage: homing rollout" in out
+    if verb == ["promote"]:
+        assert "give the canary 100% now" in out and "%%" not in out
 
 
 def test_weights_in_other_digits_are_refused() -> None:

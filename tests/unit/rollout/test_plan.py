@@ -407,3 +407,11 @@ def test_from_dict_refuses_a_history_event_that_is_not_numbers_where_numbers_go(
     with pytest.raises(ValueError) as err:
         Rollout.from_dict(data)
     assert str(err.value) == "an event's at must be a finite number, got 'yesterday'"
+
+
+def test_a_stored_plan_of_100_alone_still_reads() -> None:
+    """Older plans may have had no step below 100: they are read back, only new ones are
+    refused."""
+    data = _rollout().to_dict()
+    data["steps"], data["step"] = [100.0], 0
+    assert Rollout.from_dict(data).steps == [100.0]

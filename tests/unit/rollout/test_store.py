@@ -40,8 +40,8 @@ def _listing(directory: Path) -> list[str]:
 async def test_file_store_round_trips_two_models(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path))
     a, b = _data("a"), _data("b", canary="v3")
-    await store.save("a", a, 0)
-    await store.save("b", b, 0)
+    await store.save("a", a, "")
+    await store.save("b", b, "")
     assert await store.load() == {"a": a, "b": b}
     # A fresh store on the same directory (a restarted gateway) reads the same.
     assert await FileStore(str(tmp_path)).load() == {"a": a, "b": b}
@@ -52,26 +52,26 @@ async def test_file_store_round_trips_two_models(tmp_path: Path) -> None:
 
 async def test_file_store_save_replaces_one_model_and_keeps_the_others(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path))
-    await store.save("a", _data("a"), 0)
-    await store.save("b", _data("b"), 0)
+    await store.save("a", _data("a"), "")
+    await store.save("b", _data("b"), "")
     newer = _data("a", canary="v9")
-    await store.save("a", newer, 0)
+    await store.save("a", newer, "")
     assert await store.load() == {"a": newer, "b": _data("b")}
 
 
 async def test_file_store_concurrent_saves_of_two_models_keep_both(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path))
-    await asyncio.gather(*(store.save(f"m{i}", _data(f"m{i}"), 0) for i in range(8)))
+    await asyncio.gather(*(store.save(f"m{i}", _data(f"m{i}"), "") for i in range(8)))
     assert sorted(await store.load()) == [f"m{i}" for i in range(8)]
 
 
 async def test_file_store_writes_mode_0600_and_leaves_only_its_file(tmp_path: Path) -> None:
     state = tmp_path / "state"  # made by the first save
     store = FileStore(str(state))
-    await store.save("a", _data("a"), 0)
+    await store.save("a", _data("a"), "")
     assert stat.S_IMODE((state / FILE_NAME).stat().st_mode) == 0o600
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
-    await store.save("b", _data("b"), 0)
+    await store.save("b", _data("b"), "")
     assert stat.S_IMODE((state / FILE_NAME).stat().st_mode) == 0o600
     assert _listing(state) == [FILE_NAME]
 
@@ -107,7 +107,7 @@ async def test_file_store_bad_file_raises_naming_its_path_and_save_keeps_it(
     assert "\n" not in str(err.value)
     # A save does not paper over it: same error, the file untouched, no temporary left.
     with pytest.raises(RolloutStoreError) as err:
-        await store.save("m", _data("m"), 0)
+        await store.save("m", _data("m"), "")
     assert str(err.value).startswith(f"{path}: {message}")
     assert path.read_bytes() == content
     assert _listing(tmp_path) == [FILE_NAME]
@@ -126,7 +126,7 @@ async def test_file_store_state_dir_that_is_a_regular_file_raises_naming_the_pat
         await store.load()
     assert str(err.value).startswith(expected)
     with pytest.raises(RolloutStoreError) as err:
-        await store.save("m", _data("m"), 0)
+        await store.save("m", _data("m"), "")
     assert str(err.value).startswith(expected)
     assert state.read_text() == "not a directory"
     assert _listing(tmp_path) == ["state"]
@@ -142,7 +142,7 @@ async def test_file_store_directory_that_cannot_be_made_raises_cannot_be_written
     store = FileStore(str(state))
     assert await store.load() == {}
     with pytest.raises(RolloutStoreError) as err:
-        await store.save("m", _data("m"), 0)
+        await store.save("m", _data("m"), "")
     assert str(err.value).startswith(f"{state / FILE_NAME}: cannot be written: ")
     assert _listing(tmp_path) == ["state"]
 
@@ -153,13 +153,13 @@ async def test_file_store_failed_write_leaves_no_temporary_and_the_old_file(
     """The write itself fails (EFBIG under a small RLIMIT_FSIZE: a full disk's stand-in)
     after the temporary was made: it is removed and the old file stays whole."""
     store = FileStore(str(tmp_path))
-    await store.save("a", _data("a"), 0)
+    await store.save("a", _data("a"), "")
     before = (tmp_path / FILE_NAME).read_bytes()
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) // 2, hard))
     try:
         with pytest.raises(RolloutStoreError) as err:
-            await store.save("b", _data("b"), 0)
+            await store.save("b", _data("b"), "")
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert str(err.value).startswith(f"{tmp_path / FILE_NAME}: cannot be written: ")
@@ -173,10 +173,10 @@ async def test_file_store_unserializable_data_leaves_no_temporary(tmp_path: Path
     """A value json cannot write fails mid-write as a store error, as the Redis store's
     does: the temporary goes, the file stays."""
     store = FileStore(str(tmp_path))
-    await store.save("a", _data("a"), 0)
+    await store.save("a", _data("a"), "")
     before = (tmp_path / FILE_NAME).read_bytes()
     with pytest.raises(RolloutStoreError, match="cannot be written: Object of type set"):
-        await store.save("b", {"split": {"v1", "v2"}}, 0)
+        await store.save("b", {"split": {"v1", "v2"}}, "")
     assert _listing(tmp_path) == [FILE_NAME]
     assert (tmp_path / FILE_NAME).read_bytes() == before
 
@@ -202,11 +202,11 @@ async def test_redis_store_round_trips_two_models(client: aioredis.Redis) -> Non
     assert store.where == f"redis key {prefix}:rollouts"
     assert await store.load() == {}
     a, b = _data("a"), _data("b", canary="v3")
-    await store.save("a", a, 0)
-    await store.save("b", b, 0)
+    await store.save("a", a, "")
+    await store.save("b", b, "")
     assert await store.load() == {"a": a, "b": b}
     newer = _data("a", canary="v9")
-    await store.save("a", newer, 0)
+    await store.save("a", newer, "")
     assert await RedisStore(client, prefix).load() == {"a": newer, "b": b}
     assert json.loads(await client.hget(f"{prefix}:rollouts", "b")) == b
 
@@ -216,7 +216,7 @@ async def test_redis_store_a_bad_value_spoils_only_its_own_entry(client: aioredi
     other models' entries load as they are."""
     prefix = _prefix()
     store = RedisStore(client, prefix)
-    await store.save("good", _data("good"), 0)
+    await store.save("good", _data("good"), "")
     await client.hset(f"{prefix}:rollouts", "bad", "{not json")
     await client.hset(f"{prefix}:rollouts", "list", "[1, 2]")
     loaded = await store.load()
@@ -243,13 +243,13 @@ async def test_redis_store_a_stopped_server_raises_naming_the_key() -> None:
     c = aioredis.Redis.from_url(server.url)
     try:
         store = RedisStore(c, "gone", timeout_s=0.5)
-        await store.save("m", _data("m"), 0)
+        await store.save("m", _data("m"), "")
         server.stop()
         with pytest.raises(RolloutStoreError) as err:
             await store.load()
         assert str(err.value).startswith("redis key gone:rollouts: ")
         with pytest.raises(RolloutStoreError) as err:
-            await store.save("m", _data("m"), 0)
+            await store.save("m", _data("m"), "")
         assert str(err.value).startswith("redis key gone:rollouts: ")
     finally:
         server.stop()
@@ -264,18 +264,18 @@ def test_redis_store_key_is_prefix_colon_rollouts() -> None:
 # -- compare and set --
 
 
-def _at(model: str, revision: int) -> dict[str, Any]:
+def _at(model: str, revision: str) -> dict[str, Any]:
     return {**_data(model), "revision": revision}
 
 
 async def test_file_store_writes_only_over_the_revision_it_was_given(tmp_path: Path) -> None:
     """A save over a revision that is no longer the stored one writes nothing."""
     store = FileStore(str(tmp_path))
-    assert await store.save("m", _at("m", 1), 0)
-    assert not await store.save("m", _at("m", 2), 0)  # another writer's revision 1 is there
-    assert (await store.load())["m"]["revision"] == 1
-    assert await store.save("m", _at("m", 2), 1)
-    assert (await store.load())["m"]["revision"] == 2
+    assert await store.save("m", _at("m", "r1"), "")
+    assert not await store.save("m", _at("m", "r2"), "")  # another writer's r1 is there
+    assert (await store.load())["m"]["revision"] == "r1"
+    assert await store.save("m", _at("m", "r2"), "r1")
+    assert (await store.load())["m"]["revision"] == "r2"
 
 
 async def test_redis_store_lets_one_of_two_racing_writers_win(redis_server: RedisServer) -> None:
@@ -283,13 +283,28 @@ async def test_redis_store_lets_one_of_two_racing_writers_win(redis_server: Redi
     client = aioredis.Redis.from_url(redis_server.url)
     try:
         store = RedisStore(client, f"cas-{uuid.uuid4().hex}")
-        assert await store.save("m", _at("m", 1), 0)
-        first, second = {**_at("m", 2), "by": "a"}, {**_at("m", 2), "by": "b"}
-        results = await asyncio.gather(store.save("m", first, 1), store.save("m", second, 1))
+        assert await store.save("m", _at("m", "r1"), "")
+        first, second = {**_at("m", "a"), "by": "a"}, {**_at("m", "b"), "by": "b"}
+        results = await asyncio.gather(store.save("m", first, "r1"), store.save("m", second, "r1"))
         assert sorted(results) == [False, True]
         stored = (await store.load())["m"]
-        assert stored["revision"] == 2
-        assert stored["by"] == ("a" if results[0] else "b")
-        assert not await store.save("m", _at("m", 3), 1)
+        assert stored["by"] == stored["revision"] == ("a" if results[0] else "b")
+        assert not await store.save("m", _at("m", "r3"), "r1")
     finally:
         await client.aclose()
+
+
+def test_a_revision_is_a_string_unique_to_a_write() -> None:
+    """A counter would repeat once a store is emptied; a non-string reads as none."""
+    from homing.rollout.store import revision_of
+
+    assert [revision_of({"revision": r}) for r in ("a1", 3, 3.0, None)] == ["a1", "", "", ""]
+    assert revision_of(None) == ""
+
+
+async def test_redis_store_reads_a_revision_that_is_not_a_string_as_none(
+    client: aioredis.Redis,
+) -> None:
+    prefix = _prefix()
+    await client.hset(f"{prefix}:rollouts", "m", json.dumps({**_data("m"), "revision": 3}))
+    assert await RedisStore(client, prefix).save("m", _at("m", "r4"), "")
