@@ -254,7 +254,8 @@ def test_top_once_json_reports_the_model_and_both_workers_under_load(gateway: Ga
         )
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     data = json.loads(done.stdout)
-    assert set(data) == {"window_s", "scrapes", "models", "workers"}
+    assert set(data) == {"window_s", "scrapes", "models", "workers", "versions"}
+    assert data["versions"] == []  # one version: no versions table
     assert data["scrapes"] == 2
     (model,) = data["models"]
     assert set(model) == MODEL_KEYS

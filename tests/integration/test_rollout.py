@@ -659,3 +659,32 @@ async def test_a_canary_without_a_ready_worker_is_neither_stepped_nor_promoted(
             "every request without a replica",
         )
         assert all(s.status == 200 and s.whole for s in served)
+
+
+async def test_a_redis_down_at_start_serves_the_config_split_then_follows_the_store(
+    sims: Sims, state_dir: str
+) -> None:
+    """Quotas on an unreachable Redis let the gateway start, and so do rollouts: the
+    config's split serves until Redis answers, then the stored state is followed."""
+    redis = RedisServer()  # not started yet: nothing listens on its port
+    prefix = f"down-{uuid.uuid4().hex}"
+    quotas = QuotaSettings(backend="redis", redis_url=redis.url, key_prefix=prefix)
+    async with gateway(config(sims, state_dir, quotas=quotas)) as (app, admin):
+        model = app.fleet.models[MODEL]
+        assert model.split is not None and model.split.weights == {"v1": 100.0}
+        redis.start()
+        try:
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(redis.url)
+            entry = {"revision": "elsewhere", "split": {"v1": 60, "v2": 40}, "rollout": None}
+            await client.hset(f"{prefix}:rollouts", MODEL, json.dumps(entry))
+            await client.aclose()
+            assert await eventually(
+                lambda: model.split is not None and model.split.weights == {"v1": 60, "v2": 40},
+                10,
+            )
+            split = (await admin.get_rollout(MODEL)).split
+            assert [(w.version, w.weight) for w in split] == [("v1", 60.0), ("v2", 40.0)]
+        finally:
+            redis.stop()

@@ -201,18 +201,31 @@ class RolloutController:
 
     async def restore(self) -> None:
         """Apply the stored splits and rollouts of the served models. `RolloutStoreError`
-        when the store cannot be read, or a served model's entry cannot (a restart must not
-        forget a rollback)."""
-        await self.sync(announce=False)
+        when a served model's entry cannot be read (a restart must not forget a rollback),
+        or the file store cannot be. A shared store (Redis) that cannot be reached is
+        logged and the config's splits serve: the quotas on that Redis let the gateway start
+        too, and every tick follows the store once it answers."""
+        try:
+            stored = await self.store.load()
+        except RolloutStoreError as err:
+            if not self.store.shared:
+                raise
+            log.warning("rollout_store_unavailable", operation="start", error=str(err))
+            return
+        await self.sync(announce=False, stored=stored)
 
-    async def sync(self, *, announce: bool = True) -> None:
+    async def sync(
+        self, *, announce: bool = True, stored: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         """Follow what the store holds where its revision differs from this instance's (the
         store is the truth: another instance's change, or a store that was emptied);
         `announce`: log it and, for a rollback, drain as this instance would. A rollback of
         ours not yet stored is made again on top of what is followed, and a model whose
         entry vanished has its state written again. `RolloutStoreError` when the store
-        cannot be read (or, at `restore`, a served model's entry cannot)."""
-        stored = await self.store.load()
+        cannot be read (or, at `restore`, a served model's entry cannot). `stored`: what
+        the store holds, when already read."""
+        if stored is None:
+            stored = await self.store.load()
         for name in self.fleet.models:
             if name not in stored and self._revisions.get(name, ""):
                 log.warning("rollout_entry_vanished", model=name, revision=self._revisions[name])
