@@ -7,7 +7,7 @@ then `Rollout.observe`), applies what the rollout asks (the model's `VersionSpli
 rollback, the canary's workers drained or kept as `on_rollback` says) and stores the model's
 split and rollout after each change, so a restarted gateway resumes where it was
 (`restore`). The split last set at runtime (by a rollout or `set_split`) wins over the
-config's `versions` until `reset_split`.
+config's `versions` until `reset_split`, or a restart with other `versions` in the config.
 
 Several instances on one shared store (Redis): each change is written over the revision
 this instance last saw (`RolloutStore.save`), and every tick and operation first follows
@@ -19,7 +19,7 @@ stored at a later tick); a passing one moves on only once stored.
 Errors of the operations are `FleetError`s (their `code` is the admin API's status):
 `UnknownModel`, `RolloutRefused` (FAILED_PRECONDITION: the phase or the pool does not allow
 it), `InvalidRollout` (INVALID_ARGUMENT), `RolloutUnavailable` (UNAVAILABLE: the store
-failed; nothing changed).
+failed, and the change was not applied here).
 """
 
 from __future__ import annotations
