@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, get_args
 
 import structlog
@@ -86,6 +87,7 @@ from homing.scaler.leader import (
 from homing.scaler.loop import PoolScaler, Scaler
 from homing.scaler.metrics import ScalerMetrics
 from homing.scaler.settings import gpus_per_replica, scaler_config, seed_capacity
+from homing.text.parsers import detect_reasoning_parser, detect_tool_parser
 from homing.text.tokenizer import TextTokenizer
 
 log = structlog.get_logger("homing.app")
@@ -357,7 +359,16 @@ class App:
             self.loop_busy.add_sink(intervals.observe)
         self.gateway_metrics.stream_interval.labels(model_id).set_function(intervals.interval)
         dispatch = ModelDispatch(
-            model_id=model_id, tokenizer=tokenizer, pool=pool, router=router, intervals=intervals
+            model_id=model_id,
+            tokenizer=tokenizer,
+            pool=pool,
+            router=router,
+            intervals=intervals,
+            tool_call_parser=_parser_name(spec.tool_call_parser, detect_tool_parser, tokenizer),
+            reasoning_parser=_parser_name(
+                spec.reasoning_parser, detect_reasoning_parser, tokenizer
+            ),
+            system_fingerprint=_fingerprint(spec, tokenizer),
         )
         dispatch.admission = self._admission(dispatch, router_settings)
         if cfg.scaler_of(spec).enabled:
@@ -991,6 +1002,25 @@ def slo_of(settings: SloSettings) -> Slo:
         tpot_s=settings.request_tpot_s,
         objective=settings.objective,
     )
+
+
+def _parser_name(
+    configured: str | None,
+    detect: Callable[[str | None], str | None],
+    tokenizer: TextTokenizer,
+) -> str | None:
+    """The parser a model's config names ("none": None), else the one its template implies."""
+    if configured is not None:
+        return None if configured == "none" else configured
+    return detect(tokenizer.chat_template)
+
+
+def _fingerprint(spec: ModelSettings, tokenizer: TextTokenizer) -> str:
+    """`system_fingerprint`: "fp_" and 12 hex digits of a hash of the model's served
+    configuration (its config entry and chat template), which changes when either does (as
+    OpenAI's marks backend changes that affect determinism)."""
+    served = spec.model_dump_json() + "\x00" + (tokenizer.chat_template or "")
+    return "fp_" + hashlib.sha256(served.encode()).hexdigest()[:12]
 
 
 def _model_name(pool: WorkerPool, spec: ModelSettings) -> str:

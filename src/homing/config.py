@@ -502,6 +502,9 @@ class ModelSettings(_Section):
     `versions`: the weighted split of its versions, version label -> weight (relative,
     percent in practice; homing.router.versions); a version left out gets no requests
     unless pinned. None: every ready worker takes requests, whatever its version.
+    `tool_call_parser` / `reasoning_parser`: how its answers' tool calls and reasoning are
+    parsed (names in `homing.text.parsers`; "none" turns one off); None: the parser its
+    chat template implies, if any.
     """
 
     name: str | None = Field(default=None, min_length=1, max_length=256)
@@ -516,6 +519,28 @@ class ModelSettings(_Section):
     slo: SloSettings | None = None
     scaler: ScalerSettings | None = None
     versions: dict[str, float] | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_parser(cls, name: str | None) -> str | None:
+        from homing.text.parsers import TOOL_PARSERS
+
+        if name is not None and name != "none" and name not in TOOL_PARSERS:
+            known = ", ".join(sorted(TOOL_PARSERS))
+            raise ValueError(f"unknown tool_call_parser {name!r} (known: none, {known})")
+        return name
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, name: str | None) -> str | None:
+        from homing.text.parsers import REASONING_PARSERS
+
+        if name is not None and name != "none" and name not in REASONING_PARSERS:
+            known = ", ".join(REASONING_PARSERS)
+            raise ValueError(f"unknown reasoning_parser {name!r} (known: none, {known})")
+        return name
 
     @field_validator("versions")
     @classmethod

@@ -6,6 +6,33 @@ protobuf-shaped escapes `generate` (discovery calls return the messages as they 
 `SamplingParams` is always filled explicitly: proto3 zero defaults are not SGLang's
 semantic defaults (temperature 1, top_p 1, top_k -1, repetition_penalty 1).
 Protocol: `sglang.grpc.scheduler.SglangScheduler` from smg-grpc-proto 0.4.28.
+
+Log probabilities, as SGLang 0.5.23's servicer sends them (measured on a real worker):
+- output logprobs: per generated token its id, its logprob and, with `top_logprobs_num` > 0,
+  the top entries (id, logprob) in descending order (at temperature 0 the sampled token is the
+  first). Streaming: each chunk carries its own tokens' entries, and the `complete` repeats the
+  last chunk's (as its `output_ids` repeat the last chunk's tokens; `GenerateDone.new_logprobs`
+  takes the tail not yet received). Not streaming: the `complete` carries all of them.
+- prompt logprobs (`logprob_start_len` >= 0): one entry per prompt token from that position
+  on; the first entry of the range has no value (None) and no top entries, whatever the
+  position. Streaming: in the first chunk only (and in the `complete` as well when that chunk
+  was the last); not streaming: in the `complete`. `logprob_start_len` = prompt length gives
+  none, more is refused by the worker (INVALID_ARGUMENT). SGLang limits the radix-cache match
+  to `logprob_start_len` tokens (page-aligned down), so such a request's `cached_tokens` drop.
+- A `logprob_start_len` below -1 or a `top_logprobs_num` above the vocabulary kill SGLang
+  0.5.23's scheduler (an assertion, the whole worker exits): `build_generate_request` refuses
+  a negative `top_logprobs_num` or a `logprob_start_len` < -1; bounding `top_logprobs_num` (the
+  OpenAI API's 20) is the gateway's job.
+- No per-chunk work is added when logprobs are off: `convert_response` reads the logprob and
+  reasoning fields of a chunk only when asked to (`detail`), and `TokenChunk`'s extra fields
+  are class-level defaults unless given.
+
+`seed`: SGLang's SamplingParams has no seed field; it travels in `custom_params` as
+{"seed": N} (a protobuf Struct number, exact up to 2**53). SGLang 0.5.23 accepts and ignores
+that key (measured: same seed, different answers; no error); the simulated worker honours it.
+`require_reasoning`: SGLang counts `reasoning_tokens` (output tokens up to and including the
+think-end token, cumulative on chunks and complete) only for such requests and only on a worker
+launched with `--reasoning-parser`; otherwise the field stays 0.
 """
 
 from __future__ import annotations
@@ -109,12 +136,18 @@ class GenerateParams:
     `min_p` in [0, 1] (0 = off), `repetition_penalty` in (0, 2] (1 = off): SGLang semantics.
     `logit_bias`: token id -> bias added to its logit, in [-100, 100] (sent as SGLang's map of
     decimal id strings). `json_schema`: JSON schema text decoding is constrained to (SGLang's
-    `json_schema` constraint), None for none. There is no seed: SGLang's gRPC SamplingParams
-    has no field for one (its `custom_params` reach only custom logit processors).
-    `stream`: chunks as they are generated (False: only the complete message, carrying every
-    token). `stream_interval`: tokens per streamed chunk (SGLang's per-request
+    `json_schema` constraint), None for none. `structural_tag`: SGLang's structural-tag JSON
+    text (`{"type": "structural_tag", "structures": [...], "triggers": [...]}` or
+    `{"type": "structural_tag", "format": {...}}`), None for none; at most one of the two.
+    `seed`: sampling seed, sent as `custom_params` {"seed": N} (see the module docstring), None
+    for none. `stream`: chunks as they are generated (False: only the complete message,
+    carrying every token). `stream_interval`: tokens per streamed chunk (SGLang's per-request
     `SamplingParams.stream_interval`; the first token is still sent at once), None for the
     worker's `--stream-interval`.
+    `return_logprob`: answer with log probabilities (`TokenChunk.logprobs`,
+    `GenerateDone.logprobs`); `top_logprobs_num` >= 0: top entries per position;
+    `logprob_start_len`: first prompt position with prompt logprobs, -1 for none (both only with
+    `return_logprob`). `require_reasoning`: ask the worker to count `reasoning_tokens`.
     """
 
     request_id: str
@@ -134,16 +167,82 @@ class GenerateParams:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     json_schema: str | None = None
     stream_interval: int | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    structural_tag: str | None = None
+    seed: int | None = None
+    require_reasoning: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log probability: `token_id`, its `logprob` (<= 0) and `top`, the
+    position's top (token id, logprob) entries in descending order (empty unless
+    `top_logprobs_num` > 0)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTokenLogprob:
+    """One prompt token's log probability given the tokens before it: `logprob` is None for
+    the first token of the requested range (SGLang computes none there), `top` as in
+    `TokenLogprob` (empty where `logprob` is None)."""
+
+    token_id: int
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] = ()
+
+
+NO_LOGPROBS: tuple[TokenLogprob, ...] = ()
+NO_PROMPT_LOGPROBS: tuple[PromptTokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, init=False)
 class TokenChunk:
-    """Newly generated tokens; counts are cumulative for the request (tokens)."""
+    """Newly generated tokens; counts are cumulative for the request (tokens).
+
+    `reasoning_tokens`: the worker's cumulative count of reasoning tokens (0 unless the request
+    set `require_reasoning` on a worker that counts them). `logprobs`: one entry per token of
+    `token_ids` when the request asked for them, else empty. `prompt_logprobs`: the prompt's
+    entries (from `logprob_start_len`), on the first chunk of a stream only.
+
+    The three optional fields are class-level defaults that `__init__` leaves alone unless
+    given, so a plain chunk costs what a four-field one does (a per-token object).
+    """
 
     token_ids: tuple[int, ...]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    reasoning_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = NO_LOGPROBS
+    prompt_logprobs: tuple[PromptTokenLogprob, ...] = NO_PROMPT_LOGPROBS
+
+    def __init__(
+        self,
+        token_ids: tuple[int, ...],
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int,
+        reasoning_tokens: int = 0,
+        logprobs: tuple[TokenLogprob, ...] = NO_LOGPROBS,
+        prompt_logprobs: tuple[PromptTokenLogprob, ...] = NO_PROMPT_LOGPROBS,
+    ) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "token_ids", token_ids)
+        setattr_(self, "prompt_tokens", prompt_tokens)
+        setattr_(self, "completion_tokens", completion_tokens)
+        setattr_(self, "cached_tokens", cached_tokens)
+        if reasoning_tokens:
+            setattr_(self, "reasoning_tokens", reasoning_tokens)
+        if logprobs:
+            setattr_(self, "logprobs", logprobs)
+        if prompt_logprobs:
+            setattr_(self, "prompt_logprobs", prompt_logprobs)
 
 
 @dataclass(frozen=True)
@@ -155,7 +254,11 @@ class GenerateDone:
     and older servicers sent the final step's tokens only here, so take them through
     `new_tokens`. `completion_tokens`: the engine's count of generated tokens.
     `finish_reason`: "stop" | "length" | "abort". `matched_stop`: the stop token id or stop
-    string the engine matched, else None.
+    string the engine matched, else None. `reasoning_tokens`: the worker's count of reasoning
+    tokens (see `TokenChunk`). `logprobs`: one entry per token of `token_ids` when the request
+    asked for them (so, streaming, the last chunk's again: take them through
+    `new_logprobs`). `prompt_logprobs`: the prompt's entries, when not streaming (streaming:
+    only when the first chunk was also the last, a repeat of that chunk's).
     """
 
     token_ids: tuple[int, ...]
@@ -164,6 +267,9 @@ class GenerateDone:
     completion_tokens: int
     cached_tokens: int
     matched_stop: int | str | None
+    reasoning_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = NO_LOGPROBS
+    prompt_logprobs: tuple[PromptTokenLogprob, ...] = NO_PROMPT_LOGPROBS
 
     def new_tokens(self, received: int) -> tuple[int, ...]:
         """The tokens of `token_ids` not yet received, given `received` tokens from chunks.
@@ -177,6 +283,14 @@ class GenerateDone:
             return self.token_ids if received == 0 else ()
         missing = min(self.completion_tokens - received, len(self.token_ids))
         return self.token_ids[len(self.token_ids) - missing :] if missing > 0 else ()
+
+    def new_logprobs(self, received: int) -> tuple[TokenLogprob, ...]:
+        """The entries of `logprobs` for the tokens `new_tokens(received)` gives (the same
+        rule: `logprobs` align with `token_ids`)."""
+        if not self.logprobs:
+            return NO_LOGPROBS
+        count = len(self.new_tokens(received))
+        return self.logprobs[len(self.logprobs) - count :] if count else NO_LOGPROBS
 
 
 def build_sampling_params(params: GenerateParams) -> pb.SamplingParams:
@@ -200,15 +314,40 @@ def build_sampling_params(params: GenerateParams) -> pb.SamplingParams:
     )
     for token_id, bias in params.logit_bias.items():
         sampling.logit_bias[str(token_id)] = bias
+    if params.json_schema is not None and params.structural_tag is not None:
+        raise ValueError("json_schema and structural_tag are exclusive (one constraint)")
     if params.json_schema is not None:
         sampling.json_schema = params.json_schema
+    elif params.structural_tag is not None:
+        sampling.structural_tag = params.structural_tag
     if params.stream_interval is not None:
         sampling.stream_interval = params.stream_interval
+    if params.seed is not None:
+        sampling.custom_params.update({"seed": params.seed})
     return sampling
 
 
 def build_generate_request(params: GenerateParams) -> pb.GenerateRequest:
-    """The wire request for `params` (tokenized input, explicit sampling, no logprobs)."""
+    """The wire request for `params` (tokenized input, explicit sampling, logprob options).
+
+    Raises ValueError for a `logprob_start_len` below -1 or a negative `top_logprobs_num`
+    (SGLang 0.5.23's scheduler dies on the first), and for both constraints at once.
+    """
+    if params.return_logprob:
+        if params.logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be >= -1, got {params.logprob_start_len}")
+        if params.top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {params.top_logprobs_num}")
+        return pb.GenerateRequest(
+            request_id=params.request_id,
+            tokenized=pb.TokenizedInput(input_ids=list(params.input_ids)),
+            sampling_params=build_sampling_params(params),
+            return_logprob=True,
+            logprob_start_len=params.logprob_start_len,
+            top_logprobs_num=params.top_logprobs_num,
+            stream=params.stream,
+            require_reasoning=params.require_reasoning,
+        )
     return pb.GenerateRequest(
         request_id=params.request_id,
         tokenized=pb.TokenizedInput(input_ids=list(params.input_ids)),
@@ -217,19 +356,65 @@ def build_generate_request(params: GenerateParams) -> pb.GenerateRequest:
         logprob_start_len=-1,
         top_logprobs_num=0,
         stream=params.stream,
+        require_reasoning=params.require_reasoning,
     )
 
 
-def convert_response(resp: pb.GenerateResponse) -> TokenChunk | GenerateDone | None:
-    """A wire response as plain data; None for a response with neither chunk nor complete."""
+def _top(entry: pb.TopLogProbs) -> tuple[tuple[int, float], ...]:
+    return tuple(zip(entry.token_ids, entry.values, strict=False))
+
+
+def convert_output_logprobs(lp: pb.OutputLogProbs) -> tuple[TokenLogprob, ...]:
+    """`OutputLogProbs` as one `TokenLogprob` per token (a top row without a token, as a
+    prefill-only request gets, is dropped)."""
+    ids, values, tops = lp.token_ids, lp.token_logprobs, lp.top_logprobs
+    if not tops:
+        return tuple(TokenLogprob(t, v) for t, v in zip(ids, values, strict=False))
+    return tuple(
+        TokenLogprob(t, v, _top(top)) for t, v, top in zip(ids, values, tops, strict=False)
+    )
+
+
+def convert_input_logprobs(lp: pb.InputLogProbs) -> tuple[PromptTokenLogprob, ...]:
+    """`InputLogProbs` as one `PromptTokenLogprob` per prompt token of the range (None where
+    the worker sent no value)."""
+    tops = lp.top_logprobs
+    entries = []
+    for i, (token_id, value) in enumerate(zip(lp.token_ids, lp.token_logprobs, strict=False)):
+        logprob = value.value if value.HasField("value") else None
+        top = _top(tops[i]) if i < len(tops) else ()
+        entries.append(PromptTokenLogprob(token_id, logprob, top))
+    return tuple(entries)
+
+
+def convert_response(
+    resp: pb.GenerateResponse, detail: bool = False
+) -> TokenChunk | GenerateDone | None:
+    """A wire response as plain data; None for a response with neither chunk nor complete.
+
+    `detail`: also read a chunk's logprobs and reasoning count (a request that asked for
+    either); without it a chunk's are left unread (the per-token path stays as it was). A
+    complete's are always read.
+    """
     kind = resp.WhichOneof("response")
     if kind == "chunk":
         c = resp.chunk
+        if not detail:
+            return TokenChunk(
+                tuple(c.token_ids), c.prompt_tokens, c.completion_tokens, c.cached_tokens
+            )
         return TokenChunk(
-            token_ids=tuple(c.token_ids),
-            prompt_tokens=c.prompt_tokens,
-            completion_tokens=c.completion_tokens,
-            cached_tokens=c.cached_tokens,
+            tuple(c.token_ids),
+            c.prompt_tokens,
+            c.completion_tokens,
+            c.cached_tokens,
+            c.reasoning_tokens,
+            convert_output_logprobs(c.output_logprobs)
+            if c.HasField("output_logprobs")
+            else NO_LOGPROBS,
+            convert_input_logprobs(c.input_logprobs)
+            if c.HasField("input_logprobs")
+            else NO_PROMPT_LOGPROBS,
         )
     if kind == "complete":
         d = resp.complete
@@ -248,6 +433,13 @@ def convert_response(resp: pb.GenerateResponse) -> TokenChunk | GenerateDone | N
             completion_tokens=d.completion_tokens,
             cached_tokens=d.cached_tokens,
             matched_stop=matched,
+            reasoning_tokens=d.reasoning_tokens,
+            logprobs=convert_output_logprobs(d.output_logprobs)
+            if d.HasField("output_logprobs")
+            else NO_LOGPROBS,
+            prompt_logprobs=convert_input_logprobs(d.input_logprobs)
+            if d.HasField("input_logprobs")
+            else NO_PROMPT_LOGPROBS,
         )
     return None
 
@@ -292,6 +484,7 @@ class EngineStream:
         "_answered",
         "_call",
         "_client",
+        "_detail",
         "_done",
         "_ended",
         "_responses",
@@ -307,9 +500,11 @@ class EngineStream:
         call: Any,
         request_id: str,
         watcher: StreamWatcher | None = None,
+        detail: bool = False,
     ) -> None:
         self._client = client
         self._call = call
+        self._detail = detail  # read chunks' logprobs and reasoning counts
         # The call's own response iterator (grpc.aio's async-for path), not `call.read()`.
         self._responses = call.__aiter__()
         self.request_id = request_id
@@ -346,7 +541,7 @@ class EngineStream:
                         )
                     ) from None
                 self.messages += 1
-                item = convert_response(resp)
+                item = convert_response(resp, self._detail)
                 if item is None:
                     continue
                 if isinstance(item, GenerateDone):
@@ -502,7 +697,13 @@ class EngineClient:
         call = self._get_stub().Generate(
             build_generate_request(params), timeout=timeout_s, metadata=metadata
         )
-        stream = EngineStream(self, call, params.request_id, watcher)
+        stream = EngineStream(
+            self,
+            call,
+            params.request_id,
+            watcher,
+            detail=params.return_logprob or params.require_reasoning,
+        )
         self._streams.add(stream)
         return stream
 

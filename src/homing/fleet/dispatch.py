@@ -149,7 +149,9 @@ class ModelDispatch:
     `scales_from_zero`: its autoscaler starts a replica for a request that arrives at none
     (the request waits in admission), so the model can serve with no replica running.
     `split`: the weights of its versions (`homing.router.versions`); None routes over every
-    ready worker whatever its version.
+    ready worker whatever its version. `tool_call_parser` / `reasoning_parser`: the names
+    (`homing.text.parsers`) its answers are parsed with; None: not parsed.
+    `system_fingerprint`: the hash of its served configuration that answers carry.
     """
 
     model_id: str
@@ -161,6 +163,9 @@ class ModelDispatch:
     demand: DemandMeter | None = None
     scales_from_zero: bool = False
     split: VersionSplit | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    system_fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     _leases: dict[str, set[Lease]] = field(default_factory=dict)
 

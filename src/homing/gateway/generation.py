@@ -447,7 +447,7 @@ class Generation:
         model = p.model.model_id
         if not self._migrates or self._interrupt is not None:
             return False
-        if p.json_schema is not None:  # the new worker's grammar would start afresh
+        if p.json_schema is not None or p.structural_tag is not None:  # a new grammar
             service.count_migration(model, "constrained")
             return False
         open_choices = [i for i in range(p.n) if i not in self._ended]
@@ -678,6 +678,8 @@ class Generation:
             repetition_penalty=p.repetition_penalty,
             logit_bias=p.logit_bias,
             json_schema=p.json_schema,
+            structural_tag=p.structural_tag,
+            seed=p.seed,
             skip_special_tokens=p.skip_special_tokens,
             stream=self._engine_streams,
             # Stop strings are matched here, so chunks of several tokens would count and
@@ -787,7 +789,7 @@ class Generation:
         if isinstance(item, APIError):
             return item
         if isinstance(item, EngineError):
-            return from_engine_error(item, constrained=self.prepared.json_schema is not None)
+            return from_engine_error(item, constrained=self.prepared.constrained)
         return internal_error()
 
     def _failure_outcome(self, item: BaseException) -> str:

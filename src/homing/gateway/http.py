@@ -48,6 +48,7 @@ from homing.gateway.http_server import (
     error_response,
 )
 from homing.gateway.http_server import json_dumps as _json_dumps
+from homing.gateway.output import DeltaBuilder, finish_reason, message_body, parse_whole
 from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import loads_json, parse_chat, parse_completion
@@ -419,15 +420,33 @@ class HttpApi:
         out: list[bytes] = []
         if prepared.kind == "chat":
             out.extend(event(chunker.chunk(i, role=True, content="")) for i in range(prepared.n))
+        plan = prepared.output
+        parsers = [plan.parser() for _ in range(prepared.n)] if plan is not None else []
+        builder = DeltaBuilder(plan.legacy) if plan is not None else None
         try:
             async for batch in generation.batches():
                 for item in batch:
+                    if not parsers:  # the plain path: text is content
+                        if isinstance(item, TextDelta):
+                            out.append(chunker.content_event(item.index, item.text))
+                        else:
+                            out.append(event(chunker.chunk(item.index, finish_reason=item.reason)))
+                        continue
+                    assert plan is not None and builder is not None
+                    parser = parsers[item.index]
                     if isinstance(item, TextDelta):
-                        out.append(chunker.content_event(item.index, item.text))
+                        events = parser.feed(item.text)
                     else:
-                        out.append(event(chunker.chunk(item.index, finish_reason=item.reason)))
+                        events = parser.finish()
+                    for delta in builder.deltas(events, parser.ids):
+                        out.append(event(chunker.delta_chunk(item.index, delta)))
+                    if not isinstance(item, TextDelta):
+                        reason = finish_reason(item.reason, parser.calls, plan.legacy)
+                        out.append(event(chunker.chunk(item.index, finish_reason=reason)))
                 if prepared.include_usage and generation.finished:
-                    out.append(event(chunker.usage_chunk(generation.finalize_usage())))
+                    reasoning = _reasoning_tokens(prepared, [p.reasoning_text for p in parsers])
+                    usage = generation.finalize_usage()
+                    out.append(event(chunker.usage_chunk(usage, reasoning)))
                 await response.write(b"".join(out))
                 out.clear()
         except APIError as err:
@@ -457,7 +476,7 @@ class ChunkBuilder:
         # the text: encoded once here, not per token (same bytes as the dict path).
         envelope = _json_dumps(
             {"id": self.id, "object": self.object, "created": prepared.created,
-             "model": prepared.model.model_id}
+             "model": prepared.model.model_id, "system_fingerprint": prepared.system_fingerprint}
         )  # fmt: skip
         self._head = "data: " + envelope[:-1] + ',"choices":[{"index":'
         self._field = ',"delta":{"content":' if prepared.kind == "chat" else ',"text":'
@@ -472,12 +491,18 @@ class ChunkBuilder:
         """The SSE event (`data: ...` and the blank line) of `chunk(index, content=text)`."""
         return f"{self._head}{index}{self._field}{_json_dumps(text)}{self._tail}".encode()
 
+    def delta_chunk(self, index: int, delta: dict[str, Any]) -> dict[str, Any]:
+        """A chat chunk carrying `delta` (`homing.gateway.output.DeltaBuilder`'s)."""
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return self._base([choice])
+
     def _base(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.id,
             "object": self.object,
             "created": self.p.created,
             "model": self.p.model.model_id,
+            "system_fingerprint": self.p.system_fingerprint,
             "choices": choices,
         }
         if self.p.include_usage:
@@ -514,21 +539,35 @@ class ChunkBuilder:
             }
         return self._base([choice])
 
-    def usage_chunk(self, usage: Any) -> dict[str, Any]:
+    def usage_chunk(self, usage: Any, reasoning_tokens: int | None = None) -> dict[str, Any]:
         """The final usage chunk: empty `choices` and the request's `usage`."""
         body = self._base([])
-        body["usage"] = usage_body(usage)
+        body["usage"] = usage_body(usage, reasoning_tokens)
         return body
 
 
-def usage_body(usage: Any) -> dict[str, Any]:
-    """OpenAI's usage object including `prompt_tokens_details.cached_tokens`."""
-    return {
+def usage_body(usage: Any, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object including `prompt_tokens_details.cached_tokens`, and
+    `completion_tokens_details.reasoning_tokens` when the answer was parsed for reasoning."""
+    body = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
+
+
+def _reasoning_tokens(prepared: PreparedRequest, texts: list[str]) -> int | None:
+    """Tokens of the reasoning texts, counted by encoding them again (an approximation: the
+    engine's own split may fall inside a token); None when no reasoning parser ran."""
+    plan = prepared.output
+    if plan is None or (plan.reasoning is None and not plan.combined):
+        return None
+    tokenizer = prepared.model.tokenizer
+    return sum(len(tokenizer.encode_plain(text)) for text in texts if text)
 
 
 def full_body(
@@ -537,16 +576,19 @@ def full_body(
     """The non-streamed response body (`chat.completion` or `text_completion`)."""
     usage = generation.finalize_usage()
     choices: list[dict[str, Any]] = []
+    plan = prepared.output
+    reasoning: list[str] = []
     for index, text in enumerate(texts):
         reason = generation.finish_reasons.get(index)
         if prepared.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if plan is not None:
+                parsed, ids = parse_whole(plan, text)
+                message = message_body(parsed, ids, plan.legacy)
+                reason = finish_reason(reason, len(parsed.calls), plan.legacy)
+                reasoning.append(parsed.reasoning)
             choices.append(
-                {
-                    "index": index,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": reason,
-                }
+                {"index": index, "message": message, "logprobs": None, "finish_reason": reason}
             )
         else:
             choices.append(
@@ -557,6 +599,7 @@ def full_body(
         "object": "chat.completion" if prepared.kind == "chat" else "text_completion",
         "created": prepared.created,
         "model": prepared.model.model_id,
+        "system_fingerprint": prepared.system_fingerprint,
         "choices": choices,
-        "usage": usage_body(usage),
+        "usage": usage_body(usage, _reasoning_tokens(prepared, reasoning)),
     }

@@ -11,13 +11,15 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from homing.fleet import Fleet, ModelDispatch, UnknownModel
 from homing.gateway.auth import Principal, check_model
 from homing.gateway.errors import APIError, invalid, model_not_found
+from homing.gateway.output import OutputPlan
 from homing.gateway.request_log import TraceContext
 from homing.gateway.requests import ChatMessage, ChatRequest, CompletionRequest, shown
+from homing.gateway.tool_plan import ToolPlan, plan_tools
 from homing.text.stops import StopSet
 from homing.text.tokenizer import ChatTemplateError
 
@@ -71,6 +73,20 @@ class PreparedRequest:
     # message, the same in every turn and apart between conversations that share a system
     # prompt (a client that trims the history's start moves its conversation).
     split_key: str | None = None
+    # How answers split into content, reasoning and tool calls (None: all text is content).
+    output: OutputPlan | None = None
+    structural_tag: str | None = None  # SGLang structural_tag JSON (strict tools)
+    seed: int | None = None
+
+    @property
+    def system_fingerprint(self) -> str:
+        """The served configuration's fingerprint (`ModelDispatch.system_fingerprint`)."""
+        return self.model.system_fingerprint
+
+    @property
+    def constrained(self) -> bool:
+        """Decoding follows a grammar (a JSON schema or a structural tag)."""
+        return self.json_schema is not None or self.structural_tag is not None
 
 
 class Preparer:
@@ -141,18 +157,22 @@ class Preparer:
                     f"Invalid value for '{param}': a name must not hold special-token text.",
                     param,
                 )
+        plan = plan_tools(req, model)  # 400s of what the model's template or parsers lack
         cost = ENCODE_MESSAGE_CHARS * len(req.messages)
         if cost <= THREADED_ENCODE_CHARS:  # few messages: their length decides
             cost += sum(len(m.text()) for m in req.messages)
+        if plan.costly:  # schemas and tool texts are checked and rendered in the thread
+            cost = THREADED_ENCODE_CHARS + 1
 
         def encode() -> list[int]:  # the messages are gathered in the thread too
+            plan.check(tokenizer)
             messages = [_template_message(m) for m in req.messages]
-            return tokenizer.encode_chat(messages, add_generation_prompt=True)
+            return tokenizer.encode_chat(messages, True, plan.variables)
 
         prompt_ids = await self._encode(encode, cost, "messages")
         prepared = self._prepared(
             "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal,
-            arrived_at, trace,
+            arrived_at, trace, plan,
         )  # fmt: skip
         if prepared.session_key is None:  # the split's key: the conversation's first question
             first = next((m for m in req.messages if m.role == "user"), None)
@@ -200,6 +220,7 @@ class Preparer:
         principal: Principal | None = None,
         arrived_at: float | None = None,
         trace: TraceContext | None = None,
+        plan: ToolPlan | None = None,
     ) -> PreparedRequest:
         limit = model.max_context_length
         longest = model.max_prompt_tokens
@@ -250,12 +271,15 @@ class Preparer:
             min_p=req.min_p,
             repetition_penalty=req.repetition_penalty,
             logit_bias=logit_bias,
-            json_schema=req.json_schema_constraint,
+            json_schema=plan.json_schema if plan is not None else req.json_schema_constraint,
+            structural_tag=plan.structural_tag if plan is not None else None,
+            output=plan.output(prompt_ids) if plan is not None else None,
+            seed=req.seed,
             stop_strings=req.stop_strings,
             stop_set=StopSet(req.stop_strings),
             stop_token_ids=stop_token_ids,
             ignore_eos=req.ignore_eos,
-            skip_special_tokens=req.skip_special_tokens,
+            skip_special_tokens=req.skip_special_tokens and not (plan and plan.keeps_special),
             stream=req.stream,
             include_usage=req.include_usage,
             session_key=session_key or req.session_key,
@@ -290,11 +314,22 @@ def pin_version(prepared: PreparedRequest, value: str | None) -> PreparedRequest
     return replace(prepared, version_pin=value)
 
 
-def _template_message(message: ChatMessage) -> dict[str, str]:
-    """What the chat template gets of a message: role, content as text, and name if set."""
-    fields = {"role": message.role, "content": message.text()}
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    """What the chat template gets of a message: role, content as text, name if set, an
+    assistant turn's `tool_calls` (OpenAI's shape, arguments as the text given) and a tool
+    turn's `tool_call_id`. A legacy `function` turn is a tool turn answering the call named
+    by its function (`ChatMessage.calls`)."""
+    fields: dict[str, Any] = {"role": message.role, "content": message.text()}
     if message.name is not None:
         fields["name"] = message.name
+    calls = message.calls()
+    if calls:
+        fields["tool_calls"] = [call.model_dump() for call in calls]
+    if message.role == "function":
+        fields["role"] = "tool"
+        fields["tool_call_id"] = message.name
+    elif message.tool_call_id is not None:
+        fields["tool_call_id"] = message.tool_call_id
     return fields
 
 

@@ -66,7 +66,16 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 
-Role = Literal["system", "user", "assistant", "tool", "developer"]
+# Tools: OpenAI's bounds (at most 128 tools; a function name is 1-64 of [a-zA-Z0-9_-]).
+MAX_TOOLS = 128
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+# A tool call id a history may carry (OpenAI's are ~30 characters; vLLM/SGLang's ~32).
+MAX_TOOL_CALL_ID = 256
+# `seed`: OpenAI documents an integer; engines take a signed 64-bit one.
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
+
+Role = Literal["system", "user", "assistant", "tool", "developer", "function"]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
 
 class _Closed(BaseModel):
@@ -90,22 +99,80 @@ class ContentPart(_Closed):
     text: str
 
 
+FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)]
+
+
+class FunctionDefinition(_Closed):
+    """A function the model may call (`tools[].function`, or a legacy `functions[]` entry):
+    `parameters` is its JSON Schema (checked by `homing.gateway.schemas`), `strict` asks the
+    engine to constrain a call's arguments to it."""
+
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(_Closed):
+    """One entry of `tools`: only function tools are served."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Closed):
+    name: str
+
+
+class NamedToolChoice(_Closed):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class CalledFunction(_Closed):
+    """A call's function in a history: its name and arguments as the model wrote them (JSON
+    text, not checked: a model may have written broken JSON, and the history replays it)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str
+
+
+class ToolCall(_Closed):
+    """One of an assistant message's `tool_calls` in a history."""
+
+    id: str = Field(min_length=1, max_length=MAX_TOOL_CALL_ID)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Closed):
-    """A chat message. `content` is text or a list of text parts, joined; null only for an
-    assistant turn (an empty one). `name` (at most 64 characters, OpenAI's bound) goes to the
-    chat template with the message (the template decides whether it shows). `tool_calls`,
-    `tool_call_id`, and an assistant turn's `refusal`, `audio` and `function_call` (as
-    OpenAI returns them in a history) are served only as null: no tool calling, audio or
-    refusal replay is served."""
+    """A chat message. `content` is text or a list of text parts, joined; null (or left out) only
+    for an assistant turn (an empty one, or one that only calls tools). `name` (at most 64
+    characters, OpenAI's bound) goes to the chat template with the message (the template
+    decides whether it shows). An assistant turn may carry `tool_calls` (or the legacy
+    `function_call`), a tool turn names the call it answers in `tool_call_id` (a legacy
+    `function` turn names the function in `name`); `ChatRequest` checks that they match.
+    An assistant turn's `refusal` and `audio` (as OpenAI returns them in a history) are
+    served only as null: no audio or refusal replay is served."""
 
     role: Role
     content: str | list[ContentPart] | None
     name: Annotated[str, Field(max_length=64)] | None = None
-    tool_calls: Annotated[Any, AfterValidator(_refused)] = None
-    tool_call_id: Annotated[Any, AfterValidator(_refused)] = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=MAX_TOOL_CALL_ID)
     refusal: Annotated[Any, AfterValidator(_refused)] = None
     audio: Annotated[Any, AfterValidator(_refused)] = None
-    function_call: Annotated[Any, AfterValidator(_refused)] = None
+    function_call: CalledFunction | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _assistant_content_optional(cls, data: Any) -> Any:
+        """An assistant turn may leave `content` out (the SDKs do for a turn of calls)."""
+        if isinstance(data, dict) and data.get("role") == "assistant" and "content" not in data:
+            return {**data, "content": None}
+        return data
 
     @field_validator("content")
     @classmethod
@@ -114,6 +181,15 @@ class ChatMessage(_Closed):
         if value is None and role is not None and role != "assistant":
             raise ValueError(f"must not be null for a {role} message")
         return value
+
+    def calls(self) -> list[ToolCall]:
+        """The calls this assistant turn made (`tool_calls`, or the legacy `function_call` as
+        one call whose id is its function's name)."""
+        if self.tool_calls:
+            return self.tool_calls
+        if self.function_call is not None:
+            return [ToolCall(id=self.function_call.name, function=self.function_call)]
+        return []
 
     def text(self) -> str:
         """The message's content as one string ("" for null)."""
@@ -188,6 +264,8 @@ class _Common(_Closed):
     skip_special_tokens: StrictBool = True
     min_p: Annotated[StrictFloat, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.0
     repetition_penalty: Annotated[StrictFloat, Field(gt=0.0, le=2.0, allow_inf_nan=False)] = 1.0
+    # Best effort, as OpenAI documents it: engines that take a seed get it (homing.engines).
+    seed: Annotated[StrictInt, Field(ge=MIN_SEED, le=MAX_SEED)] | None = None
 
     @field_validator("top_k")
     @classmethod
@@ -279,6 +357,54 @@ class ChatRequest(_Common):
     ) = Field(default=None, max_length=MAX_METADATA_PAIRS)
     parallel_tool_calls: StrictBool | None = None
     safety_identifier: str | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    functions: Annotated[list[FunctionDefinition], Field(max_length=MAX_TOOLS)] | None = None
+    function_call: Literal["none", "auto"] | NamedFunction | None = None
+    # Go to the chat template when it reads them (homing.gateway.prepare), else 400.
+    reasoning_effort: ReasoningEffort | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _tools_agree(self) -> ChatRequest:
+        _check_tools(self)
+        return self
+
+    @property
+    def legacy_functions(self) -> bool:
+        """The request uses `functions` / `function_call` (answers in the legacy shape)."""
+        return self.functions is not None
+
+    @property
+    def declared_functions(self) -> list[FunctionDefinition]:
+        """The functions the model may call (`tools` or legacy `functions`), in order."""
+        if self.functions is not None:
+            return list(self.functions)
+        return [tool.function for tool in self.tools or []]
+
+    @property
+    def tool_mode(self) -> str:
+        """How the answer may call tools: "none" (no functions declared, or choice "none"),
+        "auto" (OpenAI's default when functions are declared), "required", or "named"
+        (`forced_function` names it)."""
+        if not self.declared_functions:
+            return "none"
+        choice = self.function_call if self.legacy_functions else self.tool_choice
+        if choice is None:
+            return "auto"
+        if isinstance(choice, str):
+            return choice
+        return "named"
+
+    @property
+    def forced_function(self) -> str | None:
+        """The function `tool_choice` (or `function_call`) names, else None."""
+        choice = self.function_call if self.legacy_functions else self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return choice.function.name
+        if isinstance(choice, NamedFunction):
+            return choice.name
+        return None
 
     @property
     def session_key(self) -> str | None:
@@ -293,6 +419,77 @@ class ChatRequest(_Common):
             if self.max_completion_tokens is not None
             else self.max_tokens
         )
+
+
+def _check_tools(req: ChatRequest) -> None:
+    """Cross-field rules of tool calling, as OpenAI's: `tools` and `functions` exclusive;
+    unique function names; a forced function declared; `required`/named only with
+    functions; tool calls only on assistant turns, each tool turn answering an earlier call
+    by id. Raises `APIError` 400 with the offending `param`."""
+    if req.tools is not None and req.functions is not None:
+        raise invalid("'tools' and 'functions' cannot both be given; use 'tools'.", "functions")
+    if req.tool_choice is not None and req.functions is not None:
+        raise invalid("'tool_choice' goes with 'tools'; 'functions' takes 'function_call'.",
+                      "tool_choice")  # fmt: skip
+    if req.function_call is not None and req.tools is not None:
+        raise invalid("'function_call' goes with 'functions'; 'tools' takes 'tool_choice'.",
+                      "function_call")  # fmt: skip
+    where = "functions" if req.legacy_functions else "tools"
+    path = "functions.[{}].name" if req.legacy_functions else "tools.[{}].function.name"
+    seen: set[str] = set()
+    for index, function in enumerate(req.declared_functions):
+        if function.name in seen:
+            param = path.format(index)
+            raise invalid(
+                f"Invalid value for '{param}': duplicate function name '{function.name}' in "
+                f"'{where}'.",
+                param,
+            )
+        seen.add(function.name)
+    choice_param = "function_call" if req.legacy_functions else "tool_choice"
+    choice = req.function_call if req.legacy_functions else req.tool_choice
+    if not seen and (choice == "required" or isinstance(choice, (NamedToolChoice, NamedFunction))):
+        raise invalid(
+            f"Invalid value for '{choice_param}': '{choice_param}' other than 'none' or 'auto' "
+            f"is only allowed when '{where}' are specified.",
+            choice_param,
+        )
+    forced = req.forced_function
+    if forced is not None and forced not in seen:
+        raise invalid(
+            f"Invalid value for '{choice_param}': no function named '{shown(forced)}' in "
+            f"'{where}'.",
+            choice_param,
+        )
+    called: set[str] = set()
+    for index, message in enumerate(req.messages):
+        if message.role != "assistant" and (message.tool_calls or message.function_call):
+            field = "tool_calls" if message.tool_calls else "function_call"
+            param = f"messages.[{index}].{field}"
+            raise invalid(f"Invalid value for '{param}': only assistant messages make calls.",
+                          param)  # fmt: skip
+        called.update(call.id for call in message.calls())
+        if message.role == "tool":
+            param = f"messages.[{index}].tool_call_id"
+            if message.tool_call_id is None:
+                raise invalid(
+                    f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+                )
+            if message.tool_call_id not in called:
+                raise invalid(
+                    f"Invalid value for '{param}': no earlier assistant message has a tool call "
+                    f"with id '{shown(message.tool_call_id)}'.",
+                    param,
+                )
+        elif message.tool_call_id is not None:
+            param = f"messages.[{index}].tool_call_id"
+            raise invalid(f"Invalid value for '{param}': only tool messages answer a call.",
+                          param)  # fmt: skip
+        if message.role == "function" and message.name is None:
+            param = f"messages.[{index}].name"
+            raise invalid(
+                f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+            )
 
 
 class CompletionRequest(_Common):
@@ -330,17 +527,11 @@ class CompletionRequest(_Common):
 # is in README.md, "APIs".
 _CHAT_REFUSED: dict[str, tuple[object, ...]] = {
     "audio": (),
-    "function_call": ("none",),
-    "functions": ([],),
     "logprobs": (False,),
     "modalities": (["text"],),
     "prediction": (),
-    "reasoning_effort": (),
-    "seed": (),
     "service_tier": ("auto", "default"),
     "store": (False,),
-    "tool_choice": ("none", "auto"),
-    "tools": ([],),
     "top_logprobs": (0,),
     "verbosity": (),
     "web_search_options": (),
@@ -348,7 +539,6 @@ _CHAT_REFUSED: dict[str, tuple[object, ...]] = {
 _COMPLETION_REFUSED: dict[str, tuple[object, ...]] = {
     "echo": (False,),
     "logprobs": (),
-    "seed": (),
     "suffix": ("",),
 }
 # Longest client string (parameter name or path, key, model, number) an error shows.

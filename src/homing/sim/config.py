@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FinalTokens = Literal["chunk_and_complete", "complete_only"]
 FINAL_TOKENS: tuple[str, ...] = get_args(FinalTokens)
-GrammarBackend = Literal["none", "unconstrained"]
+GrammarBackend = Literal["simulated", "none", "unconstrained"]
 GRAMMAR_BACKENDS: tuple[str, ...] = get_args(GrammarBackend)
 
 
@@ -54,10 +54,16 @@ class SimConfig(BaseModel):
             "chunk_and_complete" (SGLang 0.5.x's servicer: a last `chunk`, then a `complete`
             whose `output_ids` repeat that chunk's tokens) or "complete_only" (older
             servicers: only in the `complete`).
-        grammar_backend: "none" (SGLang's `--grammar-backend none`: a constrained request is
-            refused with INVALID_ARGUMENT) or "unconstrained" (a stand-in for a grammar
-            backend, for tests of how the gateway treats constrained requests: they are
-            accepted and generated as if they had no constraint).
+        grammar_backend: "simulated" (the default, a stand-in for SGLang's default
+            xgrammar backend: a `json_schema`, `regex` or `structural_tag` answer is one
+            instance of the constraint, then EOS, an invalid or unsupported one is refused as
+            SGLang refuses it, and `ebnf_grammar` is refused; see `homing.sim.grammar`),
+            "none" (SGLang's `--grammar-backend none`: every constrained request is refused
+            with INVALID_ARGUMENT) or "unconstrained" (constraints are accepted and ignored:
+            answers as if unconstrained).
+        tool_call_share: odds (0..1) that a chat prompt offering tools, its last turn the
+            user's, is answered with a tool call in the served template's format (else a
+            plain answer); 1.0 (the default): always.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -83,7 +89,8 @@ class SimConfig(BaseModel):
     stream_interval: int = Field(default=1, ge=1)
     jitter: float = Field(default=0.0, ge=0.0, lt=1.0)
     final_tokens: FinalTokens = "chunk_and_complete"
-    grammar_backend: GrammarBackend = "none"
+    grammar_backend: GrammarBackend = "simulated"
+    tool_call_share: float = Field(default=1.0, ge=0.0, le=1.0)
 
     @property
     def model_name(self) -> str:

@@ -17,15 +17,48 @@ text (so multi-byte characters split across tokens reach the detokenizer), about
 until it is reached), then the tokenizer's first EOS id. Under ignore_eos the sentences go on
 for as long as the scheduler asks. Seeds are derived with SHA-256 (never Python's salted
 `hash`), and `random.Random(seed)` gives the draws, so outputs are stable across processes.
+A request's seed is the `seed` its caller gives (SGLang's `custom_params` {"seed": N}, see
+`homing.sim.servicer`), else its request id.
+
+Chat prompts of the served template (`homing.sim.chat` reads them; a plain prompt costs a
+few index checks) and constraints change what is written, in the template's own format:
+- a constraint (`homing.sim.grammar`): exactly one instance of it, then EOS; after reasoning
+  (below) only when the request sets `require_reasoning` (as SGLang with a reasoning parser
+  starts the grammar after the thought), else from the first token;
+- a prompt ending with `<think>`: reasoning sentences (`homing.sim.chat.REASONING_CORPUS`),
+  then `</think>`, then the answer below;
+- a prompt ending right after a tool result: "The tool returned: <the result, cut>", EOS;
+- a prompt whose tools block declares tools, its last turn the user's: with odds
+  `tool_call_share`, one call of a declared tool (drawn), its arguments an instance of the
+  tool's parameters schema whose strings are words of the user's message, then EOS; else a
+  plain answer.
+These texts draw from their own generator (the draw seed salted), so plain answers never
+change, and ignore `logit_bias`; under ignore_eos the corpus answer follows them (a
+constrained answer repeats EOS). Every answer exposes its `draw_seed` (the log probabilities
+of `homing.sim.logprobs` are keyed by it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Protocol
+
+from homing.sim.chat import (
+    REASONING_CORPUS,
+    ChatTokens,
+    PromptFacts,
+    argument_words,
+    last_user_text,
+    object_schema,
+    quote_tool_output,
+    read_prompt,
+)
+from homing.sim.grammar import Constraint
+from homing.sim.instances import ConstraintError, schema_instance
 
 CORPUS: tuple[str, ...] = (
     "Hello! This answer comes from a simulated worker, not from a real model.",
@@ -58,12 +91,23 @@ FORCE_BIAS = 100.0
 """A logit bias at or above this forces its token (OpenAI's range ends at +100)."""
 
 
+FEATURE_SALT = 0x5EED_F00D_CAFE
+"""Mixed into the draw seed for the texts of tools, reasoning and constraints."""
+
+
 class Encoder(Protocol):
     """What the planner needs from a tokenizer (`homing.text.tokenizer.TextTokenizer`)."""
 
     eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_plain(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def token_to_id(self, token: str | None) -> int | None: ...
 
 
 def _seed_from_bytes(*parts: bytes) -> int:
@@ -101,7 +145,9 @@ class PlannedOutput:
         *,
         forced: Sequence[int] = (),
         filler: int = 0,
+        draw_seed: int = 0,
     ) -> None:
+        self.draw_seed = draw_seed
         self._sentences = sentences
         self._spaced = spaced_sentences
         self._rng = rng
@@ -149,13 +195,45 @@ class PlannedOutput:
         self._tokens.extend(source[choice])
 
 
+class FixedOutput:
+    """An answer that starts with fixed tokens: `prefix`, then `then`'s tokens (indexed from
+    0 after the prefix), or `eos_token_id` repeated when `then` is None."""
+
+    def __init__(
+        self,
+        prefix: Sequence[int],
+        then: PlannedOutput | None,
+        eos_token_id: int | None,
+        draw_seed: int = 0,
+    ) -> None:
+        self.prefix = tuple(prefix)
+        self.then = then
+        self.eos_token_id = eos_token_id
+        self.draw_seed = draw_seed
+
+    def token_at(self, index: int) -> int:
+        if index < len(self.prefix):
+            return self.prefix[index]
+        if self.then is not None:
+            return self.then.token_at(index - len(self.prefix))
+        assert self.eos_token_id is not None
+        return self.eos_token_id
+
+
+Answer = PlannedOutput | FixedOutput
+"""What `OutputPlanner.plan` returns: a `token_at(index)` source with its `draw_seed`."""
+
+
 class OutputPlanner:
-    """Makes each request's `PlannedOutput` (see the module docstring).
+    """Makes each request's answer (see the module docstring).
 
     tokenizer: the served tokenizer (real ids; EOS = its first eos id).
     min_tokens / max_tokens: range of the drawn answer length before EOS.
     worker_seed: mixed into sampled (temperature > 0) answers only.
-    Raises ValueError when min_tokens > max_tokens or the corpus is empty.
+    tool_call_share: odds that a prompt offering tools, its last turn the user's, is
+    answered with a tool call (0..1).
+    Raises ValueError when min_tokens > max_tokens, the corpus is empty or tool_call_share
+    is outside 0..1.
     """
 
     def __init__(
@@ -166,18 +244,40 @@ class OutputPlanner:
         min_tokens: int = 20,
         max_tokens: int = 120,
         worker_seed: int = 0,
+        tool_call_share: float = 1.0,
     ) -> None:
         if not corpus:
             raise ValueError("the corpus is empty")
         if min_tokens > max_tokens:
             raise ValueError(f"min_tokens {min_tokens} > max_tokens {max_tokens}")
+        if not 0.0 <= tool_call_share <= 1.0:
+            raise ValueError(f"tool_call_share must be in 0..1, got {tool_call_share}")
         self.min_tokens = min_tokens
         self.max_tokens = max_tokens
         self.worker_seed = worker_seed
+        self.tool_call_share = tool_call_share
         self.eos_token_ids = tuple(tokenizer.eos_token_ids)
         self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
         self._sentences = tuple(tuple(tokenizer.encode(s)) for s in corpus)
         self._spaced = tuple(tuple(tokenizer.encode(" " + s)) for s in corpus)
+        self._tokenizer = tokenizer
+        self.chat_tokens = ChatTokens.from_tokenizer(tokenizer, tokenizer.bos_token_id)
+        self._reasoning = tuple(tuple(tokenizer.encode(s)) for s in REASONING_CORPUS)
+        self._reasoning_spaced = tuple(tuple(tokenizer.encode(" " + s)) for s in REASONING_CORPUS)
+        special = set(self.eos_token_ids)
+        self.token_pool: tuple[int, ...] = tuple(
+            sorted({t for sentence in self._sentences for t in sentence} - special)
+        )
+        """Ordinary ids of the corpus: the alternatives log probabilities list."""
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    def read_prompt(self, input_ids: Sequence[int]) -> PromptFacts | None:
+        """What a chat prompt asks for (`homing.sim.chat.read_prompt`); None for plain text."""
+        if self.chat_tokens is None:
+            return None
+        return read_prompt(input_ids, self.chat_tokens, self._decode)
 
     def plan(
         self,
@@ -188,14 +288,96 @@ class OutputPlanner:
         request_id: str = "",
         ignore_eos: bool = False,
         logit_bias: Mapping[int, float] | None = None,
-    ) -> PlannedOutput:
+        constraint: Constraint | None = None,
+        require_reasoning: bool = False,
+    ) -> Answer:
         """The answer of one request: greedy (temperature <= 0) from the prompt alone, sampled
         from `seed` (or `request_id` when None) otherwise; `logit_bias` (token id -> bias)
-        bans and forces tokens as the module docstring says."""
+        bans and forces tokens, and chat prompts and `constraint` shape the answer, as the
+        module docstring says."""
         if temperature <= 0.0:
             draw_seed = greedy_seed(input_ids)
         else:
             draw_seed = sampled_seed(seed if seed is not None else request_id, self.worker_seed)
+        corpus = self._corpus(draw_seed, ignore_eos, logit_bias)
+        facts = self.read_prompt(input_ids)
+        if constraint is None and facts is None:
+            return corpus
+        return self._shaped(input_ids, draw_seed, corpus, facts, constraint, require_reasoning)
+
+    def _shaped(
+        self,
+        input_ids: Sequence[int],
+        draw_seed: int,
+        corpus: PlannedOutput,
+        facts: PromptFacts | None,
+        constraint: Constraint | None,
+        require_reasoning: bool,
+    ) -> Answer:
+        """A chat or constrained answer (see the module docstring)."""
+        rng = random.Random(draw_seed ^ FEATURE_SALT)
+        eos = self.eos_token_id
+        tail = [] if eos is None else [eos]
+        tokens = self.chat_tokens
+        prefix: list[int] = []
+        thinking = facts is not None and facts.thinking and tokens is not None
+        if constraint is not None:
+            if thinking and require_reasoning:
+                prefix += self._reasoning_tokens(rng)
+            words = argument_words(last_user_text(input_ids, tokens, self._decode))
+            text = constraint.text(rng, words, self._token_text)
+            return FixedOutput(
+                [*prefix, *self._tokenizer.encode(text), *tail], None, eos, draw_seed
+            )
+        assert facts is not None and tokens is not None
+        if thinking:
+            prefix += self._reasoning_tokens(rng)
+        if facts.tool_output is not None:
+            prefix += self._tokenizer.encode_plain(quote_tool_output(facts.tool_output))
+            return FixedOutput([*prefix, *tail], corpus, eos, draw_seed)
+        if facts.tools and rng.random() < self.tool_call_share:
+            prefix += self._tool_call(rng, facts, tokens)
+            return FixedOutput([*prefix, *tail], corpus, eos, draw_seed)
+        return FixedOutput(prefix, corpus, eos, draw_seed) if prefix else corpus
+
+    def _token_text(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _reasoning_tokens(self, rng: random.Random) -> list[int]:
+        """One or two reasoning sentences, then `</think>`."""
+        assert self.chat_tokens is not None
+        first = rng.randrange(len(self._reasoning))
+        out = list(self._reasoning[first])
+        if rng.random() < 0.5:
+            second = (first + 1 + rng.randrange(len(self._reasoning) - 1)) % len(self._reasoning)
+            out += self._reasoning_spaced[second]
+        out.append(self.chat_tokens.think_end)
+        return out
+
+    def _tool_call(self, rng: random.Random, facts: PromptFacts, tokens: ChatTokens) -> list[int]:
+        """One call of a declared tool in the template's format (without the EOS)."""
+        tool = facts.tools[rng.randrange(len(facts.tools))]
+        try:
+            arguments = schema_instance(
+                object_schema(tool.parameters), rng, argument_words(facts.user_text)
+            )
+        except ConstraintError:
+            arguments = {}
+        encode = self._tokenizer.encode_plain
+        return [
+            tokens.tool_calls_begin,
+            tokens.tool_call_begin,
+            *encode(tool.name),
+            tokens.tool_sep,
+            *encode(json.dumps(arguments, ensure_ascii=False)),
+            tokens.tool_call_end,
+            tokens.tool_calls_end,
+        ]
+
+    def _corpus(
+        self, draw_seed: int, ignore_eos: bool, logit_bias: Mapping[int, float] | None
+    ) -> PlannedOutput:
+        """The plain corpus answer of `draw_seed` (see the module docstring)."""
         rng = random.Random(draw_seed)
         target = rng.randint(self.min_tokens, self.max_tokens)
         bias = logit_bias or {}
@@ -210,6 +392,7 @@ class OutputPlanner:
                 self.eos_token_id,
                 ignore_eos,
                 forced=forced,
+                draw_seed=draw_seed,
             )
         pairs = [
             (_without(plain, banned), _without(lead, banned))
@@ -221,7 +404,15 @@ class OutputPlanner:
         eos = next((e for e in self.eos_token_ids if e not in banned), None)
         filler = next(t for t in range(len(banned) + 1) if t not in banned)
         return PlannedOutput(
-            sentences, spaced, rng, target, eos, ignore_eos, forced=forced, filler=filler
+            sentences,
+            spaced,
+            rng,
+            target,
+            eos,
+            ignore_eos,
+            forced=forced,
+            filler=filler,
+            draw_seed=draw_seed,
         )
 
 

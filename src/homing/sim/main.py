@@ -138,9 +138,17 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grammar-backend",
         choices=GRAMMAR_BACKENDS,
-        default="none",
-        help="none: refuse constrained requests, as SGLang without one (default); "
-        "unconstrained: accept them and generate as if unconstrained (for tests)",
+        default="simulated",
+        help="simulated: answer json_schema, regex and structural_tag constraints with an "
+        "instance of them, refuse ebnf (default); none: refuse constrained requests, as SGLang "
+        "without a backend; unconstrained: accept them and generate as if unconstrained",
+    )
+    parser.add_argument(
+        "--tool-call-share",
+        type=float,
+        default=1.0,
+        help="odds (0..1) that a chat prompt offering tools, its last turn the user's, is "
+        "answered with a tool call (default 1.0: always)",
     )
     parser.add_argument(
         "--served-model-name", default=None, help="model name to report (default: --model)"
@@ -192,7 +200,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         stream_interval=getattr(args, "stream_interval", 1),
         jitter=getattr(args, "jitter", 0.0),
         final_tokens=getattr(args, "final_tokens", "chunk_and_complete"),
-        grammar_backend=getattr(args, "grammar_backend", "none"),
+        grammar_backend=getattr(args, "grammar_backend", "simulated"),
+        tool_call_share=getattr(args, "tool_call_share", 1.0),
     )
 
 

@@ -116,6 +116,9 @@ class SimRequest:
 
     max_new_tokens >= 0; `output` decides which tokens the request produces; `stream` and
     `stream_interval` (None = the worker's) decide how often its tokens are handed out.
+    `cache_limit`: at most this many prompt tokens may come from the radix cache (SGLang
+    limits the prefix match to `logprob_start_len` for a request with prompt logprobs, whose
+    positions must be computed); None: no limit beyond the prompt.
     """
 
     request_id: str
@@ -126,6 +129,7 @@ class SimRequest:
     ignore_eos: bool = False
     stream: bool = True
     stream_interval: int | None = None
+    cache_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +250,13 @@ class _Req:
         return self.kv_len < self.fill_len
 
     @property
+    def match_limit(self) -> int:
+        """Tokens a prefix match may cover: all but the last to fill, and the request's
+        `cache_limit`."""
+        limit = self.req.cache_limit
+        return self.fill_len - 1 if limit is None else min(self.fill_len - 1, limit)
+
+    @property
     def prompt_len(self) -> int:
         return len(self.req.input_ids)
 
@@ -326,7 +337,7 @@ class Scheduler:
         state = _Req(req=request, arrival=now, all_ids=list(request.input_ids))
         state.fill_len = len(state.all_ids)
         match = self.cache.match_prefix(
-            state.all_ids, now, max_tokens=state.fill_len - 1, touch=False
+            state.all_ids, now, max_tokens=state.match_limit, touch=False
         )
         state.known_uncached = state.fill_len - match.num_tokens
         self._by_id[request.request_id] = state
@@ -570,7 +581,7 @@ class Scheduler:
         keyed: list[tuple[int, int, _Req]] = []
         for state in self._waiting:
             match = self.cache.match_prefix(
-                state.all_ids, now, max_tokens=state.fill_len - 1, touch=False
+                state.all_ids, now, max_tokens=state.match_limit, touch=False
             )
             state.known_uncached = state.fill_len - match.num_tokens
             deprioritized = 0
@@ -620,7 +631,7 @@ class Scheduler:
             self._waiting and budget > 0 and len(self._running) < self.config.max_running_requests
         ):
             state = self._waiting[0]
-            handle = self.cache.acquire(state.all_ids, now, max_tokens=state.fill_len - 1)
+            handle = self.cache.acquire(state.all_ids, now, max_tokens=state.match_limit)
             cached = handle.shared_pages * self.config.page_size
             state.known_uncached = state.fill_len - cached
             remaining_out = max(state.req.max_new_tokens - len(state.output_ids), 0)

@@ -30,14 +30,31 @@ Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
   (pool - prompt rounded up to a page - page - 1); unset means no limit but those.
 - Invalid input -> INVALID_ARGUMENT: no tokenized input, empty input_ids, an id >= vocab_size,
   a prompt too long (above), temperature < 0, n > 1, a request id already in flight, a
-  logit_bias key that is not a token id of the vocabulary, and any constraint (json_schema,
-  regex, ebnf_grammar, structural_tag): the worker runs as SGLang with `--grammar-backend
-  none` (GetServerInfo says so) and answers with its message; with `grammar_backend =
-  "unconstrained"` (for tests) it accepts them and ignores the constraint. logit_bias bans
-  (-100) and forces (+100) tokens (see `homing.sim.generation`); the other sampling
-  parameters shape a distribution the simulated worker does not have, and `custom_params`
-  (SGLang hands them to custom logit processors only) are ignored, as by SGLang without such
-  a processor.
+  logit_bias key that is not a token id of the vocabulary, a `custom_params` "seed" that is
+  not an integral number, a `logprob_start_len` past the prompt (SGLang's message) or below
+  -1, a negative `top_logprobs_num` or one above the vocabulary (the last two kill SGLang's
+  scheduler; the simulated worker refuses them instead).
+- Constraints (json_schema, regex, ebnf_grammar, structural_tag), by `grammar_backend`
+  (GetServerInfo's server_args say which): "simulated" compiles them with
+  `homing.sim.grammar` (a refusal -> INVALID_ARGUMENT with SGLang's "Failed to compile ...
+  grammar" message; ebnf is always refused) and answers one instance; "none" refuses every
+  one with SGLang's `--grammar-backend none` message; "unconstrained" ignores them.
+- Sampling: logit_bias bans (-100) and forces (+100) tokens (see `homing.sim.generation`);
+  `custom_params` {"seed": N} seeds a temperature > 0 answer (same seed, same answer; no
+  seed: the request id), as the gateway sends OpenAI's `seed` (SGLang itself ignores the key);
+  other `custom_params` are ignored, as by SGLang without a custom logit processor; the
+  other sampling parameters shape a distribution the simulated worker does not have.
+- Log probabilities (`return_logprob`; values from `homing.sim.logprobs`), framed as
+  SGLang 0.5.23 frames them (see `homing.engines.client`): each chunk carries its tokens'
+  `output_logprobs` (top entries: `top_logprobs_num`), the `complete` those of its
+  `output_ids` (streaming: the last chunk's again; not streaming: all). Prompt logprobs
+  (`logprob_start_len` >= 0: positions from there on, the first without a value) come in
+  the first chunk only (and in the `complete` too when that chunk was the last), or in the
+  `complete` when not streaming; `logprob_start_len` = prompt length gives none, and the
+  radix-cache match of such a request stops at `logprob_start_len` tokens.
+- `require_reasoning`: `reasoning_tokens` on chunks and the `complete` counts the output
+  tokens up to and including `</think>` of a thinking answer (cumulative), as SGLang with a
+  reasoning parser; 0 for an answer that does not reason.
 - GetModelInfo reports what smg-grpc-servicer 0.14.1 reports for SGLang: `max_context_length`
   is the KV pool size (its `max_total_num_tokens`), and `vocab_size`, `bos_token_id`,
   `eos_token_ids`, `pad_token_id` are the servicer's defaults (SGLang's scheduler info carries
@@ -66,7 +83,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -80,8 +97,10 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from homing.sim.config import SimConfig
 from homing.sim.engine_loop import EngineLoop
-from homing.sim.generation import OutputPlanner
+from homing.sim.generation import Answer, FixedOutput, OutputPlanner
+from homing.sim.grammar import Constraint, GrammarRefused, compile_constraint
 from homing.sim.kv_events import KvEventHub, SubscriberOverflow
+from homing.sim.logprobs import input_logprobs, output_logprobs, prefill_only_logprobs
 from homing.sim.scheduler import (
     LoadStats,
     QueueFull,
@@ -137,6 +156,71 @@ grammar manager, a 400); the simulated worker has no grammar backend."""
 
 class InvalidRequest(ValueError):
     """A Generate request the worker refuses (INVALID_ARGUMENT)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerDetail:
+    """What a request that asked for log probabilities or a reasoning count adds to its
+    messages (see the module docstring); plain requests have none.
+
+    `key`: the answer's draw seed (the output logprobs' key). `top_n`: top entries per
+    position. `prompt_start`: first prompt position with logprobs, -1 for none. `think_end`:
+    the output index of `</think>` when reasoning tokens are counted, else None.
+    """
+
+    input_ids: tuple[int, ...]
+    logprobs: bool
+    key: int
+    greedy: bool
+    top_n: int
+    prompt_start: int
+    think_end: int | None
+    pool: tuple[int, ...]
+
+    def reasoning_tokens(self, completion_tokens: int) -> int:
+        """Reasoning tokens among the first `completion_tokens` output tokens."""
+        if self.think_end is None:
+            return 0
+        return min(completion_tokens, self.think_end + 1)
+
+    def prompt_logprobs(self) -> pb.InputLogProbs | None:
+        """The prompt's entries, None when the request asked for none."""
+        if not self.logprobs or not 0 <= self.prompt_start < len(self.input_ids):
+            return None
+        return input_logprobs(self.input_ids, self.prompt_start, self.top_n, self.pool)
+
+    def fill_chunk(self, chunk: pb.GenerateStreamChunk, token_ids: list[int], first: bool) -> None:
+        """Add `chunk`'s reasoning count and logprobs (prompt ones on the `first` chunk)."""
+        chunk.reasoning_tokens = self.reasoning_tokens(chunk.completion_tokens)
+        if not self.logprobs:
+            return
+        if token_ids:
+            start = chunk.completion_tokens - len(token_ids)
+            chunk.output_logprobs.CopyFrom(self._output(start, token_ids))
+        if first and (prompt := self.prompt_logprobs()) is not None:
+            chunk.input_logprobs.CopyFrom(prompt)
+
+    def fill_complete(self, complete: pb.GenerateComplete, with_prompt: bool) -> None:
+        """Add the `complete`'s reasoning count and the logprobs of its `output_ids` (and the
+        prompt's when `with_prompt`)."""
+        complete.reasoning_tokens = self.reasoning_tokens(complete.completion_tokens)
+        if not self.logprobs:
+            return
+        token_ids = complete.output_ids
+        if token_ids:
+            start = complete.completion_tokens - len(token_ids)
+            complete.output_logprobs.CopyFrom(self._output(start, token_ids))
+        elif complete.completion_tokens == 0 and complete.finish_reason != "abort":
+            complete.output_logprobs.CopyFrom(
+                prefill_only_logprobs(self.key, self.top_n, self.greedy, self.pool)
+            )
+        if with_prompt and (prompt := self.prompt_logprobs()) is not None:
+            complete.input_logprobs.CopyFrom(prompt)
+
+    def _output(self, start: int, token_ids: Sequence[int]) -> pb.OutputLogProbs:
+        return output_logprobs(
+            self.key, max(start, 0), token_ids, self.top_n, self.greedy, self.pool
+        )
 
 
 @dataclass(frozen=True)
@@ -221,9 +305,64 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             bias[token_id] = value
         return bias
 
+    def _seed(self, params: pb.SamplingParams) -> int | None:
+        """`custom_params` "seed" as an int (None when absent); InvalidRequest unless it is an
+        integral number."""
+        if not params.HasField("custom_params"):
+            return None
+        fields = params.custom_params.fields
+        if "seed" not in fields:
+            return None
+        value = fields["seed"]
+        if value.WhichOneof("kind") == "number_value" and value.number_value.is_integer():
+            return int(value.number_value)
+        shown = value.number_value if value.WhichOneof("kind") == "number_value" else value
+        raise InvalidRequest(
+            f"custom_params seed must be an integral number, got {str(shown).strip()!r}"
+        )
+
+    def _constraint(self, params: pb.SamplingParams) -> Constraint | None:
+        """The request's compiled constraint under `grammar_backend` (None: none, or ignored);
+        InvalidRequest with SGLang's message for a refused one."""
+        field = params.WhichOneof("constraint")
+        value = getattr(params, field) if field is not None else ""
+        if not value:  # "": unset
+            return None
+        backend = self.config.grammar_backend
+        if backend == "none":
+            raise InvalidRequest(GRAMMAR_UNSUPPORTED)
+        if backend == "unconstrained":
+            return None
+        try:
+            return compile_constraint(field, value)  # type: ignore[arg-type]
+        except GrammarRefused as exc:
+            raise InvalidRequest(str(exc)) from None
+
+    def _check_logprobs(self, request: pb.GenerateRequest, prompt_len: int) -> None:
+        """Refuse logprob options SGLang refuses (or dies on); InvalidRequest."""
+        start, top_n = request.logprob_start_len, request.top_logprobs_num
+        if start < -1:
+            raise InvalidRequest(f"logprob_start_len must be >= -1, got {start}")
+        if start > prompt_len:
+            raise InvalidRequest(
+                f"req.logprob_start_len={start} is higher than the number of input tokens "
+                f"len(req.origin_input_ids)={prompt_len}. Please use a smaller "
+                "logprob_start_len."
+            )
+        if not 0 <= top_n <= self.served.vocab_size:
+            raise InvalidRequest(
+                f"top_logprobs_num must be in [0, {self.served.vocab_size}], got {top_n}"
+            )
+
     def build_request(self, request: pb.GenerateRequest) -> SimRequest:
         """Validate a GenerateRequest and turn it into a scheduler request.
         Raises InvalidRequest with a message for the client."""
+        return self.build_generate(request)[0]
+
+    def build_generate(self, request: pb.GenerateRequest) -> tuple[SimRequest, AnswerDetail | None]:
+        """Validate a GenerateRequest: its scheduler request, and the `AnswerDetail` its
+        messages need (None for a plain request). Raises InvalidRequest with a message for
+        the client."""
         if not request.HasField("tokenized"):
             raise InvalidRequest("Tokenized input must be provided")
         input_ids = tuple(request.tokenized.input_ids)
@@ -249,20 +388,40 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             len(input_ids),
             params.max_new_tokens if params.HasField("max_new_tokens") else None,
         )
-        constraint = params.WhichOneof("constraint")
-        constrained = constraint is not None and getattr(params, constraint)  # "": unset
-        if constrained and self.config.grammar_backend == "none":
-            raise InvalidRequest(GRAMMAR_UNSUPPORTED)
+        constraint = self._constraint(params)
+        seed = self._seed(params)
+        return_logprob = request.return_logprob
+        if return_logprob:
+            self._check_logprobs(request, len(input_ids))
         logit_bias = self._logit_bias(params)
         request_id = request.request_id or uuid.uuid4().hex
         output = self.planner.plan(
             input_ids,
             temperature=params.temperature,
+            seed=seed,
             request_id=request_id,
             ignore_eos=params.ignore_eos,
             logit_bias=logit_bias,
+            constraint=constraint,
+            require_reasoning=request.require_reasoning,
         )
-        return SimRequest(
+        detail: AnswerDetail | None = None
+        cache_limit: int | None = None
+        if return_logprob or request.require_reasoning:
+            prompt_start = request.logprob_start_len if return_logprob else -1
+            if prompt_start >= 0:
+                cache_limit = prompt_start
+            detail = AnswerDetail(
+                input_ids=input_ids,
+                logprobs=return_logprob,
+                key=output.draw_seed,
+                greedy=params.temperature <= 0.0,
+                top_n=request.top_logprobs_num if return_logprob else 0,
+                prompt_start=prompt_start,
+                think_end=self._think_end(output) if request.require_reasoning else None,
+                pool=self.planner.token_pool,
+            )
+        sim_request = SimRequest(
             request_id=request_id,
             input_ids=input_ids,
             max_new_tokens=max_new_tokens,
@@ -271,7 +430,20 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             ignore_eos=params.ignore_eos,
             stream=request.stream,
             stream_interval=params.stream_interval or None,
+            cache_limit=cache_limit,
         )
+        return sim_request, detail
+
+    def _think_end(self, output: Answer) -> int | None:
+        """The output index of a thinking answer's `</think>` (None: the answer does not
+        reason)."""
+        tokens = self.planner.chat_tokens
+        if tokens is None or not isinstance(output, FixedOutput):
+            return None
+        try:
+            return output.prefix.index(tokens.think_end)
+        except ValueError:
+            return None
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -284,7 +456,7 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             )
             return
         try:
-            sim_request = self.build_request(request)
+            sim_request, detail = self.build_generate(request)
             stream = self.engine.submit(sim_request)
         except QueueFull as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -299,6 +471,7 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         output_ids: list[int] = []
         repeat_final = self.config.final_tokens == "chunk_and_complete"
         chunk_per_step = self.config.instant
+        chunks_sent = 0  # counted only for a request with an AnswerDetail
         try:
             async for batch in stream.batches():
                 tokens: list[int] = []
@@ -307,7 +480,11 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
                     if isinstance(item, RequestOutput):
                         if request.stream:
                             if chunk_per_step and last is not None:
-                                yield _chunk_response(rid, tokens, last)
+                                response = _chunk_response(rid, tokens, last)
+                                if detail is not None:
+                                    detail.fill_chunk(response.chunk, tokens, not chunks_sent)
+                                    chunks_sent += 1
+                                yield response
                                 tokens = []
                             tokens.extend(item.token_ids)
                             last = item
@@ -319,12 +496,26 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
                         # (possibly empty) and repeats them in the complete; older
                         # servicers sent them in the complete only.
                         if repeat_final:
-                            yield _chunk_response(rid, tokens, last or item)
+                            response = _chunk_response(rid, tokens, last or item)
+                            if detail is not None:
+                                detail.fill_chunk(response.chunk, tokens, not chunks_sent)
+                                chunks_sent += 1
+                            yield response
                         output_ids = tokens
                         last = None
-                    yield pb.GenerateResponse(request_id=rid, complete=_complete(item, output_ids))
+                    complete = _complete(item, output_ids)
+                    if detail is not None:
+                        # prompt logprobs: not streaming, or the first chunk was the last
+                        detail.fill_complete(
+                            complete, not request.stream or chunks_sent <= int(repeat_final)
+                        )
+                    yield pb.GenerateResponse(request_id=rid, complete=complete)
                 if last is not None:
-                    yield _chunk_response(rid, tokens, last)
+                    response = _chunk_response(rid, tokens, last)
+                    if detail is not None:
+                        detail.fill_chunk(response.chunk, tokens, not chunks_sent)
+                        chunks_sent += 1
+                    yield response
         finally:
             # the client went away (or the handler was cancelled), or an Abort silenced it
             self.engine.close_stream(stream)

@@ -196,7 +196,11 @@ class SimWorker:
             pad_token_id=tokenizer.pad_token_id,
             tokenizer_zip=tokenizer_zip,
         )
-        self._planner = OutputPlanner(tokenizer, worker_seed=self.config.seed)
+        self._planner = OutputPlanner(
+            tokenizer,
+            worker_seed=self.config.seed,
+            tool_call_share=self.config.tool_call_share,
+        )
         self._eos = frozenset(tokenizer.eos_token_ids)
         # With port 0 another process may take the pair between the check and the binds:
         # try a few fresh pairs before giving up.

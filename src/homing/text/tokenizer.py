@@ -40,6 +40,8 @@ from typing import Any, NoReturn
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
+import jinja2.nodes
 import jinja2.sandbox
 from tokenizers import Tokenizer, models
 
@@ -303,6 +305,11 @@ class TextTokenizer:
             _compile_template(template) if template is not None else None
         )
         self._placeholder_open, self._placeholder = _placeholder_pattern(template)
+        self._template_variables: frozenset[str] | None = None
+        decoder = tokenizer.get_added_tokens_decoder()
+        self._special_starts: frozenset[str] = frozenset(
+            decoder[t].content[0] for t in self._forbidden if decoder[t].content
+        )
 
     # ---- construction -------------------------------------------------------------------
 
@@ -409,6 +416,14 @@ class TextTokenizer:
         """
         return _ids(self._tokenizer, text)
 
+    def holds_special(self, text: str) -> bool:
+        """Whether `encode(text)` yields an added token (bos, a role marker, ...) other than
+        the unknown token: text that must not be template input. Costs a scan of `text` for
+        the first characters of the added tokens, and an encode only where one occurs."""
+        if not any(c in text for c in self._special_starts):
+            return False
+        return not self._forbidden.isdisjoint(self.encode(text))
+
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of `text` as plain text: never an added token (see `added_token_ids`) but
         the unknown token, so "<｜User｜>" gives the ids of its characters, not the marker's.
@@ -481,20 +496,41 @@ class TextTokenizer:
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """Render `messages` ({"role", "content"} mappings) into the prompt text.
 
         Variables given to the template: `messages`, `add_generation_prompt`, `bos_token`,
-        `eos_token`, `pad_token` (as Hugging Face does). Raises ChatTemplateError (a
-        ValueError) when there is no template or rendering fails (including the template's
-        own `raise_exception`, e.g. for an unknown role).
+        `eos_token`, `pad_token` (as Hugging Face does), then `variables` (`tools`, as
+        transformers passes them, and chat-template kwargs such as `enable_thinking`; they
+        cannot replace the five). Raises ChatTemplateError (a ValueError) when there is no
+        template or rendering fails (including the template's own `raise_exception`, e.g. for
+        an unknown role).
         """
-        return self._render([dict(message) for message in messages], add_generation_prompt)
+        return self._render(
+            [dict(message) for message in messages], add_generation_prompt, variables
+        )
+
+    @property
+    def template_variables(self) -> frozenset[str]:
+        """Names the chat template reads and never sets itself (Jinja's undeclared variables
+        less any name it assigns somewhere: `messages`, `tools`, `enable_thinking`, ...);
+        empty without a template."""
+        if self._template_variables is None:
+            if self.chat_template is None:
+                self._template_variables = frozenset()
+            else:
+                ast = jinja2.Environment().parse(self.chat_template)
+                found = jinja2.meta.find_undeclared_variables(ast)
+                stored = {n.name for n in ast.find_all(jinja2.nodes.Name) if n.ctx == "store"}
+                self._template_variables = frozenset(found - stored)
+        return self._template_variables
 
     def encode_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of the chat prompt of `messages`, where only the template's own text may
         produce added tokens (see `added_token_ids`) and message content never does.
@@ -515,7 +551,8 @@ class TextTokenizer:
         for content free of added-token texts (its content always borders a role marker).
         Raises ChatTemplateError (a ValueError) as `apply_chat_template` does, and when the
         last check fails; ValueError as `encode_plain`; TypeError as `encode` for text the
-        library refuses.
+        library refuses. `variables` as `apply_chat_template`; their text and that of message
+        fields other than `content` is template input, trusted like `role`.
         """
         given = [dict(message) for message in messages]
         contents: dict[int, str] = {}
@@ -524,14 +561,14 @@ class TextTokenizer:
                 message["content"] = content = _content_text(message["content"])
                 if isinstance(content, str) and content:
                     contents[index] = content
-        rendered = self._render(given, add_generation_prompt)
+        rendered = self._render(given, add_generation_prompt, variables)
         masked = [
             {**message, "content": f"{self._placeholder_open}{index}{_PLACEHOLDER_CLOSE}"}
             if index in contents
             else message
             for index, message in enumerate(given)
         ]
-        parts = self._placeholder.split(self._render(masked, add_generation_prompt))
+        parts = self._placeholder.split(self._render(masked, add_generation_prompt, variables))
         pieces = parts[0::2]
         slots = [contents.get(int(index)) for index in parts[1::2]]
         filled = _fill(rendered, pieces, slots)
@@ -566,11 +603,17 @@ class TextTokenizer:
             raise ChatTemplateError(_REWRITTEN_SPECIAL_CONTENT)
         return ids
 
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         if self._template is None:
             raise ChatTemplateError("this tokenizer has no chat template")
         try:
             return self._template.render(
+                **(variables or {}),
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",

@@ -61,10 +61,10 @@ def test_bad_prompts_are_400(prompt: object) -> None:
 def test_unsupported_parameters_are_named() -> None:
     """Features the gateway does not serve are refused by name, not silently ignored."""
     with pytest.raises(APIError) as info:
-        parse_chat({"model": "m", "messages": MSG, "tools": [{"type": "function"}]})
+        parse_chat({"model": "m", "messages": MSG, "audio": {"voice": "alloy"}})
     assert (info.value.status, info.value.param, info.value.code) == (
         400,
-        "tools",
+        "audio",
         "unsupported_parameter",
     )
 

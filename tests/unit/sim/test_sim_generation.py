@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
+from typing import Any
+
+from homing.sim.chat import REASONING_CORPUS
 from homing.sim.generation import CORPUS, OutputPlanner
+from homing.sim.grammar import compile_constraint
+from homing.sim.instances import instance_errors
 from homing.text.served import load_served_tokenizer
 
 TOKENIZER = load_served_tokenizer()
@@ -113,3 +120,108 @@ class TestLogitBias:
         corpus = {t for s in CORPUS for t in TOKENIZER.encode(s) + TOKENIZER.encode(" " + s)}
         bias = dict.fromkeys(corpus, -100.0)
         assert answer(PLANNER, [1, 2], logit_bias=bias) == [EOS]
+
+
+WEATHER: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+TOOL_CALL = re.compile(
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>(?P<name>[^<]+)<｜tool▁sep｜>(?P<args>.*?)"
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+    re.DOTALL,
+)
+
+
+def chat(messages: list[dict[str, Any]], **variables: Any) -> list[int]:
+    return TOKENIZER.encode_chat(messages, variables=variables)
+
+
+def text_of(tokens: list[int]) -> str:
+    return TOKENIZER.decode(tokens, skip_special_tokens=False)
+
+
+class TestChat:
+    def test_a_prompt_offering_tools_is_answered_with_one_call_in_the_templates_format(
+        self,
+    ) -> None:
+        """The whole answer is one call of a declared tool, arguments valid for its schema
+        and made of the user's words, then EOS: what the template renders for a call."""
+        prompt = chat([{"role": "user", "content": "What is the weather in Paris?"}], tools=TOOLS)
+        for temperature, seed in ((0.0, None), (0.8, 1), (0.8, 2)):
+            text = text_of(answer(PLANNER, prompt, temperature=temperature, seed=seed))
+            match = TOOL_CALL.fullmatch(text)
+            assert match, text
+            assert match.group("name") == "get_weather"
+            arguments = json.loads(match.group("args"))
+            assert instance_errors(WEATHER, arguments) == []
+            assert arguments["city"] == "Paris"
+
+    def test_a_tool_call_answer_renders_back_through_the_template(self) -> None:
+        """The call, put back into the conversation as an assistant message, renders to the
+        same text the answer was."""
+        messages = [{"role": "user", "content": "Weather in Lyon?"}]
+        prompt = chat(messages, tools=TOOLS)
+        text = text_of(answer(PLANNER, prompt))
+        match = TOOL_CALL.fullmatch(text)
+        assert match
+        call = {"function": {"name": match.group("name"), "arguments": match.group("args")}}
+        history = [*messages, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        rendered = TOKENIZER.apply_chat_template(
+            history, add_generation_prompt=False, variables={"tools": TOOLS}
+        )
+        assert rendered.endswith(text)
+
+    def test_tool_call_share_zero_answers_in_plain_text(self) -> None:
+        prompt = chat([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS)
+        text = text_of(answer(OutputPlanner(TOKENIZER, tool_call_share=0.0), prompt))
+        assert "<｜tool▁calls▁begin｜>" not in text and text.endswith("<｜end▁of▁sentence｜>")
+
+    def test_a_thinking_prompt_is_answered_with_reasoning_then_think_end_then_the_answer(
+        self,
+    ) -> None:
+        prompt = chat([{"role": "user", "content": "Why is the sky blue?"}], thinking=True)
+        tokens = answer(PLANNER, prompt)
+        reasoning, sep, rest = text_of(tokens).partition("</think>")
+        assert sep and reasoning.startswith(REASONING_CORPUS)
+        assert rest.strip() and rest.endswith("<｜end▁of▁sentence｜>")
+        assert tokens.count(PLANNER.chat_tokens.think_end) == 1  # type: ignore[union-attr]
+
+    def test_a_prompt_ending_after_a_tool_result_quotes_that_result(self) -> None:
+        messages = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": "{}"}}],
+            },
+            {"role": "tool", "content": "21 degrees and sunny"},
+        ]
+        text = text_of(answer(PLANNER, chat(messages, tools=TOOLS)))
+        assert text == "The tool returned: 21 degrees and sunny<｜end▁of▁sentence｜>"
+
+    def test_a_constrained_answer_is_one_instance_then_eos(self) -> None:
+        constraint = compile_constraint("json_schema", json.dumps(WEATHER))
+        prompt = chat([{"role": "user", "content": "Weather in Rome"}])
+        tokens = answer(PLANNER, prompt, constraint=constraint)
+        assert tokens[-1] == EOS
+        assert instance_errors(WEATHER, json.loads(TOKENIZER.decode(tokens[:-1]))) == []
+
+    def test_a_constraint_after_thinking_reasons_only_when_reasoning_is_required(self) -> None:
+        constraint = compile_constraint("regex", "(yes|no)")
+        prompt = chat([{"role": "user", "content": "Is it?"}], thinking=True)
+        plain = text_of(answer(PLANNER, prompt, constraint=constraint))
+        assert plain in ("yes<｜end▁of▁sentence｜>", "no<｜end▁of▁sentence｜>")
+        reasoned = text_of(answer(PLANNER, prompt, constraint=constraint, require_reasoning=True))
+        _, sep, rest = reasoned.partition("</think>")
+        assert sep and rest in ("yes<｜end▁of▁sentence｜>", "no<｜end▁of▁sentence｜>")
+
+    def test_chat_features_leave_plain_answers_as_they_were(self) -> None:
+        """A chat prompt without tools or thinking gets the plain corpus answer, and every
+        answer exposes its draw seed."""
+        prompt = chat([{"role": "user", "content": "Hello"}])
+        plan = PLANNER.plan(prompt)
+        assert type(plan).__name__ == "PlannedOutput"
+        assert plan.draw_seed == PLANNER.plan(prompt).draw_seed

@@ -1,0 +1,1 @@
+"""Reasoning parsers: the model's thinking text apart from its answer."""
