@@ -39,6 +39,12 @@ def _command(engine: str, port: int) -> list[str]:
         str(port),
         "--device",
         "cpu",
+        # A grammar backend (SGLang's default, named so a change of default shows), JSON
+        # without free whitespace: the random-weight model would otherwise fill a constrained
+        # answer with spaces up to its length limit.
+        "--sglang-arg=--grammar-backend",
+        "--sglang-arg=xgrammar",
+        "--sglang-arg=--constrained-json-disable-any-whitespace",
     ]
 
 

@@ -88,7 +88,7 @@ async def test_body_that_is_not_an_object_is_400(gateway: App) -> None:
             400,
             _err(
                 "Invalid value for 'messages.[0].role': Input should be 'system', 'user', "
-                "'assistant', 'tool' or 'developer'",
+                "'assistant', 'tool', 'developer' or 'function'",
                 "messages.[0].role",
                 "invalid_value",
             ),

@@ -17,7 +17,6 @@ from helpers import assert_ready_and_healthy
 from openai import AsyncOpenAI
 
 from homing.app import App
-from homing.sim.servicer import GRAMMAR_UNSUPPORTED
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
 
@@ -78,18 +77,11 @@ def _invalid(param: str, message: str) -> dict[str, Any]:
     ("name", "value"),
     [
         ("audio", {"voice": "alloy", "format": "wav"}),
-        ("function_call", "auto"),
-        ("functions", [{"name": "f", "parameters": {}}]),
         ("logprobs", True),
         ("modalities", ["text", "audio"]),
         ("prediction", {"type": "content", "content": "x"}),
-        ("reasoning_effort", "low"),
-        ("seed", 7),
-        ("seed", 2**70),
         ("service_tier", "flex"),
         ("store", True),
-        ("tool_choice", "required"),
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
         ("top_logprobs", 3),
         ("verbosity", "low"),
         ("web_search_options", {}),
@@ -109,7 +101,6 @@ async def test_refused_chat_parameters_are_400_unsupported_parameter(
     [
         ({"echo": True}, "echo"),
         ({"logprobs": 0}, "logprobs"),
-        ({"seed": 1}, "seed"),
         ({"suffix": " the end"}, "suffix"),
         ({"best_of": 2}, "best_of"),
         ({"best_of": 3, "n": 2}, "best_of"),
@@ -453,25 +444,41 @@ async def test_logit_bias_ban_of_the_eos_runs_to_the_length_limit(gateway: App) 
         ("/v1/completions", {"type": "json_schema", "json_schema": {**SCHEMA, "strict": True}}),
     ],
 )
-async def test_constrained_decoding_is_refused_by_the_simulated_worker(
+async def test_constrained_decoding_answers_a_json_object(
     gateway: App, path: str, response_format: dict[str, Any]
 ) -> None:
     """`response_format` JSON goes to the worker as SGLang's json_schema constraint; the
-    simulated worker, like SGLang without a grammar backend, refuses it (a 400)."""
+    simulated worker's grammar backend answers one JSON object, then stops."""
     base = _chat(gateway) if path == "/v1/chat/completions" else _completion(gateway)
     status, body, _ = await _post(gateway, path, {**base, "response_format": response_format})
-    assert (status, body) == (
-        400,
-        _err(f"The worker rejected the request: {GRAMMAR_UNSUPPORTED}", None, "invalid_value"),
-    )
+    assert status == 200, body
+    choice = body["choices"][0]
+    text = choice["message"]["content"] if path == "/v1/chat/completions" else choice["text"]
+    assert isinstance(json.loads(text), dict)
+    assert choice["finish_reason"] == "stop"
 
 
+async def test_seed_makes_a_sampled_answer_repeatable(gateway: App) -> None:
+    """`seed` reaches the simulated worker (SGLang's `custom_params`): the same seed at
+    temperature 1 gives the same answer, another seed another one; every answer carries the
+    served configuration's `system_fingerprint`."""
+    answers = []
+    for seed in (11, 11, 12):
+        fields = {"temperature": 1.0, "seed": seed, "max_tokens": 40}
+        status, body, _ = await _post(gateway, "/v1/chat/completions", _chat(gateway, **fields))
+        assert status == 200, body
+        assert body["system_fingerprint"].startswith("fp_")
+        answers.append(body["choices"][0]["message"]["content"])
+    assert answers[0] == answers[1] != answers[2]
+
+
+JSON_OBJECT = '{"type": "json_object"}'
 SCHEMA_TEXT = '{"type": "json_schema", "json_schema": {"name": "a", "schema": {"maximum": X}}}'
 
 
 async def test_grpc_sampling_options_reach_the_engine(gateway: App) -> None:
-    """Over the gRPC API logit_bias forces the answer, a seed is refused, a constraint is
-    refused by the worker, and response_format text that is not RFC 8259 JSON (`NaN`,
+    """Over the gRPC API logit_bias forces the answer, a seed repeats a sampled answer, a
+    constraint gives a JSON object, and response_format text that is not RFC 8259 JSON (`NaN`,
     `-Infinity`, a number beyond a double) is refused, each with the HTTP API's status and
     body."""
     model = gateway.model.model_id
@@ -490,16 +497,14 @@ async def test_grpc_sampling_options_reach_the_engine(gateway: App) -> None:
             )
         ]
         assert "".join(ch.text for c in chunks for ch in c.choices) == "Hello" * 4
+        seeded = [c async for c in call(pb.SamplingOptions(seed=3, temperature=1.0))]
+        again = [c async for c in call(pb.SamplingOptions(seed=3, temperature=1.0))]
+        assert [c.choices for c in seeded] == [c.choices for c in again]
+        constrained = [c async for c in call(pb.SamplingOptions(response_format=JSON_OBJECT))]
+        assert isinstance(
+            json.loads("".join(ch.text for c in constrained for ch in c.choices)), dict
+        )
         for sampling, expected in [
-            (pb.SamplingOptions(seed=3), _unsupported("seed")),
-            (
-                pb.SamplingOptions(response_format='{"type": "json_object"}'),
-                _err(
-                    f"The worker rejected the request: {GRAMMAR_UNSUPPORTED}",
-                    None,
-                    "invalid_value",
-                ),
-            ),
             (
                 pb.SamplingOptions(response_format="{json"),
                 _invalid("response_format", "not valid JSON text."),
@@ -533,11 +538,26 @@ def _unknown(name: str) -> dict[str, Any]:
         ),
         (
             {"role": "assistant", "content": "hi", "tool_calls": [{"id": "c1"}]},
-            _unsupported("messages.[0].tool_calls"),
+            _err(
+                "Missing required parameter: 'messages.[0].tool_calls.[0].function'.",
+                "messages.[0].tool_calls.[0].function",
+                "missing_required_parameter",
+            ),
         ),
         (
             {"role": "tool", "content": "42", "tool_call_id": "c1"},
-            _unsupported("messages.[0].tool_call_id"),
+            _invalid(
+                "messages.[0].tool_call_id",
+                "no earlier assistant message has a tool call with id 'c1'.",
+            ),
+        ),
+        (
+            {"role": "tool", "content": "42"},
+            _err(
+                "Missing required parameter: 'messages.[0].tool_call_id'.",
+                "messages.[0].tool_call_id",
+                "missing_required_parameter",
+            ),
         ),
         (
             {"role": "user", "content": None},
@@ -548,8 +568,9 @@ def _unknown(name: str) -> dict[str, Any]:
 async def test_message_fields_are_served_or_refused(
     gateway: App, message: dict[str, Any], expected: dict[str, Any]
 ) -> None:
-    """A message's unknown keys are 400 `unknown_parameter`, its tool-calling fields 400
-    `unsupported_parameter` and a null user content 400 `invalid_value`, never ignored."""
+    """A message's unknown keys are 400 `unknown_parameter`, a call without its function or a
+    tool turn answering no call 400 with the field named, and a null user content 400
+    `invalid_value`, never ignored."""
     body = _chat(gateway, messages=[message])
     status, answer, _ = await _post(gateway, "/v1/chat/completions", body)
     assert (status, answer) == (400, expected)
@@ -582,12 +603,12 @@ async def test_message_name_spelling_a_special_token_is_400(gateway: App) -> Non
     )
 
 
-@pytest.mark.parametrize("field", ["refusal", "audio", "function_call"])
+@pytest.mark.parametrize("field", ["refusal", "audio"])
 async def test_assistant_history_fields_are_served_as_null_and_refused_otherwise(
     gateway: App, field: str
 ) -> None:
-    """An assistant turn replayed as OpenAI returned it (`refusal`, `audio`, `function_call`
-    null) is served; the same field with a value is 400 `unsupported_parameter`."""
+    """An assistant turn replayed as OpenAI returned it (`refusal`, `audio` null) is served;
+    the same field with a value is 400 `unsupported_parameter`."""
     turn = {"role": "assistant", "content": "yo", field: None}
     messages = [{"role": "user", "content": "hi"}, turn, {"role": "user", "content": "again"}]
     status, body, _ = await _post(

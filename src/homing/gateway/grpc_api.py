@@ -27,10 +27,13 @@ from grpc_reflection.v1alpha import reflection
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.errors import APIError, internal_error, invalid
 from homing.gateway.generation import ChoiceFinished, Generation, TextDelta
+from homing.gateway.output import finish_reason, parse_whole, reasoning_tokens
 from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import loads_json, parse_chat, parse_completion
 from homing.gateway.service import InferenceService
+from homing.text.output import CallArguments, CallStart, ContentDelta, ReasoningDelta
+from homing.text.output import Event as OutputEvent
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
 
@@ -62,25 +65,55 @@ def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any]) -> Non
     if sampling.logit_bias:
         body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
     if sampling.HasField("response_format"):
-        try:
-            body["response_format"] = loads_json(sampling.response_format)
-        except (ValueError, RecursionError):  # RecursionError: nested too deeply
-            raise invalid(
-                "Invalid value for 'response_format': not valid JSON text.", "response_format"
-            ) from None
+        body["response_format"] = _json_field(sampling.response_format, "response_format")
+
+
+def _json_field(text: str, name: str) -> Any:
+    """A request field holding JSON text, parsed as the HTTP API reads a body; 400 names it
+    when it is not JSON."""
+    try:
+        return loads_json(text)
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
+        raise invalid(f"Invalid value for '{name}': not valid JSON text.", name) from None
+
+
+def _chat_message(m: pb.ChatMessage) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
+    if m.HasField("tool_call_id"):
+        message["tool_call_id"] = m.tool_call_id
+    if m.HasField("name"):
+        message["name"] = m.name
+    return message
 
 
 def chat_body(request: pb.ChatCompletionRequest) -> dict[str, Any]:
     """The OpenAI chat body equivalent to a gRPC `ChatCompletionRequest`."""
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        "messages": [_chat_message(m) for m in request.messages],
         "stream": request.stream,
     }
     if request.user:
         body["user"] = request.user
     if request.HasField("sampling"):
         _sampling_to_body(request.sampling, body)
+    for name in ("tools", "chat_template_kwargs"):
+        if request.HasField(name):
+            body[name] = _json_field(getattr(request, name), name)
+    if request.HasField("tool_choice"):
+        choice = request.tool_choice
+        body["tool_choice"] = (
+            _json_field(choice, "tool_choice") if choice.lstrip().startswith("{") else choice
+        )
+    if request.HasField("parallel_tool_calls"):
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.HasField("reasoning_effort"):
+        body["reasoning_effort"] = request.reasoning_effort
     return body
 
 
@@ -238,6 +271,7 @@ def _message(
         created=prepared.created,
         choices=choices,
         worker=generation.worker_id or "",
+        system_fingerprint=prepared.system_fingerprint,
     )
 
 
@@ -245,17 +279,31 @@ async def _whole_answer(prepared: PreparedRequest, generation: Generation) -> pb
     """The non-streamed answer: one message with every choice's whole text and the usage."""
     role = "assistant" if prepared.kind == "chat" else ""
     texts = await generation.collect_texts()
-    whole = _message(
-        prepared,
-        generation,
-        [
+    plan = prepared.output
+    choices: list[pb.Choice] = []
+    reasoning: list[str] = []
+    for i, text in enumerate(texts):
+        reason = generation.finish_reasons.get(i, "")
+        if plan is None:
+            choices.append(pb.Choice(index=i, text=text, role=role, finish_reason=reason))
+            continue
+        parsed, ids = parse_whole(plan, text)
+        reasoning.append(parsed.reasoning)
+        choices.append(
             pb.Choice(
-                index=i, text=t, role=role, finish_reason=generation.finish_reasons.get(i, "")
+                index=i,
+                text=parsed.content,
+                role=role,
+                finish_reason=finish_reason(reason, len(parsed.calls), plan.legacy) or "",
+                reasoning=parsed.reasoning,
+                tool_calls=[
+                    pb.ToolCallDelta(index=k, id=ids[k], name=c.name, arguments=c.arguments)
+                    for k, c in enumerate(parsed.calls)
+                ],
             )
-            for i, t in enumerate(texts)
-        ],
-    )
-    whole.usage.CopyFrom(_usage(generation))
+        )
+    whole = _message(prepared, generation, choices)
+    whole.usage.CopyFrom(_usage(generation, reasoning_tokens(prepared, reasoning)))
     return whole
 
 
@@ -267,6 +315,8 @@ async def _write_stream(
     message. A chat choice's first entry carries the role."""
     role = "assistant" if prepared.kind == "chat" else ""
     first = set(range(prepared.n))
+    plan = prepared.output
+    parsers = [plan.parser() for _ in range(prepared.n)] if plan is not None else []
     async for batch in generation.batches():
         entries: dict[int, pb.Choice] = {}
         for event in batch:
@@ -276,23 +326,52 @@ async def _write_stream(
                 if event.index in first:
                     choice.role = role
                     first.discard(event.index)
-            if isinstance(event, TextDelta):
+            if plan is not None:
+                parser = parsers[event.index]
+                parsed = (
+                    parser.feed(event.text) if isinstance(event, TextDelta) else parser.finish()
+                )
+                _add_events(choice, parsed, parser.ids)
+                if isinstance(event, ChoiceFinished):
+                    reason = finish_reason(event.reason, parser.calls, plan.legacy)
+                    choice.finish_reason = reason or ""
+            elif isinstance(event, TextDelta):
                 choice.text += event.text
             elif isinstance(event, ChoiceFinished):
                 choice.finish_reason = event.reason
         message = _message(prepared, generation, list(entries.values()))
         if generation.finished:
-            message.usage.CopyFrom(_usage(generation))
+            texts = [p.reasoning_text for p in parsers]
+            message.usage.CopyFrom(_usage(generation, reasoning_tokens(prepared, texts)))
         await context.write(message)
 
 
-def _usage(generation: Generation) -> pb.Usage:
+def _add_events(choice: pb.Choice, events: list[OutputEvent], ids: list[str]) -> None:
+    """Add parsed events to a streamed entry: content to `text`, reasoning to `reasoning`,
+    a call's start as a new `tool_calls` delta, its argument fragments to its last delta."""
+    for event in events:
+        if isinstance(event, ContentDelta):
+            choice.text += event.text
+        elif isinstance(event, ReasoningDelta):
+            choice.reasoning += event.text
+        elif isinstance(event, CallStart):
+            choice.tool_calls.add(index=event.index, id=ids[event.index], name=event.name)
+        elif isinstance(event, CallArguments):
+            calls = choice.tool_calls
+            if calls and calls[-1].index == event.index:
+                calls[-1].arguments += event.fragment
+            else:
+                calls.add(index=event.index, arguments=event.fragment)
+
+
+def _usage(generation: Generation, reasoning: int | None = None) -> pb.Usage:
     usage = generation.finalize_usage()
     return pb.Usage(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
         cached_tokens=usage.cached_tokens,
+        reasoning_tokens=reasoning or 0,
     )
 
 

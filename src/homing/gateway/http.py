@@ -48,7 +48,13 @@ from homing.gateway.http_server import (
     error_response,
 )
 from homing.gateway.http_server import json_dumps as _json_dumps
-from homing.gateway.output import DeltaBuilder, finish_reason, message_body, parse_whole
+from homing.gateway.output import (
+    DeltaBuilder,
+    finish_reason,
+    message_body,
+    parse_whole,
+    reasoning_tokens,
+)
 from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import loads_json, parse_chat, parse_completion
@@ -139,15 +145,24 @@ def _request_limits(limits: HttpLimits) -> Callable[[web.Request, Handler], Awai
     return check
 
 
+THREADED_BODY_BYTES = 256 * 1024
+"""A body over this many bytes, or compressed, is decoded, parsed and validated in a worker
+thread: at ~8 ms of CPU per MB (JSON and pydantic), a larger one would hold the event loop."""
+
+
 async def _read_json(
-    request: web.Request, limits: HttpLimits, timeout_s: float | None = None
+    request: web.Request,
+    limits: HttpLimits,
+    timeout_s: float | None = None,
+    parse: Callable[[Any], Any] = lambda body: body,
 ) -> Any:
     """The body as JSON, decoded as its Content-Encoding (`http_server.decode_body`). It must
     be UTF-8 (RFC 8259 section 8.1; `json.loads` of bytes would also take UTF-16/32 and pass
     encoded surrogates through), so every string in it can be encoded again (tokenizer,
     hashing, logs), and JSON as `loads_json` reads it. 408, 413, 400 `invalid_json`, 400
     `invalid_content_encoding` for a body that does not decode as its Content-Encoding, and
-    the chunk-framing errors of `http_server.body_error`."""
+    the chunk-framing errors of `http_server.body_error`. Returns `parse(body)`, run with the
+    decoding in a thread for a body over `THREADED_BODY_BYTES`."""
     try:
         async with asyncio.timeout(timeout_s):
             raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
@@ -161,7 +176,15 @@ async def _read_json(
         raise limits.error("request_too_large") from None
     except (web.RequestPayloadError, HttpProcessingError) as err:
         raise body_error(err, limits) from None
-    raw = decode_body(raw, content_coding(request.headers), limits)
+    coding = content_coding(request.headers)
+    if len(raw) <= THREADED_BODY_BYTES and coding is None:
+        return parse(_decode_json(raw, coding, limits))
+    return await asyncio.to_thread(lambda: parse(_decode_json(raw, coding, limits)))
+
+
+def _decode_json(raw: bytes, coding: str | None, limits: HttpLimits) -> Any:
+    """`_read_json`'s checks of the received bytes (CPU work only)."""
+    raw = decode_body(raw, coding, limits)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -348,7 +371,7 @@ class HttpApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/chat/completions`."""
         principal = self._principal(request)
-        req = parse_chat(await _read_json(request, self.limits, self.body_timeout_s))
+        req = await _read_json(request, self.limits, self.body_timeout_s, parse_chat)
         prepared = await self.service.prepare.chat(
             req,
             request_id=request[REQUEST_ID],
@@ -363,7 +386,7 @@ class HttpApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/completions` (prompt as a string or a list of token ids)."""
         principal = self._principal(request)
-        req = parse_completion(await _read_json(request, self.limits, self.body_timeout_s))
+        req = await _read_json(request, self.limits, self.body_timeout_s, parse_completion)
         prepared = await self.service.prepare.completion(
             req,
             request_id=request[REQUEST_ID],
@@ -444,7 +467,7 @@ class HttpApi:
                         reason = finish_reason(item.reason, parser.calls, plan.legacy)
                         out.append(event(chunker.chunk(item.index, finish_reason=reason)))
                 if prepared.include_usage and generation.finished:
-                    reasoning = _reasoning_tokens(prepared, [p.reasoning_text for p in parsers])
+                    reasoning = reasoning_tokens(prepared, [p.reasoning_text for p in parsers])
                     usage = generation.finalize_usage()
                     out.append(event(chunker.usage_chunk(usage, reasoning)))
                 await response.write(b"".join(out))
@@ -560,16 +583,6 @@ def usage_body(usage: Any, reasoning_tokens: int | None = None) -> dict[str, Any
     return body
 
 
-def _reasoning_tokens(prepared: PreparedRequest, texts: list[str]) -> int | None:
-    """Tokens of the reasoning texts, counted by encoding them again (an approximation: the
-    engine's own split may fall inside a token); None when no reasoning parser ran."""
-    plan = prepared.output
-    if plan is None or (plan.reasoning is None and not plan.combined):
-        return None
-    tokenizer = prepared.model.tokenizer
-    return sum(len(tokenizer.encode_plain(text)) for text in texts if text)
-
-
 def full_body(
     prepared: PreparedRequest, generation: Generation, texts: list[str]
 ) -> dict[str, Any]:
@@ -601,5 +614,5 @@ def full_body(
         "model": prepared.model.model_id,
         "system_fingerprint": prepared.system_fingerprint,
         "choices": choices,
-        "usage": usage_body(usage, _reasoning_tokens(prepared, reasoning)),
+        "usage": usage_body(usage, reasoning_tokens(prepared, reasoning)),
     }

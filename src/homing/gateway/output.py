@@ -21,7 +21,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from homing.text.output import (
     CallArguments,
@@ -238,3 +238,27 @@ class DeltaBuilder:
                         }
                     )
         return out
+
+
+class _Encoder(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+class _Prepared(Protocol):
+    """What `reasoning_tokens` reads of a prepared request."""
+
+    @property
+    def output(self) -> OutputPlan | None: ...
+
+    @property
+    def model(self) -> Any: ...
+
+
+def reasoning_tokens(prepared: _Prepared, texts: Sequence[str]) -> int | None:
+    """Tokens of the reasoning texts, counted by encoding them again (an approximation: the
+    engine's own split may fall inside a token); None when no reasoning parser ran."""
+    plan = prepared.output
+    if plan is None or (plan.reasoning is None and not plan.combined):
+        return None
+    tokenizer: _Encoder = prepared.model.tokenizer
+    return sum(len(tokenizer.encode(text)) for text in texts if text)

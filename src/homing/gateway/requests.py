@@ -372,13 +372,13 @@ class ChatRequest(_Common):
 
     @property
     def legacy_functions(self) -> bool:
-        """The request uses `functions` / `function_call` (answers in the legacy shape)."""
-        return self.functions is not None
+        """The request declares legacy `functions` (answers in the legacy shape)."""
+        return bool(self.functions)
 
     @property
     def declared_functions(self) -> list[FunctionDefinition]:
         """The functions the model may call (`tools` or legacy `functions`), in order."""
-        if self.functions is not None:
+        if self.functions:
             return list(self.functions)
         return [tool.function for tool in self.tools or []]
 
@@ -426,12 +426,12 @@ def _check_tools(req: ChatRequest) -> None:
     unique function names; a forced function declared; `required`/named only with
     functions; tool calls only on assistant turns, each tool turn answering an earlier call
     by id. Raises `APIError` 400 with the offending `param`."""
-    if req.tools is not None and req.functions is not None:
+    if req.tools and req.functions:  # empty lists are the "off" values
         raise invalid("'tools' and 'functions' cannot both be given; use 'tools'.", "functions")
-    if req.tool_choice is not None and req.functions is not None:
+    if req.tool_choice is not None and req.functions:
         raise invalid("'tool_choice' goes with 'tools'; 'functions' takes 'function_call'.",
                       "tool_choice")  # fmt: skip
-    if req.function_call is not None and req.tools is not None:
+    if req.function_call is not None and req.tools:
         raise invalid("'function_call' goes with 'functions'; 'tools' takes 'tool_choice'.",
                       "function_call")  # fmt: skip
     where = "functions" if req.legacy_functions else "tools"

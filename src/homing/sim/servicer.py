@@ -89,6 +89,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 from smg_grpc_proto.generated import common_pb2
@@ -151,7 +152,7 @@ GRAMMAR_UNSUPPORTED = (
     "when the server is launched with --grammar-backend none"
 )
 """SGLang 0.5.23's refusal of a constrained request without a grammar backend (its scheduler's
-grammar manager, a 400); the simulated worker has no grammar backend."""
+grammar manager, a 400): the simulated worker's answer under `grammar_backend = "none"`."""
 
 
 class InvalidRequest(ValueError):
@@ -316,10 +317,8 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         value = fields["seed"]
         if value.WhichOneof("kind") == "number_value" and value.number_value.is_integer():
             return int(value.number_value)
-        shown = value.number_value if value.WhichOneof("kind") == "number_value" else value
-        raise InvalidRequest(
-            f"custom_params seed must be an integral number, got {str(shown).strip()!r}"
-        )
+        shown = json_format.MessageToJson(value, indent=None)
+        raise InvalidRequest(f"custom_params seed must be an integral number, got {shown}")
 
     def _constraint(self, params: pb.SamplingParams) -> Constraint | None:
         """The request's compiled constraint under `grammar_backend` (None: none, or ignored);

@@ -2,10 +2,11 @@
 
 Format (OpenAI's "Harmony response format" guide; SGLang's `gpt_oss` detector and Harmony
 parser; vLLM's `openai` tool parser). The gateway detokenizes with special tokens kept, so
-an answer reads as messages:
+an answer reads as messages (the call's header and body are one line, cut here):
 
     <|channel|>analysis<|message|>THINKING<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>
+    ARGS<|call|>
     <|start|>assistant<|channel|>final<|message|>ANSWER<|return|>
 
 A message is a header, `<|message|>`, a body, and an end token (`<|end|>`, `<|call|>` or

@@ -105,7 +105,9 @@ def test_arguments_split_mid_escape_and_mid_unicode_merge_to_the_same_json() -> 
 
 
 def test_a_call_without_parameters_has_empty_object_arguments() -> None:
-    parsed = assert_invariant(factory, "<tool_call>\n<function=get_time>\n</function>\n</tool_call>")
+    parsed = assert_invariant(
+        factory, "<tool_call>\n<function=get_time>\n</function>\n</tool_call>"
+    )
     assert parsed.calls[0].arguments == "{}"
 
 
@@ -116,7 +118,10 @@ def test_a_bare_function_tag_without_tool_call_is_a_call() -> None:
 
 
 def test_a_missing_parameter_end_ends_the_value_at_the_next_tag() -> None:
-    text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<parameter=unit>\nc\n</function>\n</tool_call>"
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "<parameter=unit>\nc\n</function>\n</tool_call>"
+    )
     parsed = assert_invariant(factory, text)
     assert json.loads(parsed.calls[0].arguments) == {"city": "Paris", "unit": "c"}
 
@@ -137,7 +142,10 @@ def test_a_text_cut_inside_the_header_is_content_verbatim() -> None:
 
 
 def test_an_undeclared_function_is_content_verbatim() -> None:
-    text = "<tool_call>\n<function=rm_rf>\n<parameter=path>\n/\n</parameter>\n</function>\n</tool_call>"
+    text = (
+        "<tool_call>\n<function=rm_rf>\n<parameter=path>\n/\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
     parsed = assert_invariant(factory, text)
     assert parsed.content == text
     assert parsed.calls == []
