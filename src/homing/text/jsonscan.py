@@ -42,15 +42,27 @@ class JsonScanner:
     `depth` is the number of open containers (start it at 1 to read the rest of an object
     whose `{` was already read). `stops` are characters at which `scan` pauses, inside or
     outside strings, so the caller can look for a marker there; the character itself is left
-    unread (read it with `scan(text, i, i + 1, stop=False)` when it is not a marker).
+    unread (read it with `scan(text, i, i + 1, stop=False)` when it is not a marker). A stop
+    character just after a string's backslash pauses too (a marker is never escaped text);
+    read on with `stop=False`, it is the escaped character.
     """
 
-    __slots__ = ("_in", "_in_stop", "_out", "_out_stop", "depth", "escape", "in_string")
+    __slots__ = (
+        "_in",
+        "_in_stop",
+        "_out",
+        "_out_stop",
+        "_stops",
+        "depth",
+        "escape",
+        "in_string",
+    )
 
     def __init__(self, depth: int = 0, stops: str = "") -> None:
         self.depth = depth
         self.in_string = False
         self.escape = False
+        self._stops = stops
         self._out = _char_class('"{}[]')
         self._in = _char_class('"\\')
         self._out_stop = _char_class('"{}[]' + stops) if stops else self._out
@@ -63,11 +75,13 @@ class JsonScanner:
         `(STOP, index of a stop character)` or `(MORE, end)`."""
         n = len(text) if end is None else end
         i = start
-        if self.escape and i < n:
-            self.escape = False
-            i += 1
         out_rx = self._out_stop if stop else self._out
         in_rx = self._in_stop if stop else self._in
+        if self.escape and i < n:
+            if stop and self._stops and text[i] in self._stops:
+                return Scan.STOP, i
+            self.escape = False
+            i += 1
         while i < n:
             if self.in_string:
                 m = in_rx.search(text, i, n)
@@ -79,11 +93,13 @@ class JsonScanner:
                     self.in_string = False
                     i = j + 1
                 elif c == "\\":
-                    if j + 1 < n:
-                        i = j + 2
-                    else:
-                        self.escape = True
+                    self.escape = True
+                    if j + 1 >= n:
                         return Scan.MORE, n
+                    if stop and self._stops and text[j + 1] in self._stops:
+                        return Scan.STOP, j + 1
+                    self.escape = False
+                    i = j + 2
                 else:
                     return Scan.STOP, j
             else:

@@ -601,6 +601,12 @@ class JsonCallParser:
         self._state = self.TEXT_STATE
         return i
 
+    def _args_closed(self, i: int) -> int:
+        """The arguments' `}` was read, just before `i`: the rest of the call object
+        follows (a format whose arguments stand alone ends the call here instead)."""
+        self._state = J_AFTER
+        return i
+
     def _call_done(self, i: int) -> int:
         """The call object was read; read on from `i`."""
         raise NotImplementedError
@@ -638,8 +644,7 @@ class JsonCallParser:
                 self._out.args(self._calls - 1, buf[pos:k])
             if result is Args.CLOSED:
                 if state == J_ARGS:
-                    self._state = J_AFTER
-                    return k
+                    return self._args_closed(k)
                 return self._call_done(k)
             if result is Args.MORE:
                 return n

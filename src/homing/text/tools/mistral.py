@@ -64,6 +64,10 @@ class MistralParser(JsonCallParser):
         self._state = _BETWEEN if self._v11 else _ARRAY_NEXT
         return i
 
+    def _args_closed(self, i: int) -> int:
+        # v11 arguments stand alone: what follows them is not the rest of a call object.
+        return self._call_done(i) if self._v11 else super()._args_closed(i)
+
     def _stopped(self, i: int) -> int:
         self._state = _BETWEEN
         return i
@@ -155,8 +159,7 @@ class MistralParser(JsonCallParser):
                 self._pending = []
                 self._state = _BETWEEN
                 return j + 1
-            return self._give_back(j)
-        # _BETWEEN
+        # _BETWEEN, or _ARRAY_NEXT at neither `,` nor `]`: `[TOOL_CALLS]` may come
         i, marker = _TEXT_MARKERS.find(buf, j, j + 1)
         if marker == "":
             self._held = buf[j:]

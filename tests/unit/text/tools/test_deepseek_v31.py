@@ -1,0 +1,176 @@
+"""DeepSeekV31Parser: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{ARGS}<｜tool▁call▁end｜>`."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from homing.text.output import CallStart, merge
+from homing.text.tools.deepseek_v31 import (
+    CALL_BEGIN,
+    CALL_END,
+    CALLS_BEGIN,
+    CALLS_END,
+    SEP,
+    DeepSeekV31Parser,
+    structural_tag,
+)
+from tests.unit.text.tools.cases import TIME_ARGS, TRICKY_ARGS, calls, fuzz
+from tests.unit.text.tools.invariance import TOOLS, WEATHER, assert_invariant
+
+factory = partial(DeepSeekV31Parser, TOOLS)
+
+
+def call(name: str, args: str) -> str:
+    """One call as DeepSeek V3.1 writes it."""
+    return f"{CALL_BEGIN}{name}{SEP}{args}{CALL_END}"
+
+
+def section(*calls_text: str) -> str:
+    """Calls inside the tool-calls section."""
+    return CALLS_BEGIN + "".join(calls_text) + CALLS_END
+
+
+WEATHER_CALL = call("get_weather", TRICKY_ARGS)
+TIME_CALL = call("get_time", TIME_ARGS)
+
+
+def test_plain_answer_is_content() -> None:
+    parsed = assert_invariant(factory, "Sunny, 20°C <｜not a token｜> ok")
+    assert parsed.content == "Sunny, 20°C <｜not a token｜> ok"
+    assert parsed.calls == []
+
+
+def test_text_before_a_call_stays_content() -> None:
+    parsed = assert_invariant(factory, "Checking.\n\n" + section(WEATHER_CALL))
+    assert parsed.content == "Checking.\n\n"
+    assert parsed.calls == calls(("get_weather", TRICKY_ARGS))
+
+
+def test_one_call_gives_name_and_verbatim_arguments() -> None:
+    parsed = assert_invariant(factory, section(WEATHER_CALL))
+    assert parsed.content == ""
+    assert parsed.calls == calls(("get_weather", TRICKY_ARGS))
+
+
+def test_parallel_calls_are_parsed_in_order() -> None:
+    parsed = assert_invariant(
+        factory, section(WEATHER_CALL, TIME_CALL, call("web.search-v2", "{}"))
+    )
+    assert parsed.content == ""
+    assert parsed.calls == calls(
+        ("get_weather", TRICKY_ARGS), ("get_time", TIME_ARGS), ("web.search-v2", "{}")
+    )
+
+
+def test_two_calls_in_one_chunk_both_parsed() -> None:
+    events = DeepSeekV31Parser(TOOLS).feed(section(WEATHER_CALL, TIME_CALL))
+    assert [e for e in events if isinstance(e, CallStart)] == [
+        CallStart(0, "get_weather"),
+        CallStart(1, "get_time"),
+    ]
+    assert merge(events).calls == calls(("get_weather", TRICKY_ARGS), ("get_time", TIME_ARGS))
+
+
+def test_a_call_without_the_section_token_is_a_call() -> None:
+    parsed = assert_invariant(factory, "x" + TIME_CALL)
+    assert parsed.content == "x"
+    assert parsed.calls == calls(("get_time", TIME_ARGS))
+
+
+def test_whitespace_between_tokens_is_dropped() -> None:
+    text = CALLS_BEGIN + "\n" + WEATHER_CALL + "\n" + TIME_CALL + "\n" + CALLS_END + "\n"
+    parsed = assert_invariant(factory, text)
+    assert parsed.calls == calls(("get_weather", TRICKY_ARGS), ("get_time", TIME_ARGS))
+    assert parsed.content.strip() == ""
+
+
+def test_text_after_the_section_is_content() -> None:
+    parsed = assert_invariant(factory, section(TIME_CALL) + "Done.")
+    assert parsed.content == "Done."
+    assert parsed.calls == calls(("get_time", TIME_ARGS))
+
+
+def test_arguments_cut_mid_escape_and_mid_unicode_are_invariant() -> None:
+    for args in ('{"q": "a\\"b"}', '{"q": "\\u00e9\\ud83d\\ude00"}', '{"q": "é😀\\\\"}'):
+        parsed = assert_invariant(factory, section(call("get_weather", args)))
+        assert parsed.calls == calls(("get_weather", args))
+
+
+def test_call_cut_at_length_leaves_partial_arguments() -> None:
+    text = section(WEATHER_CALL)
+    cut = text.index("😀") + 1
+    parsed = assert_invariant(factory, text[:cut])
+    assert parsed.content == ""
+    assert parsed.calls == calls(("get_weather", TRICKY_ARGS[: TRICKY_ARGS.index("😀") + 1]))
+
+
+def test_cut_inside_the_header_gives_the_text_back() -> None:
+    text = CALLS_BEGIN + CALL_BEGIN + "get_wea"
+    parsed = assert_invariant(factory, text)
+    assert parsed.content == text
+    assert parsed.calls == []
+
+
+def test_undeclared_function_is_content_verbatim() -> None:
+    text = section(call("delete_all", "{}"))
+    parsed = assert_invariant(factory, text)
+    assert parsed.content == text
+    assert parsed.calls == []
+
+
+def test_garbage_after_the_separator_is_content() -> None:
+    text = section(CALL_BEGIN + "get_time" + SEP + "not json" + CALL_END)
+    parsed = assert_invariant(factory, text)
+    assert parsed.content == text
+    assert parsed.calls == []
+
+
+def test_broken_arguments_run_to_the_call_end() -> None:
+    parsed = assert_invariant(factory, section(call("get_time", '{"tz": "UT')))
+    assert parsed.calls == calls(("get_time", '{"tz": "UT'))
+    assert parsed.content == ""
+
+
+def test_fuzzed_texts_never_raise_and_stay_invariant() -> None:
+    markers = (
+        CALLS_BEGIN,
+        CALLS_END,
+        CALL_BEGIN,
+        CALL_END,
+        SEP,
+        "<｜tool",
+        "get_time",
+        WEATHER_CALL,
+        TIME_CALL,
+    )
+    assert fuzz(factory, markers, seed=31) > 0
+
+
+def test_structural_tag_has_sglang_shape() -> None:
+    tag = structural_tag(TOOLS)
+    assert tag is not None
+    assert tag["type"] == "structural_tag"
+    assert tag["triggers"] == [CALL_BEGIN]
+    assert tag["structures"][0] == {
+        "begin": CALL_BEGIN + "get_weather" + SEP,
+        "schema": WEATHER.parameters,
+        "end": CALL_END,
+    }
+    assert tag["structures"][2]["schema"] == {"type": "object"}
+    assert structural_tag(()) is None
+
+
+def test_structural_tag_output_parses_to_the_call() -> None:
+    tag = structural_tag(TOOLS)
+    assert tag is not None
+    for tool, s in zip(TOOLS, tag["structures"], strict=True):
+        parsed = assert_invariant(factory, s["begin"] + TIME_ARGS + s["end"], rounds=5)
+        assert parsed.content == ""
+        assert parsed.calls == calls((tool.name, TIME_ARGS))
+
+
+def test_a_header_over_the_name_limit_is_content() -> None:
+    text = section(call("x" * 400, "{}"))
+    parsed = assert_invariant(factory, text, rounds=3)
+    assert parsed.content == text
+    assert parsed.calls == []
