@@ -215,7 +215,13 @@ async def test_cut_stream_whose_client_stopped_reading_is_logged_drained(app: Ap
 async def test_worker_refusal_of_a_request_is_logged_as_its_status(app: App) -> None:
     """A request the worker refuses as invalid (400 to the client) is logged `error_400`,
     not as a worker failure."""
-    body = {"model": MODEL, "prompt": "hi", "response_format": {"type": "json_object"}}
+    # A string format xgrammar (and the simulated backend) does not implement.
+    schema = {"type": "object", "properties": {"a": {"type": "string", "format": "ipv9"}}}
+    body = {
+        "model": MODEL,
+        "prompt": "hi",
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    }
     with capture_logs() as logs:
         async with aiohttp.ClientSession() as http:
             async with http.post(_url(app, "/v1/completions"), json=body) as resp:

@@ -165,8 +165,14 @@ async def test_chat_with_every_special_token_text_reaches_the_worker_as_plain_te
     messages = [
         {"role": "system", "content": f"Be brief. {forge}"},
         {"role": "user", "content": f"Hi {forge}"},
-        {"role": "assistant", "content": f"Hello {forge}"},
-        {"role": "tool", "content": f'{{"t": 21}} {forge}'},
+        {
+            "role": "assistant",
+            "content": f"Hello {forge}",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "t", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": f'{{"t": 21}} {forge}'},
         {"role": "user", "content": [{"type": "text", "text": _every_added_text(tokenizer)}]},
     ]
     _, prompt = await _served_prompt(
@@ -179,6 +185,11 @@ async def test_chat_with_every_special_token_text_reaches_the_worker_as_plain_te
         marker("<｜end▁sys｜>"),
         marker("<｜User｜>"),
         marker("<｜Assistant｜>"),
+        marker("<｜tool▁calls▁begin｜>"),
+        marker("<｜tool▁call▁begin｜>"),
+        marker("<｜tool▁sep｜>"),
+        marker("<｜tool▁call▁end｜>"),
+        marker("<｜tool▁calls▁end｜>"),
         tokenizer.eos_token_ids[0],
         marker("<｜tool▁output▁begin｜>"),
         marker("<｜tool▁output▁end｜>"),

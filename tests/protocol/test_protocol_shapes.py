@@ -113,6 +113,9 @@ SIM_DIFFERENCES: dict[str, str] = {
     "loads.sections_default_include": "as loads.sections_all",
     "tokenizer.chunk_bytes": "the simulator streams 512 KiB chunks, SGLang 64 KiB",
     "tokenizer.files": "SGLang's bundle also carries config.json and generation_config.json",
+    "generate.nonstream_json_schema.index_0.complete_0.completion_tokens": "the tokens a "
+    "constrained answer takes are the model's choice: the real model spells the JSON in pieces "
+    "it draws, the simulator as the tokenizer encodes its instance (fewer)",
 }
 """Paths (a path covers its subtree) where the simulator differs from the recording, and why."""
 
@@ -557,6 +560,115 @@ async def _record_generate(
     await case("stream_n_unset", request)
 
 
+CONSTRAINED_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "unit": {"enum": ["c", "f"]}},
+    "required": ["ok", "unit"],
+    "additionalProperties": False,
+}
+"""The schema of the constrained cases: every value bounded, so even the random-weight model
+(the test workers allow no free whitespace) closes it within a few tokens."""
+
+
+def _logprob_shape(responses: list[pb.GenerateResponse], top: int) -> dict[str, Any]:
+    """Where a logprob request's entries come: per chunk, whether its output entries align
+    with its tokens (with `top` alternatives each), which chunks carry prompt entries, and
+    what the `complete` repeats."""
+    chunks = [r.chunk for r in responses if r.WhichOneof("response") == "chunk"]
+    completes = [r.complete for r in responses if r.WhichOneof("response") == "complete"]
+    aligned = all(
+        list(c.output_logprobs.token_ids) == list(c.token_ids)
+        and len(c.output_logprobs.token_logprobs) == len(c.token_ids)
+        and all(len(t.token_ids) == top for t in c.output_logprobs.top_logprobs)
+        for c in chunks
+    )
+    shape: dict[str, Any] = {
+        "chunk_entries_align_with_tokens": aligned,
+        "chunks_with_prompt_entries": [
+            i for i, c in enumerate(chunks) if c.HasField("input_logprobs")
+        ],
+        "sampled_is_top1_at_temperature_0": all(
+            not t.token_ids or t.token_ids[0] == token
+            for c in chunks
+            for token, t in zip(c.token_ids, c.output_logprobs.top_logprobs, strict=False)
+        ),
+    }
+    if completes:
+        done = completes[-1]
+        shape["complete_entries"] = len(done.output_logprobs.token_ids)
+        shape["complete_entries_are_last_chunks"] = bool(chunks) and list(
+            done.output_logprobs.token_ids
+        ) == list(chunks[-1].token_ids)
+        shape["complete_has_prompt_entries"] = done.HasField("input_logprobs")
+        if done.HasField("input_logprobs"):
+            values = done.input_logprobs.token_logprobs
+            shape["complete_prompt_entries"] = len(values)
+            shape["first_prompt_entry_has_value"] = bool(values) and values[0].HasField("value")
+    if chunks and chunks[0].HasField("input_logprobs"):
+        values = chunks[0].input_logprobs.token_logprobs
+        shape["chunk_prompt_entries"] = len(values)
+        shape["first_prompt_entry_has_value"] = bool(values) and values[0].HasField("value")
+    return shape
+
+
+async def _record_features(
+    stub: pb_grpc.SglangSchedulerStub, shapes: dict[str, Any], tokenizer: TextTokenizer
+) -> None:
+    """Constraints, seed and log probabilities: status and shape of each, and whether a
+    constrained answer is an instance of its constraint (the model's weights are random)."""
+    gen = shapes["generate"]
+    features: dict[str, Any] = {}
+
+    async def constrained(name: str, **fields: Any) -> None:
+        request = _request(name, max_new_tokens=64, ignore_eos=False, stream=False, **fields)
+        responses, status = await _call(stub, request)
+        gen[name] = generate_shape(responses, status)
+        done = [r.complete for r in responses if r.WhichOneof("response") == "complete"]
+        text = tokenizer.decode(list(done[-1].output_ids)) if done else ""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        features[f"{name}_is_an_instance"] = (
+            isinstance(value, dict)
+            and set(value) == {"ok", "unit"}
+            and isinstance(value["ok"], bool)
+            and value["unit"] in ("c", "f")
+        )
+
+    await constrained("nonstream_json_schema", json_schema=json.dumps(CONSTRAINED_SCHEMA))
+    tag = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f>", "schema": CONSTRAINED_SCHEMA, "end": "</f>"}],
+        "triggers": ["<f>"],
+    }
+    responses, status = await _call(
+        stub, _request("tag", max_new_tokens=8, structural_tag=json.dumps(tag))
+    )
+    features["structural_tag_status"] = status
+    _, status = await _call(stub, _request("bad-schema", json_schema="{not json", stream=False))
+    features["invalid_json_schema_status"] = status
+    _, status = await _call(stub, _request("seed", max_new_tokens=4, temperature=1.0, seed=7))
+    features["seed_in_custom_params_status"] = status
+    for name, stream in (("stream_logprobs", True), ("nonstream_logprobs", False)):
+        request = _request(
+            name,
+            max_new_tokens=4,
+            stream=stream,
+            return_logprob=True,
+            top_logprobs_num=3,
+            logprob_start_len=0,
+        )
+        responses, status = await _call(stub, request)
+        features[name] = {"status": status, **_logprob_shape(responses, 3)}
+    request = _request(
+        "logprob-past-prompt", return_logprob=True, logprob_start_len=len(PROMPT) + 1
+    )
+    _, status = await _call(stub, request)
+    features["logprob_start_past_prompt_status"] = status
+    shapes["features"] = features
+
+
 async def _record_limits(
     stub: pb_grpc.SglangSchedulerStub, shapes: dict[str, Any], max_req_input_len: int
 ) -> None:
@@ -756,6 +868,7 @@ async def record_shapes(url: str) -> dict[str, Any]:
         tokens = await _record_kv(stub, client, shapes)
         tokenizer = await _record_tokenizer(stub, client, shapes)
         await _record_generate(stub, shapes, tokens, tokenizer.eos_token_ids[0])
+        await _record_features(stub, shapes, tokenizer)
         info = await client.model_info()
         await _record_limits(stub, shapes, info.max_req_input_len)
         await _record_abort(stub, client, shapes)
