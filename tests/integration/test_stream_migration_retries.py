@@ -1,7 +1,8 @@
 """Stream migration's limits, over real simulated workers (faults through their sidecar):
 a migration whose new worker fails before its first token is one more retry, on a worker
 not tried yet, and the stream still ends whole; a constrained stream (`response_format`)
-never migrates, since the new worker's grammar would start from its initial state."""
+never migrates, since the new worker's grammar would start from its initial state, nor does
+one that asked for log probabilities."""
 
 from __future__ import annotations
 
@@ -171,28 +172,35 @@ async def test_a_migration_whose_new_worker_fails_at_once_is_retried_on_a_third_
         assert app.model.open_leases(w.worker_id) == 0
 
 
+SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}}
+
+
 @pytest.mark.parametrize(
-    "response_format",
+    ("fields", "outcome"),
     [
-        {"type": "json_object"},
-        {
-            "type": "json_schema",
-            "json_schema": {
-                "name": "answer",
-                "schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+        ({"response_format": {"type": "json_object"}}, "constrained"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": SCHEMA},
+                }
             },
-        },
+            "constrained",
+        ),
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
     ],
-    ids=["json_object", "json_schema"],
+    ids=["json_object", "json_schema", "logprobs"],
 )
-async def test_a_constrained_stream_whose_worker_crashes_ends_with_the_error_event_unmigrated(
-    make_app: Any, response_format: dict[str, Any]
+async def test_a_stream_that_cannot_resume_ends_with_the_error_event_unmigrated(
+    make_app: Any, fields: dict[str, Any], outcome: str
 ) -> None:
-    """With migrate_streams on, a chat stream with `response_format` whose worker crashes
-    mid-way ends with the same error event as without migration (503 `no_capacity`, "The
-    worker failed: ...") after the text already sent: nothing migrates, the refusal is
-    counted as `constrained` and the request is logged `engine_error` on its worker.
-    (The workers accept constraints: `--grammar-backend unconstrained`.)"""
+    """With migrate_streams on, a chat stream with `response_format` (the new worker's
+    grammar would start afresh) or log probabilities whose worker crashes mid-way ends with
+    the same error event as without migration (503 `no_capacity`, "The worker failed: ...")
+    after the text already sent: nothing migrates, the refusal is counted under its outcome
+    and the request is logged `engine_error` on its worker. (The workers accept
+    constraints: `--grammar-backend unconstrained`.)"""
     app = await make_app(2, "--grammar-backend", "unconstrained")
     target = _worker(app, await _served_by(app))
     body = {
@@ -202,7 +210,7 @@ async def test_a_constrained_stream_whose_worker_crashes_ends_with_the_error_eve
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
-        "response_format": response_format,
+        **fields,
     }
     with capture_logs() as logs:
         events = await _stream_and_crash(app, target, "/v1/chat/completions", body)
@@ -221,7 +229,7 @@ async def test_a_constrained_stream_whose_worker_crashes_ends_with_the_error_eve
     assert (done["outcome"], done["worker"]) == ("engine_error", target.worker_id)
     metrics = app.gateway_metrics
     migrations = {
-        outcome: metrics.value("homing_stream_migrations_total", model=MODEL, outcome=outcome)
-        for outcome in ("migrated", "constrained")
+        name: metrics.value("homing_stream_migrations_total", model=MODEL, outcome=name)
+        for name in ("migrated", "constrained", "logprobs")
     }
-    assert migrations == {"migrated": 0, "constrained": 1}
+    assert migrations == {"migrated": 0, "constrained": 0, "logprobs": 0, outcome: 1}

@@ -27,7 +27,8 @@ stop strings and detokenization continue across the boundary. The new replica's 
 replaces the old one. Usage stays the client's: prompt tokens of the original prompt,
 completion tokens of every token delivered, cached tokens of the first attempt. A
 constrained stream (`response_format`) never migrates (outcome "constrained"): the new
-worker's grammar would start from its initial state, not where the choice is. When the
+worker's grammar would start from its initial state, not where the choice is. Nor does a
+stream that asked for log probabilities (outcome "logprobs"): its client gets the error. When the
 replica a stream migrated to fails before its first token, that is one more retry (within
 `max_retries` and the budget, on a replica not tried yet), not the end of the stream.
 
@@ -66,7 +67,7 @@ from homing.engines.client import (
     TokenChunk,
 )
 from homing.fleet import Lease
-from homing.gateway.decoding import ChoiceDecoder
+from homing.gateway.decoding import ChoiceDecoder, DetailedDecoder, DetailedStep, LoggedToken
 from homing.gateway.errors import (
     APIError,
     from_engine_error,
@@ -123,6 +124,15 @@ class ChoiceFinished:
 
     index: int
     reason: str
+
+
+@dataclass(frozen=True)
+class LogprobDelta(TextDelta):
+    """New text for choice `index` of a detailed request (`PreparedRequest.detailed`) and the
+    tokens it reports (`homing.gateway.decoding.DetailedDecoder`'s rules); `text` may be ""
+    when only tokens without text are reported."""
+
+    logprobs: tuple[LoggedToken, ...] = ()
 
 
 Event = TextDelta | ChoiceFinished
@@ -229,6 +239,8 @@ class Generation:
         self.finish_reasons: dict[int, str] = {}
         self.outcome = "ok"
         self.engine_messages = 0
+        # Per choice, the tokens a non-streamed detailed answer reports (`collect_texts`).
+        self.logprobs: list[list[LoggedToken]] = []
         # A non-streamed answer is one engine message per choice, unless stop strings
         # (matched here) need the tokens as they come, to end the choice at its stop.
         self._engine_streams = prepared.stream or bool(prepared.stop_set)
@@ -450,6 +462,9 @@ class Generation:
         if p.json_schema is not None or p.structural_tag is not None:  # a new grammar
             service.count_migration(model, "constrained")
             return False
+        if p.logprobs:  # kept simple: the resumed stream's entries are not rebased
+            service.count_migration(model, "logprobs")
+            return False
         open_choices = [i for i in range(p.n) if i not in self._ended]
         longest = max((len(self._produced.get(i, ())) for i in open_choices), default=0)
         attempt = self._attempt
@@ -551,8 +566,12 @@ class Generation:
                 matched_stop=None,
             )
         )
-        for text in step.texts:
-            self._queue.put_nowait(TextDelta(index, text))
+        if isinstance(step, DetailedStep):
+            if step.texts or step.logprobs:
+                self._queue.put_nowait(LogprobDelta(index, "".join(step.texts), step.logprobs))
+        else:
+            for text in step.texts:
+                self._queue.put_nowait(TextDelta(index, text))
         self._ended.add(index)
         self._queue.put_nowait(ChoiceFinished(index, step.finish or reason))
 
@@ -652,13 +671,25 @@ class Generation:
         worker_id = lease.worker_id
         produced = self._produced.setdefault(index, [])
         decoder = self._decoders.get(index) if resume else None
+        detailed = p.detailed  # logprobs or echo: a `DetailedDecoder` and `LogprobDelta`s
         if decoder is None:
-            decoder = self._decoders[index] = ChoiceDecoder(
-                p.model.tokenizer,
-                stop_set=p.stop_set,
-                hidden_stop_ids=self._hidden_stop_ids,
-                skip_special_tokens=p.skip_special_tokens,
-            )
+            if detailed:
+                decoder = DetailedDecoder(
+                    p.model.tokenizer,
+                    stop_set=p.stop_set,
+                    hidden_stop_ids=self._hidden_stop_ids,
+                    skip_special_tokens=p.skip_special_tokens,
+                    logprobs=p.logprobs,
+                    echo=p.echo,
+                )
+            else:
+                decoder = ChoiceDecoder(
+                    p.model.tokenizer,
+                    stop_set=p.stop_set,
+                    hidden_stop_ids=self._hidden_stop_ids,
+                    skip_special_tokens=p.skip_special_tokens,
+                )
+            self._decoders[index] = decoder
         # A resumed stream's counts are its own; the choice's are the first attempt's
         # cached tokens and every token so far (`_rebased`).
         offset = len(produced) if resume else 0
@@ -682,6 +713,10 @@ class Generation:
             seed=p.seed,
             skip_special_tokens=p.skip_special_tokens,
             stream=self._engine_streams,
+            return_logprob=p.logprobs,
+            top_logprobs_num=p.top_logprobs,
+            # echo: the prompt's entries from its first token (a resumed stream has them).
+            logprob_start_len=0 if p.logprobs and p.echo is not None and not resume else -1,
             # Stop strings are matched here, so chunks of several tokens would count and
             # charge the tokens after a stop, and see it late.
             stream_interval=p.model.stream_interval() if p.stream and not p.stop_set else None,
@@ -712,8 +747,14 @@ class Generation:
                 attempt.note(step.new_tokens, attempt_cached, time.monotonic())
                 if step.new_tokens:
                     self._note_tokens()
-                for text in step.texts:
-                    self._queue.put_nowait(TextDelta(index, text))
+                if detailed:
+                    assert isinstance(step, DetailedStep)
+                    if step.texts or step.logprobs:
+                        delta = LogprobDelta(index, "".join(step.texts), step.logprobs)
+                        self._queue.put_nowait(delta)
+                else:
+                    for text in step.texts:
+                        self._queue.put_nowait(TextDelta(index, text))
                 if aborted or step.finish == "abort":
                     # The worker ended the request itself (flush, restart, its own limits).
                     raise EngineError(
@@ -819,15 +860,21 @@ class Generation:
 
     async def collect_texts(self) -> list[str]:
         """Every choice's whole text, in choice order (the non-streamed answer): the deltas
-        joined once at the end (no string copied per token)."""
+        joined once at the end (no string copied per token). A detailed request's reported
+        tokens are in `logprobs` afterwards, per choice."""
         parts: list[list[str]] = [[] for _ in range(self.prepared.n)]
+        logged: list[list[LoggedToken]] = [[] for _ in range(self.prepared.n)]
         async for batch in self._batches(restartable=not self.prepared.stream):
             if isinstance(batch, _Restarted):
                 parts = [[] for _ in range(self.prepared.n)]
+                logged = [[] for _ in range(self.prepared.n)]
                 continue
             for event in batch:
                 if isinstance(event, TextDelta):
                     parts[event.index].append(event.text)
+                    if isinstance(event, LogprobDelta):
+                        logged[event.index].extend(event.logprobs)
+        self.logprobs = logged
         return ["".join(p) for p in parts]
 
     def finalize_usage(self) -> Usage:

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -25,8 +25,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from homing.gateway.auth import KeyRing, Principal
+from homing.gateway.decoding import LoggedToken
 from homing.gateway.errors import APIError, internal_error, invalid
-from homing.gateway.generation import ChoiceFinished, Generation, TextDelta
+from homing.gateway.generation import ChoiceFinished, Generation, LogprobDelta, TextDelta
+from homing.gateway.logprobs import LogprobFormat
 from homing.gateway.output import finish_reason, parse_whole, reasoning_tokens
 from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
@@ -42,9 +44,12 @@ log = structlog.get_logger("homing.grpc")
 SERVICE_NAME = "homing.v1.Inference"
 
 
-def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any]) -> None:
+def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any], *, chat: bool) -> None:
     """Copy the set options into `body` under their OpenAI names; raises `APIError` 400 when
-    `response_format` is not JSON text as the HTTP API reads a body (`loads_json`)."""
+    `response_format` is not JSON text as the HTTP API reads a body (`loads_json`). Log
+    probabilities: chat's `logprobs`/`top_logprobs` as they are; for completions `logprobs`
+    becomes the body's integer `logprobs` (`top_logprobs`, 0 when unset), and `echo` goes
+    to the body (a chat body does not know it: 400)."""
     for name in (
         "max_tokens",
         "temperature",
@@ -66,6 +71,19 @@ def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any]) -> Non
         body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
     if sampling.HasField("response_format"):
         body["response_format"] = _json_field(sampling.response_format, "response_format")
+    if chat or sampling.HasField("echo"):
+        for name in ("logprobs", "top_logprobs", "echo"):
+            if sampling.HasField(name):
+                body[name] = getattr(sampling, name)
+    if not chat:
+        top = sampling.top_logprobs if sampling.HasField("top_logprobs") else None
+        if sampling.HasField("logprobs") and sampling.logprobs:
+            body["logprobs"] = top or 0
+        elif top:
+            raise invalid(
+                "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
+                "top_logprobs",
+            )
 
 
 def _json_field(text: str, name: str) -> Any:
@@ -101,7 +119,7 @@ def chat_body(request: pb.ChatCompletionRequest) -> dict[str, Any]:
     if request.user:
         body["user"] = request.user
     if request.HasField("sampling"):
-        _sampling_to_body(request.sampling, body)
+        _sampling_to_body(request.sampling, body, chat=True)
     for name in ("tools", "chat_template_kwargs"):
         if request.HasField(name):
             body[name] = _json_field(getattr(request, name), name)
@@ -130,7 +148,7 @@ def completion_body(request: pb.CompletionRequest) -> dict[str, Any]:
     if request.user:
         body["user"] = request.user
     if request.HasField("sampling"):
-        _sampling_to_body(request.sampling, body)
+        _sampling_to_body(request.sampling, body, chat=False)
     return body
 
 
@@ -280,17 +298,17 @@ async def _whole_answer(prepared: PreparedRequest, generation: Generation) -> pb
     role = "assistant" if prepared.kind == "chat" else ""
     texts = await generation.collect_texts()
     plan = prepared.output
+    lp = _format(prepared)
     choices: list[pb.Choice] = []
     reasoning: list[str] = []
     for i, text in enumerate(texts):
         reason = generation.finish_reasons.get(i, "")
         if plan is None:
-            choices.append(pb.Choice(index=i, text=text, role=role, finish_reason=reason))
-            continue
-        parsed, ids = parse_whole(plan, text)
-        reasoning.append(parsed.reasoning)
-        choices.append(
-            pb.Choice(
+            choice = pb.Choice(index=i, text=text, role=role, finish_reason=reason)
+        else:
+            parsed, ids = parse_whole(plan, text)
+            reasoning.append(parsed.reasoning)
+            choice = pb.Choice(
                 index=i,
                 text=parsed.content,
                 role=role,
@@ -301,7 +319,9 @@ async def _whole_answer(prepared: PreparedRequest, generation: Generation) -> pb
                     for k, c in enumerate(parsed.calls)
                 ],
             )
-        )
+        if lp is not None and i < len(generation.logprobs):
+            _add_logprobs(choice, lp, generation.logprobs[i])
+        choices.append(choice)
     whole = _message(prepared, generation, choices)
     whole.usage.CopyFrom(_usage(generation, reasoning_tokens(prepared, reasoning)))
     return whole
@@ -317,6 +337,7 @@ async def _write_stream(
     first = set(range(prepared.n))
     plan = prepared.output
     parsers = [plan.parser() for _ in range(prepared.n)] if plan is not None else []
+    lp = _format(prepared)
     async for batch in generation.batches():
         entries: dict[int, pb.Choice] = {}
         for event in batch:
@@ -326,6 +347,8 @@ async def _write_stream(
                 if event.index in first:
                     choice.role = role
                     first.discard(event.index)
+            if lp is not None and isinstance(event, LogprobDelta):
+                _add_logprobs(choice, lp, event.logprobs)
             if plan is not None:
                 parser = parsers[event.index]
                 parsed = (
@@ -344,6 +367,24 @@ async def _write_stream(
             texts = [p.reasoning_text for p in parsers]
             message.usage.CopyFrom(_usage(generation, reasoning_tokens(prepared, texts)))
         await context.write(message)
+
+
+def _format(prepared: PreparedRequest) -> LogprobFormat | None:
+    """The request's logprob shapes, None when it asked for none."""
+    if not prepared.logprobs:
+        return None
+    return LogprobFormat(prepared.model.tokenizer, prepared.top_logprobs)
+
+
+def _add_logprobs(choice: pb.Choice, lp: LogprobFormat, logged: Sequence[LoggedToken]) -> None:
+    """Append `logged`'s tokens to the entry's `logprobs` (`TokenLogprob`: an echoed prompt's
+    first token has no `logprob`)."""
+    for token, raw, value, top, offset in lp.entries(logged):
+        entry = choice.logprobs.add(token=token, bytes=raw, text_offset=offset)
+        if value is not None:
+            entry.logprob = value
+        for top_token, top_raw, top_value in top:
+            entry.top.add(token=top_token, logprob=top_value, bytes=top_raw)
 
 
 def _add_events(choice: pb.Choice, events: list[OutputEvent], ids: list[str]) -> None:

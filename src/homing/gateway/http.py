@@ -38,8 +38,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from homing.gateway.auth import KeyRing, Principal
+from homing.gateway.decoding import LoggedToken
 from homing.gateway.errors import APIError, internal_error
-from homing.gateway.generation import Generation, TextDelta
+from homing.gateway.generation import Generation, LogprobDelta, TextDelta
 from homing.gateway.http_server import (
     HttpLimits,
     body_error,
@@ -48,6 +49,7 @@ from homing.gateway.http_server import (
     error_response,
 )
 from homing.gateway.http_server import json_dumps as _json_dumps
+from homing.gateway.logprobs import LogprobFormat
 from homing.gateway.output import (
     DeltaBuilder,
     finish_reason,
@@ -446,26 +448,42 @@ class HttpApi:
         plan = prepared.output
         parsers = [plan.parser() for _ in range(prepared.n)] if plan is not None else []
         builder = DeltaBuilder(plan.legacy) if plan is not None else None
+        lp = chunker.logprobs  # None unless the request asked for log probabilities
+        # Parsed chat with logprobs: per choice, the tokens not yet sent; they ride on the
+        # choice's next chunk (a delta, or its finish).
+        waiting: list[list[LoggedToken]] = [[] for _ in range(prepared.n)]
         try:
             async for batch in generation.batches():
                 for item in batch:
                     if not parsers:  # the plain path: text is content
                         if isinstance(item, TextDelta):
-                            out.append(chunker.content_event(item.index, item.text))
+                            if lp is None:
+                                out.append(chunker.content_event(item.index, item.text))
+                            else:
+                                out.append(event(chunker.logged_chunk(item)))
                         else:
                             out.append(event(chunker.chunk(item.index, finish_reason=item.reason)))
                         continue
                     assert plan is not None and builder is not None
                     parser = parsers[item.index]
+                    held = waiting[item.index]
                     if isinstance(item, TextDelta):
                         events = parser.feed(item.text)
+                        if isinstance(item, LogprobDelta):
+                            held.extend(item.logprobs)
                     else:
                         events = parser.finish()
                     for delta in builder.deltas(events, parser.ids):
-                        out.append(event(chunker.delta_chunk(item.index, delta)))
+                        logged = chunker.chat_logprobs(held)
+                        held.clear()
+                        out.append(event(chunker.delta_chunk(item.index, delta, logged)))
                     if not isinstance(item, TextDelta):
                         reason = finish_reason(item.reason, parser.calls, plan.legacy)
-                        out.append(event(chunker.chunk(item.index, finish_reason=reason)))
+                        logged = chunker.chat_logprobs(held)
+                        held.clear()
+                        out.append(
+                            event(chunker.chunk(item.index, finish_reason=reason, logprobs=logged))
+                        )
                 if prepared.include_usage and generation.finished:
                     reasoning = reasoning_tokens(prepared, [p.reasoning_text for p in parsers])
                     usage = generation.finalize_usage()
@@ -509,14 +527,37 @@ class ChunkBuilder:
             + (',"usage":null' if prepared.include_usage else "")
             + "}\n\n"
         )
+        #: The request's logprob shapes, None when it asked for none.
+        self.logprobs = (
+            LogprobFormat(prepared.model.tokenizer, prepared.top_logprobs)
+            if prepared.logprobs
+            else None
+        )
+
+    def chat_logprobs(self, logged: list[LoggedToken]) -> dict[str, Any] | None:
+        """A chat chunk's `logprobs` for `logged` (None: none asked for, or no token)."""
+        return self.logprobs.chat_chunk(logged) if self.logprobs is not None else None
+
+    def logged_chunk(self, item: TextDelta) -> dict[str, Any]:
+        """The chunk of a text delta with its tokens' `logprobs` (a logprobs request)."""
+        assert self.logprobs is not None
+        logged = item.logprobs if isinstance(item, LogprobDelta) else ()
+        if self.p.kind == "chat":
+            shaped = self.logprobs.chat_chunk(logged)
+        else:
+            shaped = self.logprobs.completion_chunk(logged)
+        return self.chunk(item.index, content=item.text, logprobs=shaped)
 
     def content_event(self, index: int, text: str) -> bytes:
         """The SSE event (`data: ...` and the blank line) of `chunk(index, content=text)`."""
         return f"{self._head}{index}{self._field}{_json_dumps(text)}{self._tail}".encode()
 
-    def delta_chunk(self, index: int, delta: dict[str, Any]) -> dict[str, Any]:
-        """A chat chunk carrying `delta` (`homing.gateway.output.DeltaBuilder`'s)."""
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+    def delta_chunk(
+        self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """A chat chunk carrying `delta` (`homing.gateway.output.DeltaBuilder`'s) and its
+        tokens' `logprobs` (None: none)."""
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
         return self._base([choice])
 
     def _base(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -539,8 +580,10 @@ class ChunkBuilder:
         content: str | None = None,
         role: bool = False,
         finish_reason: str | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """A chunk for one choice: a content delta, the role delta, or the finish."""
+        """A chunk for one choice: a content delta, the role delta, or the finish; `logprobs`
+        the choice's `logprobs` object (`homing.gateway.logprobs`), None for null."""
         if self.p.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -550,14 +593,14 @@ class ChunkBuilder:
             choice: dict[str, Any] = {
                 "index": index,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
         else:
             choice = {
                 "index": index,
                 "text": content or "",
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
         return self._base([choice])
@@ -591,8 +634,17 @@ def full_body(
     choices: list[dict[str, Any]] = []
     plan = prepared.output
     reasoning: list[str] = []
+    lp = (
+        LogprobFormat(prepared.model.tokenizer, prepared.top_logprobs)
+        if prepared.logprobs
+        else None
+    )
     for index, text in enumerate(texts):
         reason = generation.finish_reasons.get(index)
+        logprobs: dict[str, Any] | None = None
+        if lp is not None:
+            logged = generation.logprobs[index] if index < len(generation.logprobs) else []
+            logprobs = lp.chat(logged) if prepared.kind == "chat" else lp.completion(logged)
         if prepared.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if plan is not None:
@@ -601,11 +653,11 @@ def full_body(
                 reason = finish_reason(reason, len(parsed.calls), plan.legacy)
                 reasoning.append(parsed.reasoning)
             choices.append(
-                {"index": index, "message": message, "logprobs": None, "finish_reason": reason}
+                {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
             )
         else:
             choices.append(
-                {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+                {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
             )
     return {
         "id": ("chatcmpl-" if prepared.kind == "chat" else "cmpl-") + prepared.request_id,

@@ -24,7 +24,8 @@ RETRY_OUTCOMES = ("retried", "budget_exhausted", "no_other_worker", "max_retries
 #: got its first byte, with `router.migrate_streams` on: resumed on another worker, refused
 #: by the retry budget, no other worker, the request already migrated once, prompt plus
 #: tokens so far too long for a worker's prompt limit, or a constrained request
-#: (`response_format`: the new worker's grammar state would start afresh).
+#: (`response_format`: the new worker's grammar state would start afresh), or one that asked
+#: for log probabilities.
 MIGRATION_OUTCOMES = (
     "migrated",
     "budget_exhausted",
@@ -32,6 +33,7 @@ MIGRATION_OUTCOMES = (
     "max_migrations",
     "too_long",
     "constrained",
+    "logprobs",
 )
 
 

@@ -77,6 +77,19 @@ class PreparedRequest:
     output: OutputPlan | None = None
     structural_tag: str | None = None  # SGLang structural_tag JSON (strict tools)
     seed: int | None = None
+    # Log probabilities: per generated token (`logprobs`), with `top_logprobs` most likely
+    # entries per position (chat `top_logprobs`, completions `logprobs`: N).
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # Completions `echo`: the prompt's text, sent before the completion (prompt logprobs too
+    # when `logprobs`); None without echo.
+    echo: str | None = None
+
+    @property
+    def detailed(self) -> bool:
+        """The choices need more than text (logprobs or echo): `homing.gateway.decoding`'s
+        `DetailedDecoder` runs instead of the plain one."""
+        return self.logprobs or self.echo is not None
 
     @property
     def system_fingerprint(self) -> str:
@@ -174,6 +187,8 @@ class Preparer:
             "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal,
             arrived_at, trace, plan,
         )  # fmt: skip
+        if req.logprobs:
+            prepared = replace(prepared, logprobs=True, top_logprobs=req.top_logprobs or 0)
         if prepared.session_key is None:  # the split's key: the conversation's first question
             first = next((m for m in req.messages if m.role == "user"), None)
             if first is not None:  # a tenant's "hi" and another's are different conversations
@@ -203,10 +218,21 @@ class Preparer:
         else:
             prompt_ids = list(req.prompt)
             _check_ids(prompt_ids, model.tokenizer.vocab_size, "prompt")
-        return self._prepared(
+        prepared = self._prepared(
             "text", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal,
             arrived_at, trace,
         )  # fmt: skip
+        if req.logprobs is None and not req.echo:
+            return prepared
+        echo = None
+        if req.echo:  # the prompt as given; a token-id prompt as its decoded text
+            echo = req.prompt if isinstance(req.prompt, str) else model.tokenizer.decode(prompt_ids)
+        return replace(
+            prepared,
+            logprobs=req.logprobs is not None,
+            top_logprobs=req.logprobs or 0,
+            echo=echo,
+        )
 
     def _prepared(
         self,

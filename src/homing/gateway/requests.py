@@ -73,6 +73,9 @@ FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 MAX_TOOL_CALL_ID = 256
 # `seed`: OpenAI documents an integer; engines take a signed 64-bit one.
 MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
+# Log probabilities: OpenAI's bounds (chat `top_logprobs` 0..20, completions `logprobs` 0..5).
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
 
 Role = Literal["system", "user", "assistant", "tool", "developer", "function"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
@@ -364,10 +367,19 @@ class ChatRequest(_Common):
     # Go to the chat template when it reads them (homing.gateway.prepare), else 400.
     reasoning_effort: ReasoningEffort | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Each generated token's log probability, and that many most likely tokens per position.
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
     @model_validator(mode="after")
     def _tools_agree(self) -> ChatRequest:
         _check_tools(self)
+        # OpenAI's rule and wording; 0 (no top entries) stays the no-op it always was here.
+        if self.top_logprobs and not self.logprobs:
+            raise invalid(
+                "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
+                "top_logprobs",
+            )
         return self
 
     @property
@@ -502,6 +514,10 @@ class CompletionRequest(_Common):
     allow_special_tokens: StrictBool = False
     # Served only as `n` (then it changes nothing): ranking candidates needs logprobs.
     best_of: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = None
+    # Log probabilities of each token and of the `logprobs` most likely ones (None: off).
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
+    # The prompt before the completion in `text` (and its tokens first in `logprobs`).
+    echo: StrictBool = False
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -527,18 +543,14 @@ class CompletionRequest(_Common):
 # is in README.md, "APIs".
 _CHAT_REFUSED: dict[str, tuple[object, ...]] = {
     "audio": (),
-    "logprobs": (False,),
     "modalities": (["text"],),
     "prediction": (),
     "service_tier": ("auto", "default"),
     "store": (False,),
-    "top_logprobs": (0,),
     "verbosity": (),
     "web_search_options": (),
 }
 _COMPLETION_REFUSED: dict[str, tuple[object, ...]] = {
-    "echo": (False,),
-    "logprobs": (),
     "suffix": ("",),
 }
 # Longest client string (parameter name or path, key, model, number) an error shows.

@@ -129,8 +129,12 @@ def test_off_values_compare_by_type() -> None:
     """`top_logprobs: 0` is off, `top_logprobs: false` is not the integer 0."""
     assert _code(parse_chat, {"model": "m", "messages": MSG, "top_logprobs": 0}) is None
     assert _code(parse_chat, {"model": "m", "messages": MSG, "top_logprobs": False}) == (
-        "unsupported_parameter"
+        "invalid_value"
     )
+    assert _code(parse_completion, {"model": "m", "prompt": "x", "logprobs": True}) == (
+        "invalid_value"
+    )
+    assert _code(parse_completion, {"model": "m", "prompt": "x", "echo": 1}) == "invalid_value"
 
 
 def test_null_optional_parameters_take_their_defaults() -> None:

@@ -22,6 +22,7 @@ def test_content_event_is_the_chunk_object_encoded(kind: str, include_usage: boo
         model=SimpleNamespace(model_id='llama "8b"'),
         include_usage=include_usage,
         system_fingerprint="fp_0123456789ab",
+        logprobs=False,
     )
     chunker = ChunkBuilder(prepared)  # type: ignore[arg-type]
     for index in (0, 3, 15):

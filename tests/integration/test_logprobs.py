@@ -1,0 +1,368 @@
+"""Log probabilities and `echo` end to end over simulated workers, through the official
+OpenAI SDK and the gRPC API: OpenAI's shapes, every token once with the text it carries,
+streamed equal to whole, stop strings and tool calls, and the exact 400s of bad values."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from openai import AsyncOpenAI
+
+from homing.app import App
+from homing.v1 import inference_pb2 as pb
+from homing.v1 import inference_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ASK: list[Any] = [{"role": "user", "content": "Tell me about prefix caches, héllo wörld."}]
+PROMPT = "Routing requests to replicas"
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _client(app: App) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"http://127.0.0.1:{app.http_port}/v1", api_key="unused")
+
+
+async def _post(app: App, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://127.0.0.1:{app.http_port}{path}", json=body) as resp:
+            return resp.status, await resp.json()
+
+
+def _err(message: str, param: str | None, code: str) -> dict[str, Any]:
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    return {"error": error}
+
+
+def _joined(entries: list[Any]) -> str:
+    """The text of a list of chat logprob entries: their bytes, decoded once."""
+    return b"".join(bytes(e.bytes) for e in entries).decode()
+
+
+def _token_bytes(token: str) -> bytes:
+    """A completions token string's bytes ("bytes:\\xNN..." spells bytes not UTF-8 alone)."""
+    if token.startswith("bytes:"):
+        return bytes.fromhex(token[len("bytes:") :].replace("\\x", ""))
+    return token.encode()
+
+
+def _check_chat_entry(entry: Any, top: int) -> None:
+    """One chat entry: a finite logprob <= 0, bytes agreeing with the token, `top` top
+    entries in non-increasing order, the sampled token's value where it is among them."""
+    assert entry.logprob <= 0.0 and math.isfinite(entry.logprob)
+    if not entry.token.startswith("bytes:"):
+        assert bytes(entry.bytes) == entry.token.encode()
+    values = [t.logprob for t in entry.top_logprobs]
+    assert len(values) == top and values == sorted(values, reverse=True)
+    for t in entry.top_logprobs:
+        if t.token == entry.token:
+            assert t.logprob == pytest.approx(entry.logprob)
+
+
+async def test_chat_logprobs_give_every_token_of_the_answer_once(gateway: App) -> None:
+    """Non-streamed chat with `top_logprobs: 3`: one entry per completion token, their bytes
+    spell the answer, each with 3 top entries in descending order; `refusal` is null."""
+    client = _client(gateway)
+    answer = await client.chat.completions.create(
+        model=gateway.model.model_id, messages=ASK, max_tokens=12, logprobs=True, top_logprobs=3
+    )
+    choice = answer.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.refusal is None
+    entries = choice.logprobs.content or []
+    assert answer.usage is not None and len(entries) == answer.usage.completion_tokens == 12
+    assert _joined(entries) == choice.message.content
+    for entry in entries:
+        _check_chat_entry(entry, 3)
+
+
+async def test_greedy_chat_samples_the_top_token_and_streams_what_it_answers_whole(
+    gateway: App,
+) -> None:
+    """At temperature 0 each sampled token is the top-1 entry; the streamed chunks' entries
+    are the whole answer's, in order, each chunk's with the text it carries."""
+    client = _client(gateway)
+    fields: dict[str, Any] = {
+        "model": gateway.model.model_id,
+        "messages": ASK,
+        "max_tokens": 10,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    whole = await client.chat.completions.create(**fields)
+    entries = whole.choices[0].logprobs.content or []  # type: ignore[union-attr]
+    for entry in entries:
+        assert (entry.token, entry.logprob) == (
+            entry.top_logprobs[0].token,
+            pytest.approx(entry.top_logprobs[0].logprob),
+        )
+    streamed: list[Any] = []
+    async for chunk in await client.chat.completions.create(**fields, stream=True):
+        for choice in chunk.choices:
+            got = (choice.logprobs.content or []) if choice.logprobs else []
+            assert _joined(got) == (choice.delta.content or "")
+            streamed.extend(got)
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in entries]
+
+
+async def test_chat_without_logprobs_has_null_logprobs(gateway: App) -> None:
+    """Chat that does not ask (or asks `logprobs: false`) gets `logprobs: null`."""
+    for fields in ({}, {"logprobs": False}):
+        status, body = await _post(
+            gateway,
+            "/v1/chat/completions",
+            {"model": gateway.model.model_id, "messages": ASK, "max_tokens": 3, **fields},
+        )
+        assert status == 200 and body["choices"][0]["logprobs"] is None
+
+
+async def test_stop_string_ends_the_reported_tokens_where_the_text_ends(gateway: App) -> None:
+    """With a stop string met, the text ends before it and the reported tokens cover the
+    text: their bytes start with it and go at most one token past it."""
+    client = _client(gateway)
+    model = gateway.model.model_id
+    free = await client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0
+    )
+    tokens = free.choices[0].logprobs.tokens or []  # type: ignore[union-attr]
+    stop = tokens[5].strip() or tokens[6].strip()
+    stopped = await client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0, stop=[stop]
+    )
+    choice = stopped.choices[0]
+    text = choice.text
+    reported = choice.logprobs.tokens or []  # type: ignore[union-attr]
+    assert choice.finish_reason == "stop" and stop not in text
+    assert "".join(reported).startswith(text)
+    assert len("".join(reported[:-1])) <= len(text)
+
+
+async def test_completion_logprobs_hold_the_sampled_token_and_at_most_n_others(
+    gateway: App,
+) -> None:
+    """Completions `logprobs: 2`: four lists of one entry per token; each top dict holds
+    the 2 most likely tokens and the sampled one (2 or 3 keys); offsets index the text."""
+    client = _client(gateway)
+    answer = await client.completions.create(
+        model=gateway.model.model_id, prompt=PROMPT, max_tokens=10, logprobs=2
+    )
+    choice = answer.choices[0]
+    lp = choice.logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 10
+    assert lp.text_offset is not None and lp.text_offset[0] == 0
+    for token, value, top, offset in zip(
+        lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset, strict=True
+    ):
+        assert top[token] == pytest.approx(value) and len(top) in (2, 3)
+        if not token.startswith("bytes:"):
+            assert choice.text[offset:].startswith(token)
+
+
+async def test_echo_puts_the_prompt_and_its_tokens_first(gateway: App) -> None:
+    """`echo` with `logprobs: 1`: the text is the prompt then the answer; the prompt's tokens
+    come first, the first without a value; the counts are the usage's."""
+    client = _client(gateway)
+    answer = await client.completions.create(
+        model=gateway.model.model_id, prompt=PROMPT, max_tokens=6, logprobs=1, echo=True
+    )
+    choice = answer.choices[0]
+    lp = choice.logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+    assert choice.text.startswith(PROMPT) and len(choice.text) > len(PROMPT)
+    assert answer.usage is not None
+    assert len(lp.tokens) == answer.usage.prompt_tokens + answer.usage.completion_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None for v in lp.token_logprobs[1:])
+    assert "".join(lp.tokens[: answer.usage.prompt_tokens]) == PROMPT
+    assert lp.text_offset == sorted(lp.text_offset or [])
+
+
+async def test_echo_alone_and_streamed_sends_the_prompt_in_the_first_chunk(gateway: App) -> None:
+    """`echo` without logprobs: the prompt leads the text and `logprobs` stays null; streamed,
+    the prompt is in the first chunk."""
+    client = _client(gateway)
+    model = gateway.model.model_id
+    whole = await client.completions.create(model=model, prompt=PROMPT, max_tokens=4, echo=True)
+    assert whole.choices[0].text.startswith(PROMPT) and whole.choices[0].logprobs is None
+    texts = [
+        chunk.choices[0].text
+        async for chunk in await client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=4, echo=True, stream=True
+        )
+        if chunk.choices
+    ]
+    assert texts[0].startswith(PROMPT) and len("".join(texts)) > len(PROMPT)
+
+
+async def test_streamed_completion_chunks_carry_their_own_tokens(gateway: App) -> None:
+    """Streamed completions with logprobs and `n: 2`: every chunk's lists have one entry per
+    token of its text, each choice's tokens spell its text, offsets count from its start."""
+    client = _client(gateway)
+    texts: dict[int, str] = {0: "", 1: ""}
+    async for chunk in await client.completions.create(
+        model=gateway.model.model_id, prompt=PROMPT, max_tokens=8, logprobs=1, n=2, stream=True
+    ):
+        for choice in chunk.choices:
+            lp = choice.logprobs
+            if lp is None:
+                assert choice.text == "" and choice.finish_reason is not None
+                continue
+            assert len(lp.tokens or []) == len(lp.token_logprobs or []) == len(lp.text_offset or [])
+            assert (lp.text_offset or [None])[0] == len(texts[choice.index])
+            assert b"".join(_token_bytes(t) for t in lp.tokens or []).decode() == choice.text
+            texts[choice.index] += choice.text
+    assert all(texts.values())
+
+
+async def test_tool_call_answers_report_the_tokens_of_the_call(gateway: App) -> None:
+    """A tool-call answer with logprobs: the entries' bytes spell the raw answer the parser
+    read, so they hold the call's arguments."""
+    status, body = await _post(
+        gateway,
+        "/v1/chat/completions",
+        {
+            "model": gateway.model.model_id,
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [WEATHER],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "logprobs": True,
+        },
+    )
+    assert status == 200, body
+    choice = body["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    raw = b"".join(bytes(e["bytes"]) for e in choice["logprobs"]["content"]).decode()
+    assert json.loads(call["function"]["arguments"])["city"] in raw
+
+
+async def test_grpc_answers_carry_token_logprobs(gateway: App) -> None:
+    """Over gRPC: chat `logprobs` with `top_logprobs: 2` gives one `TokenLogprob` per token
+    with 2 top entries, streamed and whole alike at temperature 0; a completion with `echo`
+    leads with the prompt, whose first token has no `logprob`."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        sampling = pb.SamplingOptions(max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+        messages = [pb.ChatMessage(role="user", content=ASK[0]["content"])]
+        request = pb.ChatCompletionRequest(
+            model=gateway.model.model_id, messages=messages, sampling=sampling
+        )
+        (whole,) = [m async for m in stub.ChatCompletion(request)]
+        entries = list(whole.choices[0].logprobs)
+        assert len(entries) == whole.usage.completion_tokens == 6
+        assert b"".join(e.bytes for e in entries).decode() == whole.choices[0].text
+        assert all(len(e.top) == 2 and e.HasField("logprob") for e in entries)
+        request.stream = True
+        streamed = [
+            e async for m in stub.ChatCompletion(request) for c in m.choices for e in c.logprobs
+        ]
+        assert streamed == entries
+        echo = pb.SamplingOptions(max_tokens=3, logprobs=True, echo=True)
+        completion = pb.CompletionRequest(model=gateway.model.model_id, text=PROMPT, sampling=echo)
+        (answer,) = [m async for m in stub.Completion(completion)]
+        tokens = list(answer.choices[0].logprobs)
+        assert answer.choices[0].text.startswith(PROMPT)
+        assert len(tokens) == answer.usage.prompt_tokens + answer.usage.completion_tokens
+        assert not tokens[0].HasField("logprob") and tokens[1].HasField("logprob")
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "expected"),
+    [
+        (
+            "/v1/chat/completions",
+            {"top_logprobs": 2},
+            _err(
+                "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.",
+                "top_logprobs",
+                "invalid_value",
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            {"logprobs": True, "top_logprobs": 21},
+            _err(
+                "Invalid value for 'top_logprobs': Input should be less than or equal to 20",
+                "top_logprobs",
+                "invalid_value",
+            ),
+        ),
+        (
+            "/v1/completions",
+            {"logprobs": 6},
+            _err(
+                "Invalid value for 'logprobs': Input should be less than or equal to 5",
+                "logprobs",
+                "invalid_value",
+            ),
+        ),
+        (
+            "/v1/completions",
+            {"logprobs": -1},
+            _err(
+                "Invalid value for 'logprobs': Input should be greater than or equal to 0",
+                "logprobs",
+                "invalid_value",
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            {"logprobs": True, "top_logprobs": False},  # false is not the integer 0
+            _err(
+                "Invalid value for 'top_logprobs': Input should be a valid integer",
+                "top_logprobs",
+                "invalid_value",
+            ),
+        ),
+        (
+            "/v1/completions",
+            {"logprobs": True},  # completions take a count
+            _err(
+                "Invalid value for 'logprobs': Input should be a valid integer",
+                "logprobs",
+                "invalid_value",
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            {"echo": True},
+            _err(
+                "Unrecognized request argument supplied: echo",
+                "echo",
+                "unknown_parameter",
+            ),
+        ),
+    ],
+    ids=[
+        "top_without_logprobs",
+        "top_21",
+        "completion_6",
+        "completion_negative",
+        "top_false",
+        "completion_bool",
+        "chat_echo",
+    ],
+)
+async def test_bad_logprob_values_get_exact_400s(
+    gateway: App, path: str, fields: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    """Each bad value gets 400 with OpenAI's wording and the parameter it names."""
+    prompt = {"messages": ASK} if path.endswith("chat/completions") else {"prompt": PROMPT}
+    body = {"model": gateway.model.model_id, "max_tokens": 2, **prompt, **fields}
+    assert await _post(gateway, path, body) == (400, expected)
