@@ -230,7 +230,8 @@ async def test_chat_template_kwargs_reach_the_template(gateway: App) -> None:
 
 async def test_grpc_tool_call_streamed_and_whole(gateway: App) -> None:
     """Over the gRPC API a tool call comes as `tool_calls` deltas (id and name first, then
-    argument fragments) that join to the non-streamed call."""
+    argument fragments) that join to the non-streamed call; the tokens the parser holds back
+    (call markers) send no empty entries."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
         stub = pb_grpc.InferenceStub(channel)
         request = pb.ChatCompletionRequest(
@@ -242,7 +243,12 @@ async def test_grpc_tool_call_streamed_and_whole(gateway: App) -> None:
         chunks = [c async for c in stub.ChatCompletion(request)]
         request.stream = False
         (whole,) = [c async for c in stub.ChatCompletion(request)]
-    deltas = [d for c in chunks for ch in c.choices for d in ch.tool_calls]
+    entries = [ch for c in chunks for ch in c.choices]
+    said = [
+        ch.role or ch.text or ch.reasoning or ch.tool_calls or ch.finish_reason for ch in entries
+    ]
+    assert all(said), [str(ch) for ch in entries]
+    deltas = [d for ch in entries for d in ch.tool_calls]
     assert deltas[0].name == "get_weather" and deltas[0].id.startswith("call_")
     assert all(not d.name and not d.id for d in deltas[1:])
     (call,) = whole.choices[0].tool_calls

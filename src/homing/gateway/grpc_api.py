@@ -362,11 +362,28 @@ async def _write_stream(
                 choice.text += event.text
             elif isinstance(event, ChoiceFinished):
                 choice.finish_reason = event.reason
-        message = _message(prepared, generation, list(entries.values()))
+        # A parser holding text back (a possible call marker) yields nothing for its delta.
+        sent = [c for c in entries.values() if _has_output(c)]
+        if not sent and not generation.finished:
+            continue
+        message = _message(prepared, generation, sent)
         if generation.finished:
             texts = [p.reasoning_text for p in parsers]
             message.usage.CopyFrom(_usage(generation, reasoning_tokens(prepared, texts)))
         await context.write(message)
+
+
+def _has_output(choice: pb.Choice) -> bool:
+    """Whether a streamed entry says anything: a role, text, reasoning, a call, logprobs or
+    its finish reason."""
+    return bool(
+        choice.role
+        or choice.text
+        or choice.reasoning
+        or choice.tool_calls
+        or choice.logprobs
+        or choice.finish_reason
+    )
 
 
 def _format(prepared: PreparedRequest) -> LogprobFormat | None:
