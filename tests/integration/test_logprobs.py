@@ -255,7 +255,8 @@ async def test_tool_call_answers_report_the_tokens_of_the_call(gateway: App) -> 
 async def test_grpc_answers_carry_token_logprobs(gateway: App) -> None:
     """Over gRPC: chat `logprobs` with `top_logprobs: 2` gives one `TokenLogprob` per token
     with 2 top entries, streamed and whole alike at temperature 0; a completion with `echo`
-    leads with the prompt, whose first token has no `logprob`."""
+    leads with the prompt, whose first token has no `logprob`, and takes `top_logprobs` as
+    over HTTP; `echo` without `logprobs` gives the text alone."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
         stub = pb_grpc.InferenceStub(channel)
         sampling = pb.SamplingOptions(max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
@@ -273,13 +274,19 @@ async def test_grpc_answers_carry_token_logprobs(gateway: App) -> None:
             e async for m in stub.ChatCompletion(request) for c in m.choices for e in c.logprobs
         ]
         assert streamed == entries
-        echo = pb.SamplingOptions(max_tokens=3, logprobs=True, echo=True)
+        echo = pb.SamplingOptions(max_tokens=3, logprobs=True, top_logprobs=2, echo=True)
         completion = pb.CompletionRequest(model=gateway.model.model_id, text=PROMPT, sampling=echo)
         (answer,) = [m async for m in stub.Completion(completion)]
         tokens = list(answer.choices[0].logprobs)
         assert answer.choices[0].text.startswith(PROMPT)
         assert len(tokens) == answer.usage.prompt_tokens + answer.usage.completion_tokens
         assert not tokens[0].HasField("logprob") and tokens[1].HasField("logprob")
+        assert all(len(t.top) == 2 for t in tokens[1:])
+        # echo without logprobs: the prompt leads the text, and no token entries come.
+        plain = pb.SamplingOptions(max_tokens=3, logprobs=False, echo=True)
+        completion = pb.CompletionRequest(model=gateway.model.model_id, text=PROMPT, sampling=plain)
+        (answer,) = [m async for m in stub.Completion(completion)]
+        assert answer.choices[0].text.startswith(PROMPT) and not answer.choices[0].logprobs
 
 
 @pytest.mark.parametrize(

@@ -467,6 +467,23 @@ async def test_seed_makes_a_sampled_answer_repeatable(gateway: App) -> None:
     assert answers[0] == answers[1] != answers[2]
 
 
+async def test_seeded_choices_differ_and_repeat_together(gateway: App) -> None:
+    """With `n: 3` and a seed, choice i samples with seed + i (wrapping past 2**63 - 1): the
+    same request gives the same choices again, and each is the `n: 1` answer of its seed."""
+    top = 2**63 - 1
+
+    async def answers(n: int, seed: int) -> list[str]:
+        fields = {"temperature": 1.0, "seed": seed, "max_tokens": 40, "n": n}
+        status, body, _ = await _post(gateway, "/v1/chat/completions", _chat(gateway, **fields))
+        assert status == 200, body
+        return [c["message"]["content"] for c in body["choices"]]
+
+    first = await answers(3, top - 1)
+    assert await answers(3, top - 1) == first and len(set(first)) > 1
+    singles = [await answers(1, seed) for seed in (top - 1, top, -(2**63))]
+    assert [s for (s,) in singles] == first
+
+
 JSON_OBJECT = '{"type": "json_object"}'
 SCHEMA_TEXT = '{"type": "json_schema", "json_schema": {"name": "a", "schema": {"maximum": X}}}'
 

@@ -710,7 +710,7 @@ class Generation:
             logit_bias=p.logit_bias,
             json_schema=p.json_schema,
             structural_tag=p.structural_tag,
-            seed=p.seed,
+            seed=choice_seed(p.seed, index),
             skip_special_tokens=p.skip_special_tokens,
             stream=self._engine_streams,
             return_logprob=p.logprobs,
@@ -1007,3 +1007,11 @@ def engine_request_id(base: str, index: int, n: int) -> str:
     the width of `n - 1`, so no sibling's id is a prefix of another's (SGLang's Abort
     aborts every request whose id starts with the given one)."""
     return f"{base}-{index:0{len(str(n - 1))}d}"
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The engine seed of choice `index` of a seeded request: `seed + index`, wrapped into
+    the signed 64-bit range, so the `n` choices differ and the request as a whole repeats."""
+    if seed is None:
+        return None
+    return (seed + index + 2**63) % 2**64 - 2**63

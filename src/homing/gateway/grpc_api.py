@@ -71,11 +71,13 @@ def _sampling_to_body(sampling: pb.SamplingOptions, body: dict[str, Any], *, cha
         body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
     if sampling.HasField("response_format"):
         body["response_format"] = _json_field(sampling.response_format, "response_format")
-    if chat or sampling.HasField("echo"):
+    if chat:
         for name in ("logprobs", "top_logprobs", "echo"):
             if sampling.HasField(name):
                 body[name] = getattr(sampling, name)
-    if not chat:
+    else:
+        if sampling.HasField("echo"):
+            body["echo"] = sampling.echo
         top = sampling.top_logprobs if sampling.HasField("top_logprobs") else None
         if sampling.HasField("logprobs") and sampling.logprobs:
             body["logprobs"] = top or 0
