@@ -306,12 +306,46 @@ def _tool(name: str, parameters: Any = None) -> dict[str, Any]:
             ),
         ),
         (
-            {"tools": [_tool("f", {"type": "objekt"})]},
+            {"tools": [_tool("f", {"type": "object", "properties": {"a": {"type": "objekt"}}})]},
             _err(
-                "Invalid schema for 'tools.[0].function.parameters.type': 'type' must be one "
-                "of array, boolean, integer, null, number, object, string, or a list of them.",
+                "Invalid schema for 'tools.[0].function.parameters.properties.a.type': 'type' "
+                "must be one of array, boolean, integer, null, number, object, string, or a "
+                "list of them.",
                 "tools.[0].function.parameters",
                 "invalid_function_parameters",
+            ),
+        ),
+        (
+            {"tools": [_tool("f", {"type": "string"})]},
+            _err(
+                "Invalid schema for 'tools.[0].function.parameters.type': function parameters "
+                "must be an object schema ('type': 'object'), got 'string'.",
+                "tools.[0].function.parameters",
+                "invalid_function_parameters",
+            ),
+        ),
+        (
+            {"tool_choice": 5, "tools": [_tool("f")]},
+            _err(
+                "Invalid value for 'tool_choice': Input should be 'none', 'auto' or 'required'",
+                "tool_choice",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"tool_choice": {"type": "function"}, "tools": [_tool("f")]},
+            _err(
+                "Missing required parameter: 'tool_choice.function'.",
+                "tool_choice.function",
+                "missing_required_parameter",
+            ),
+        ),
+        (
+            {"function_call": 7, "functions": [{"name": "f"}]},
+            _err(
+                "Invalid value for 'function_call': Input should be 'none' or 'auto'",
+                "function_call",
+                "invalid_value",
             ),
         ),
         (
@@ -384,14 +418,21 @@ def _wide_schema(chars: int) -> dict[str, Any]:
     return {"type": "object", "properties": props}
 
 
+def _many(count: int) -> dict[str, Any]:
+    """An object schema of `count` bare string properties."""
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(count)}}
+
+
 @pytest.mark.parametrize(
     "fields",
     [
         {"tools": [_tool("big", _wide_schema(1_000_000))], "max_tokens": 4},
         {"tools": [_tool(f"f{i}", _wide_schema(6_000)) for i in range(128)], "max_tokens": 4},
         {"tools": [_tool("deep", _nested(100))]},
+        {"tools": [_tool("wide", _many(30_000))], "tool_choice": "required", "max_tokens": 4},
+        {"tools": [_tool("wide", _many(30_000))], "max_tokens": 4},
     ],
-    ids=["1MB-schema", "128-tools", "100-deep"],
+    ids=["1MB-schema", "128-tools", "100-deep", "30k-props-required", "30k-props-auto"],
 )
 async def test_hostile_tools_hold_the_loop_under_10ms(gateway: App, fields: dict[str, Any]) -> None:
     """A 1 MB schema, 128 tools of 6 KB and a schema nested 100 deep are served or refused

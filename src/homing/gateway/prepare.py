@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from homing.fleet import Fleet, ModelDispatch, UnknownModel
 from homing.gateway.auth import Principal, check_model
@@ -19,7 +19,7 @@ from homing.gateway.errors import APIError, invalid, model_not_found
 from homing.gateway.output import OutputPlan
 from homing.gateway.request_log import TraceContext
 from homing.gateway.requests import ChatMessage, ChatRequest, CompletionRequest, shown
-from homing.gateway.tool_plan import ToolPlan, plan_tools
+from homing.gateway.tool_plan import ToolPlan, plan_tools, plans_costly
 from homing.text.stops import StopSet
 from homing.text.tokenizer import ChatTemplateError
 
@@ -29,6 +29,8 @@ Kind = Literal["chat", "text"]
 # (~5 ms inline). A chat message costs ENCODE_MESSAGE_CHARS more than its content: with the
 # served tokenizer (DeepSeek's), one core, encode_chat takes ~0.6 us per character and ~12 us
 # per message (the template renders twice; each content is a tokenizer call of its own).
+_T = TypeVar("_T")
+
 THREADED_ENCODE_CHARS = 8192
 ENCODE_MESSAGE_CHARS = 32
 
@@ -121,12 +123,12 @@ class Preparer:
         check_model(principal, name)  # 404 for the tenant, 403 for the key
         return model
 
-    async def _encode(self, encode: Callable[[], list[int]], cost: int, param: str) -> list[int]:
-        """The ids `encode()` gives for a prompt whose tokenizing costs `cost` characters' worth
-        (see ENCODE_MESSAGE_CHARS); costly prompts are encoded off the event loop (the
-        `tokenizers` library releases the GIL), so one large prompt does not stall other
-        requests. A chat template failure is 400 "Invalid messages"; text the tokenizer refuses
-        is 400 on `param`."""
+    async def _encode(self, encode: Callable[[], _T], cost: int, param: str) -> _T:
+        """What `encode()` gives (the ids) for a prompt whose tokenizing costs `cost`
+        characters' worth (see ENCODE_MESSAGE_CHARS); costly prompts are encoded off the event
+        loop (the `tokenizers` library releases the GIL), so one large prompt does not stall
+        other requests. A chat template failure is 400 "Invalid messages"; text the tokenizer
+        refuses is 400 on `param`."""
         try:
             if cost > THREADED_ENCODE_CHARS:
                 return await asyncio.to_thread(encode)
@@ -170,19 +172,19 @@ class Preparer:
                     f"Invalid value for '{param}': a name must not hold special-token text.",
                     param,
                 )
-        plan = plan_tools(req, model)  # 400s of what the model's template or parsers lack
         cost = ENCODE_MESSAGE_CHARS * len(req.messages)
         if cost <= THREADED_ENCODE_CHARS:  # few messages: their length decides
             cost += sum(len(m.text()) for m in req.messages)
-        if plan.costly:  # schemas and tool texts are checked and rendered in the thread
+        if plans_costly(req):  # schemas are copied, checked and rendered in the thread
             cost = THREADED_ENCODE_CHARS + 1
 
-        def encode() -> list[int]:  # the messages are gathered in the thread too
+        def encode() -> tuple[ToolPlan, list[int]]:  # messages are gathered there too
+            plan = plan_tools(req, model)  # 400s of what the model's template or parsers lack
             plan.check(tokenizer)
             messages = [_template_message(m) for m in req.messages]
-            return tokenizer.encode_chat(messages, True, plan.variables)
+            return plan, tokenizer.encode_chat(messages, True, plan.variables)
 
-        prompt_ids = await self._encode(encode, cost, "messages")
+        plan, prompt_ids = await self._encode(encode, cost, "messages")
         prepared = self._prepared(
             "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal,
             arrived_at, trace, plan,

@@ -584,13 +584,16 @@ def loads_json(text: str) -> Any:
     return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
+_BRANCH_NAMES = frozenset({"str", "list[ContentPart]", "function-after[_refused(), any]"})
+
+
 def _param(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif item in ("str", "list[ContentPart]", "function-after[_refused(), any]"):
-            continue  # union branch names from pydantic, not part of the user's path
+        elif item in _BRANCH_NAMES or item.startswith("literal[") or item[:1].isupper():
+            continue  # union branch tags from pydantic (a type or model), not the user's path
         else:
             parts.append(str(item))
     return ".".join(parts) if parts else "body"

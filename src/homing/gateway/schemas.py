@@ -8,7 +8,8 @@ object of schemas, `required` a list of strings, ...); unknown keywords are left
 validators do. A schema deeper than `MAX_SCHEMA_DEPTH` is refused: engines compile a schema
 into a grammar recursively (xgrammar), and OpenAI's own structured outputs stop at 10
 levels. Raises `APIError` 400 naming the path of the first bad keyword. The walk costs
-~20 ms per MB of schema: callers run it off the event loop for large ones.
+20-60 ms per MB of schema (the more, the smaller its members): callers run it off the event
+loop.
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ def check_schema(schema: Any, param: str) -> None:
         for key in (*_SCHEMA_ONE, *_SCHEMA_OR_BOOL):
             if key in node:
                 stack.append((node[key], f"{path}.{key}", depth + 1))
+
+
+def check_parameters(schema: Any, param: str) -> None:
+    """`check_schema` for a function's `parameters`, whose root must also describe an object
+    (OpenAI's rule: arguments are a JSON object): a root `type` other than "object" is 400;
+    a root without `type` is taken as an object schema."""
+    if isinstance(schema, dict) and "type" in schema and schema["type"] != "object":
+        _bad(param, ".type", f"function parameters must be an object schema ('type': 'object'), "
+             f"got {shown(repr(schema['type']))}")  # fmt: skip
+    check_schema(schema, param)
 
 
 def _bad(param: str, path: str, why: str) -> None:

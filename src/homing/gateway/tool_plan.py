@@ -17,8 +17,9 @@ Rules (OpenAI's API as SGLang and vLLM serve it):
   reasoning off; the `<think>` family starts inside the reasoning when the prompt ends with
   `<think>` (the template opened it).
 
-`check(tokenizer)` is the costly part (schemas walked, tool texts scanned for special-token
-text): it runs in the encode thread with the template.
+Planning copies and serializes the schemas, and `check(tokenizer)` walks them and scans the
+tool texts for special-token text: for a request `plans_costly` says yes to, both run in the
+encode thread with the template.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from homing.fleet import ModelDispatch
 from homing.gateway.errors import APIError, invalid
 from homing.gateway.output import OutputPlan, ParserFactory
 from homing.gateway.requests import ChatRequest, FunctionDefinition
-from homing.gateway.schemas import check_schema
+from homing.gateway.schemas import check_parameters
 from homing.text.parsers import TOOL_PARSERS, think_parser_factory, tool_parser_factory
 from homing.text.tokenizer import TextTokenizer
 from homing.text.tools.base import ToolSpec
@@ -66,12 +67,11 @@ def _unsupported(name: str, why: str) -> APIError:
 class ToolPlan:
     """One chat request's plan. `variables`: extra template variables (`tools`, the
     template's own kwargs). `json_schema` / `structural_tag`: the engine constraint as JSON
-    text (at most one), None for none. `costly`: `check` has work worth a thread."""
+    text (at most one), None for none."""
 
     variables: dict[str, Any] = field(default_factory=dict)
     json_schema: str | None = None
     structural_tag: str | None = None
-    costly: bool = False
     keeps_special: bool = False
     tools_factory: ParserFactory | None = None
     reasoning: str | None = None  # the model's reasoning parser name
@@ -91,7 +91,7 @@ class ToolPlan:
         for index, function in enumerate(self.functions):
             param = prefix.format(index)
             if function.parameters is not None:
-                check_schema(function.parameters, f"{param}.parameters")
+                check_parameters(function.parameters, f"{param}.parameters")
             texts = [function.description or ""]
             if function.parameters is not None:
                 texts.extend(_strings(function.parameters))
@@ -122,6 +122,14 @@ class ToolPlan:
         )
 
 
+def plans_costly(req: ChatRequest) -> bool:
+    """Whether planning and checking `req`'s tools is work worth a thread: it declares
+    functions the template gets, or its history holds calls or tool results."""
+    if req.tool_mode != "none":
+        return True
+    return any(m.tool_call_id is not None or m.calls() for m in req.messages)
+
+
 def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
     """The plan of `req` on `model`; raises `APIError` 400 for what the model cannot serve."""
     tokenizer = model.tokenizer
@@ -139,7 +147,6 @@ def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
         "legacy": req.legacy_functions,
         "tokenizer": tokenizer,
         "history": history,
-        "costly": bool(history),
     }
     if mode == "none":
         return ToolPlan(variables=variables, json_schema=req.json_schema_constraint, **common)
@@ -151,7 +158,6 @@ def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
         variables=variables,
         declared=specs,
         functions=functions,
-        costly=True,
         max_calls=None if parallel else 1,
     )
     where = "functions" if req.legacy_functions else "tools"

@@ -11,7 +11,7 @@ import pytest
 
 from homing.gateway.errors import APIError
 from homing.gateway.requests import parse_chat
-from homing.gateway.tool_plan import plan_tools
+from homing.gateway.tool_plan import plan_tools, plans_costly
 from homing.text.served import load_served_tokenizer
 
 ASK = [{"role": "user", "content": "weather?"}]
@@ -38,16 +38,18 @@ def test_plain_request_has_no_parsing_and_no_constraint() -> None:
     """Without tools or a reasoning parser the answer takes the plain path."""
     plan = _plan()
     assert plan.output([1, 2, 3]) is None
-    assert (plan.json_schema, plan.structural_tag, plan.costly) == (None, None, False)
+    assert (plan.json_schema, plan.structural_tag) == (None, None)
+    assert not plans_costly(parse_chat({"model": "m", "messages": ASK}))
     assert "tools" not in plan.variables
 
 
 def test_auto_gives_the_tools_to_the_template_and_parses_calls() -> None:
     """`auto`: tools in transformers' shape for the template, the model's parser, no
-    constraint (the check runs in the encode thread: `costly`)."""
+    constraint (planned and checked in the encode thread: `plans_costly`)."""
     plan = _plan(tools=[TOOL])
     assert plan.variables["tools"] == [TOOL]
-    assert plan.json_schema is None and plan.costly
+    assert plan.json_schema is None
+    assert plans_costly(parse_chat({"model": "m", "messages": ASK, "tools": [TOOL]}))
     output = plan.output([1])
     assert output is not None and output.tools is not None and output.reasoning is None
 
@@ -120,3 +122,16 @@ def test_reserved_template_kwargs_are_400() -> None:
             "chat_template_kwargs",
             "unsupported_parameter",
         )
+
+
+def test_a_history_of_calls_is_planned_in_the_thread() -> None:
+    """Past calls and tool results are scanned for special-token text, so a request carrying
+    them is planned in the encode thread even with `tool_choice: "none"`."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    req = parse_chat({"model": "m", "messages": messages, "tools": [TOOL], "tool_choice": "none"})
+    assert req.tool_mode == "none" and plans_costly(req)
