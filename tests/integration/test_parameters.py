@@ -564,6 +564,19 @@ def _unknown(name: str) -> dict[str, Any]:
             ),
         ),
         (
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ]
+                * 2,
+            },
+            _invalid(
+                "messages.[0].tool_calls.[1].id", "duplicate tool call id 'c1' in one message."
+            ),
+        ),
+        (
             {"role": "tool", "content": "42"},
             _err(
                 "Missing required parameter: 'messages.[0].tool_call_id'.",
@@ -581,7 +594,8 @@ async def test_message_fields_are_served_or_refused(
     gateway: App, message: dict[str, Any], expected: dict[str, Any]
 ) -> None:
     """A message's unknown keys are 400 `unknown_parameter`, a call without its function or a
-    tool turn answering no call 400 with the field named, and a null user content 400
+    tool turn answering no call, or two calls of one id 400 with the field named, and a null
+    user content 400
     `invalid_value`, never ignored."""
     body = _chat(gateway, messages=[message])
     status, answer, _ = await _post(gateway, "/v1/chat/completions", body)

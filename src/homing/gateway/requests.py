@@ -480,6 +480,16 @@ def _check_tools(req: ChatRequest) -> None:
             param = f"messages.[{index}].{field}"
             raise invalid(f"Invalid value for '{param}': only assistant messages make calls.",
                           param)  # fmt: skip
+        ids: set[str] = set()
+        for position, call in enumerate(message.tool_calls or ()):
+            if call.id in ids:
+                param = f"messages.[{index}].tool_calls.[{position}].id"
+                raise invalid(
+                    f"Invalid value for '{param}': duplicate tool call id '{shown(call.id)}' "
+                    "in one message.",
+                    param,
+                )
+            ids.add(call.id)
         called.update(call.id for call in message.calls())
         if message.role == "tool":
             param = f"messages.[{index}].tool_call_id"
