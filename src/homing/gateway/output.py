@@ -175,7 +175,9 @@ def message_body(parsed: Parsed, ids: Sequence[str], legacy: bool) -> dict[str, 
 
 @dataclass
 class DeltaBuilder:
-    """Streamed deltas of one choice's events; merges consecutive events of one kind."""
+    """Streamed deltas of one choice's events; merges consecutive events of one kind. A
+    call's first delta carries its index, id, type and name with `arguments: ""`, as OpenAI
+    streams it; its argument fragments follow in deltas of their own."""
 
     legacy: bool
 
@@ -221,13 +223,14 @@ class DeltaBuilder:
                 if self.legacy:
                     if event.index != 0:
                         continue
-                    if last is not None and "function_call" in last:
-                        last["function_call"]["arguments"] += event.fragment
+                    open_call = last.get("function_call") if last is not None else None
+                    if open_call is not None and "name" not in open_call:
+                        open_call["arguments"] += event.fragment
                     else:
                         out.append({"function_call": {"arguments": event.fragment}})
                     continue
                 calls = last.get("tool_calls") if last is not None else None
-                if calls and calls[-1]["index"] == event.index:
+                if calls and calls[-1]["index"] == event.index and "id" not in calls[-1]:
                     calls[-1]["function"]["arguments"] += event.fragment
                 else:
                     out.append(

@@ -129,8 +129,25 @@ def test_legacy_functions_answer_one_function_call() -> None:
     assert finish_reason("stop", len(parsed.calls), legacy=True) == "function_call"
     parser = plan.parser()
     deltas = DeltaBuilder(True).deltas(parser.feed(text) + parser.finish(), parser.ids)
-    assert deltas[0]["function_call"]["name"] == "get_weather"
+    assert deltas[0]["function_call"] == {"name": "get_weather", "arguments": ""}
     assert "".join(d["function_call"]["arguments"] for d in deltas) == '{"a": 1}'
+
+
+def test_a_calls_first_delta_has_empty_arguments_as_openai_streams_it() -> None:
+    """Even when one engine chunk holds a whole call, its first delta is index, id, type and
+    name with `arguments: ""`, and the arguments follow in a delta of their own."""
+    parser = _plan().parser()
+    text = BEGIN + _call("get_weather", '{"a": 1}') + END
+    deltas = DeltaBuilder(False).deltas(parser.feed(text) + parser.finish(), parser.ids)
+    first, rest = deltas[0]["tool_calls"][0], deltas[1:]
+    assert first == {
+        "index": 0,
+        "id": parser.ids[0],
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
+    args = [c["function"]["arguments"] for d in rest for c in d["tool_calls"]]
+    assert "".join(args) == '{"a": 1}' and all(args)
 
 
 def test_finish_reason_is_tool_calls_only_for_a_call_that_stopped() -> None:
