@@ -289,6 +289,32 @@ async def test_grpc_answers_carry_token_logprobs(gateway: App) -> None:
         assert answer.choices[0].text.startswith(PROMPT) and not answer.choices[0].logprobs
 
 
+async def test_grpc_parsed_stream_sends_token_logprobs_with_the_text_they_release(
+    gateway: App,
+) -> None:
+    """Over gRPC a tool-call stream with logprobs (n 2, temperature 0) sends each token's
+    entry on a message that also carries text, a call delta or the finish, never alone; the
+    entries joined per choice equal the whole answer's."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        request = pb.ChatCompletionRequest(
+            model=gateway.model.model_id,
+            messages=[pb.ChatMessage(role="user", content="What is the weather in Paris?")],
+            tools=json.dumps([WEATHER]),
+            sampling=pb.SamplingOptions(n=2, temperature=0, logprobs=True, top_logprobs=1),
+        )
+        (whole,) = [m async for m in stub.ChatCompletion(request)]
+        request.stream = True
+        entries = [c async for m in stub.ChatCompletion(request) for c in m.choices]
+    assert whole.choices[0].tool_calls, whole
+    for choice in entries:
+        if choice.logprobs:
+            assert choice.text or choice.tool_calls or choice.finish_reason, choice
+    for index, answer in enumerate(whole.choices):
+        streamed = [e for c in entries if c.index == index for e in c.logprobs]
+        assert streamed == list(answer.logprobs)
+
+
 @pytest.mark.parametrize(
     ("path", "fields", "expected"),
     [

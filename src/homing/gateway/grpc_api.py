@@ -334,12 +334,15 @@ async def _write_stream(
 ) -> None:
     """One message per batch of events that were ready at once, with at most one entry per
     choice (its texts joined, its finish reason once it ended); the usage rides on the last
-    message. A chat choice's first entry carries the role."""
+    message. A chat choice's first entry carries the role. An entry with nothing to say is
+    left out; a parsed choice's token logprobs ride on its next entry that says something,
+    as over HTTP."""
     role = "assistant" if prepared.kind == "chat" else ""
     first = set(range(prepared.n))
     plan = prepared.output
     parsers = [plan.parser() for _ in range(prepared.n)] if plan is not None else []
     lp = _format(prepared)
+    waiting: list[list[LoggedToken]] = [[] for _ in range(prepared.n)]  # parsed, not yet sent
     async for batch in generation.batches():
         entries: dict[int, pb.Choice] = {}
         for event in batch:
@@ -350,7 +353,10 @@ async def _write_stream(
                     choice.role = role
                     first.discard(event.index)
             if lp is not None and isinstance(event, LogprobDelta):
-                _add_logprobs(choice, lp, event.logprobs)
+                if plan is None:
+                    _add_logprobs(choice, lp, event.logprobs)
+                else:  # sent with the text they release (the parser may hold it back)
+                    waiting[event.index].extend(event.logprobs)
             if plan is not None:
                 parser = parsers[event.index]
                 parsed = (
@@ -366,6 +372,11 @@ async def _write_stream(
                 choice.finish_reason = event.reason
         # A parser holding text back (a possible call marker) yields nothing for its delta.
         sent = [c for c in entries.values() if _has_output(c)]
+        if lp is not None and plan is not None:
+            for choice in sent:
+                if choice.text or choice.reasoning or choice.tool_calls or choice.finish_reason:
+                    _add_logprobs(choice, lp, waiting[choice.index])
+                    waiting[choice.index].clear()
         if not sent and not generation.finished:
             continue
         message = _message(prepared, generation, sent)
