@@ -451,3 +451,22 @@ async def test_hostile_tools_hold_the_loop_under_10ms(gateway: App, fields: dict
     assert longest < LOOP_BUDGET_MS, "; ".join(
         f"{c.longest_ms:.1f} ms: {c.longest}" for c in served
     )
+
+
+async def test_required_call_cut_at_length_is_a_call_never_the_constraint_json(
+    gateway: App,
+) -> None:
+    """`tool_choice: "required"` cut by `max_tokens` anywhere in its call: once the name is
+    written the answer is that call (partial arguments, finish "length"); the engine's JSON
+    array never reaches `content`."""
+    names = []
+    for max_tokens in range(2, 16):
+        fields = {"tools": [WEATHER], "tool_choice": "required", "max_tokens": max_tokens}
+        status, body = await _post(gateway, _chat(gateway, **fields))
+        assert status == 200, body
+        choice = body["choices"][0]
+        assert choice["finish_reason"] == "length", choice
+        assert '"name"' not in (choice["message"]["content"] or ""), (max_tokens, choice)
+        calls = choice["message"].get("tool_calls") or []
+        names += [c["function"]["name"] for c in calls]
+    assert names and set(names) == {"get_weather"}

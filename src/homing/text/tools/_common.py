@@ -347,7 +347,9 @@ class SpecialTokenParser:
         return self._out.take()
 
     def finish(self) -> list[Event]:
-        """Events for the text still held back; the model wrote its last text."""
+        """Events for the text still held back; the model wrote its last text. A call cut
+        after its declared name is a call (arguments as far as written, maybe none); one cut
+        before is content (see `CUT_HEADER_IS_CONTENT`)."""
         held, self._held = self._held, ""
         out = self._out
         state = self._state
@@ -541,6 +543,9 @@ class JsonCallParser:
     ARG_KEYS: tuple[str, ...] = ("arguments", "parameters")
     TEXT_STATE = 10
     """The state of free text, where a failed call's text goes."""
+    CUT_HEADER_IS_CONTENT = True
+    """Whether a call cut before its name is whole is given back as content (False: output
+    that can only be calls, under a constraint, drops it)."""
 
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
         self._names = declared(tools)
@@ -572,11 +577,17 @@ class JsonCallParser:
         return self._out.take()
 
     def finish(self) -> list[Event]:
-        """Events for the text still held back; the model wrote its last text."""
+        """Events for the text still held back; the model wrote its last text. A call cut
+        after its declared name is a call (arguments as far as written, maybe none); one cut
+        before is content (see `CUT_HEADER_IS_CONTENT`)."""
         held, self._held = self._held, ""
         state = self._state
-        if state == J_HEADER:
-            self._out.content(*self._pending, held)
+        if state == J_HEADER and self._header.name is not None:
+            self._out.start(self._calls, self._header.name)  # cut after its name: a call
+            self._calls += 1
+        elif state == J_HEADER:
+            if self.CUT_HEADER_IS_CONTENT:
+                self._out.content(*self._pending, held)
         elif state == J_ARGS:
             self._out.args(self._calls - 1, held)
         elif state in (J_AFTER, J_EXTRA):

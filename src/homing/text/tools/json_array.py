@@ -21,7 +21,9 @@ the parsers of what comes back:
 Rule of the file: malformed output follows `homing.text.tools.base`; as nothing but calls
 is expected, from the first element that fails before its header is whole (or text where
 a comma or bracket should be) the rest of the output is content, verbatim; whitespace
-after the array (or object) is dropped.
+after the array (or object) is dropped. Output cut at the length limit is no content: a call
+cut after its name is that call (its arguments as far as written), and the array's frame or
+a call cut before its name is dropped.
 """
 
 from __future__ import annotations
@@ -42,15 +44,12 @@ from homing.text.tools.base import ToolSpec
 _START, _ARRAY, _ARRAY_NEXT, _END, _REST = range(10, 15)
 
 
-def _blank(parts: list[str]) -> bool:
-    return not "".join(parts).strip()
-
-
 class JsonArrayParser(JsonCallParser):
     """Incremental parser of a constrained JSON array of calls."""
 
     ARG_KEYS = ("parameters", "arguments")
     TEXT_STATE = _REST
+    CUT_HEADER_IS_CONTENT = False  # the constraint allows nothing but calls
 
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
         super().__init__(tools)
@@ -69,7 +68,7 @@ class JsonArrayParser(JsonCallParser):
 
     def _finish_frame(self, held: str) -> None:
         state = self._state
-        if state in (_ARRAY_NEXT, _END) or (state == _ARRAY and _blank(self._pending)):
+        if state in (_ARRAY, _ARRAY_NEXT, _END):  # a cut inside the frame: no text
             return
         self._out.content(*self._pending, held)
 

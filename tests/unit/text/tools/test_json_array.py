@@ -97,6 +97,24 @@ def test_array_cut_at_length_leaves_partial_arguments() -> None:
     assert parsed.calls == calls(("get_weather", TRICKY_ARGS[: TRICKY_ARGS.index("😀") + 1]))
 
 
+@pytest.mark.parametrize("cut", ['"get_weather"', '"get_weather", ', '"get_weather", "param'])
+def test_array_cut_after_the_name_is_a_call_without_arguments(cut: str) -> None:
+    """A call cut at length after its declared name and before its arguments' `{` is that
+    call with empty arguments, as the model formats' parsers give it, not the raw JSON."""
+    text = '[{"name": ' + cut
+    parsed = assert_invariant(array_factory, text)
+    assert parsed.content == ""
+    assert parsed.calls == calls(("get_weather", ""))
+
+
+@pytest.mark.parametrize("cut", ["[", " [ ", "[{", '[{"name": "get_wea', "[" + TIME_EL + ", "])
+def test_array_cut_before_a_name_drops_the_frame(cut: str) -> None:
+    """Cut before a call's name is whole, the constraint's JSON is no content."""
+    parsed = assert_invariant(array_factory, cut)
+    assert parsed.content == ""
+    assert parsed.calls == (calls(("get_time", TIME_ARGS)) if "get_time" in cut else [])
+
+
 def test_array_undeclared_function_is_content_from_there_on() -> None:
     text = "[" + TIME_EL + ", " + element("delete_all", "{}") + "]"
     parsed = assert_invariant(array_factory, text)
