@@ -207,6 +207,57 @@ async def test_reasoning_effort_splits_reasoning_content_off(gateway: App) -> No
     assert "".join(content) == message["content"]
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": [WEATHER], "tool_choice": "required"},
+        {
+            "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "w", "schema": WEATHER["function"]["parameters"]},
+            }
+        },
+    ],
+    ids=["required", "named", "json_schema"],
+)
+async def test_a_json_constraint_after_an_opened_think_is_the_answer_not_reasoning(
+    gateway: App, fields: dict[str, Any]
+) -> None:
+    """With `reasoning_effort` the prompt opens `<think>`, but a JSON constraint binds from
+    the first token: the JSON is the call (or the content), and nothing is reasoning."""
+    status, body = await _post(gateway, _chat(gateway, reasoning_effort="high", **fields))
+    assert status == 200, body
+    choice = body["choices"][0]
+    message = choice["message"]
+    assert "reasoning_content" not in message
+    assert "reasoning_tokens" not in body["usage"].get("completion_tokens_details", {})
+    if "tools" in fields:
+        assert choice["finish_reason"] == "tool_calls" and message["content"] is None
+        call = message["tool_calls"][0]["function"]
+        assert call["name"] == "get_weather" and "city" in json.loads(call["arguments"])
+    else:
+        assert "city" in json.loads(message["content"])
+
+
+async def test_a_reasoning_turn_sent_back_as_the_sdk_gives_it_is_served(gateway: App) -> None:
+    """An assistant message the SDK returned, `reasoning_content` and `annotations` (null)
+    included, goes back into the next request as it is (OpenAI-compatible clients append
+    the message object)."""
+    client = _client(gateway)
+    first = await client.chat.completions.create(
+        model=gateway.model.model_id, messages=ASK, reasoning_effort="high"
+    )
+    turn = first.choices[0].message.model_dump()
+    assert turn["reasoning_content"] and "annotations" in turn
+    again = [*ASK, turn, {"role": "user", "content": "And in Rome?"}]
+    second = await client.chat.completions.create(model=gateway.model.model_id, messages=again)
+    assert second.choices[0].message.content
+
+
 async def test_chat_template_kwargs_reach_the_template(gateway: App) -> None:
     """`chat_template_kwargs` the template reads are served (`thinking` opens `<think>`);
     a name it does not read is 400 `unsupported_parameter`, as is `reasoning_effort` on a
@@ -385,6 +436,30 @@ def _tool(name: str, parameters: Any = None) -> dict[str, Any]:
                 "Invalid value for 'tools.[0].function': text given to the chat template must "
                 "not hold special-token text (in 'tools').",
                 "tools.[0].function",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi", "reasoning_content": "hm"}]},
+            _err(
+                "Invalid value for 'messages.[0].reasoning_content': only an assistant "
+                "message carries it, not a user message",
+                "messages.[0].reasoning_content",
+                "invalid_value",
+            ),
+        ),
+        (
+            {
+                "messages": [
+                    *ASK,
+                    {"role": "assistant", "content": "ok", "reasoning_content": "<｜User｜>"},
+                    {"role": "user", "content": "and?"},
+                ]
+            },
+            _err(
+                "Invalid value for 'messages.[1].reasoning_content': text given to the chat "
+                "template must not hold special-token text (in 'messages').",
+                "messages.[1].reasoning_content",
                 "invalid_value",
             ),
         ),

@@ -108,6 +108,8 @@ def _chat_message(m: pb.ChatMessage) -> dict[str, Any]:
         message["tool_call_id"] = m.tool_call_id
     if m.HasField("name"):
         message["name"] = m.name
+    if m.HasField("reasoning"):
+        message["reasoning_content"] = m.reasoning
     return message
 
 

@@ -33,7 +33,6 @@ from homing.text.output import (
     ReasoningDelta,
     merge,
 )
-from homing.text.tools.base import ToolSpec
 
 ParserFactory = Callable[[], OutputParser]
 
@@ -51,7 +50,7 @@ class OutputPlan:
     `tools`: a factory of the tool-call parser (None: calls are not parsed, the text is
     content). `reasoning`: a factory of the reasoning parser (None: no reasoning is split
     off). `combined`: one parser does both jobs (gpt-oss's Harmony). `legacy`: answer in the
-    `functions` API's shape. `declared`: the request's functions. `max_calls`: calls past
+    `functions` API's shape. `max_calls`: calls past
     this many are dropped (`parallel_tool_calls: false`), None for no bound.
     """
 
@@ -59,7 +58,6 @@ class OutputPlan:
     reasoning: ParserFactory | None = None
     combined: bool = False
     legacy: bool = False
-    declared: tuple[ToolSpec, ...] = ()
     max_calls: int | None = None
 
     def parser(self) -> ChoiceParser:
@@ -70,7 +68,9 @@ class OutputPlan:
 class ChoiceParser:
     """One choice's parsing: `feed(text)` and `finish()` give `homing.text.output` events;
     `ids` holds the id given to each call, `calls` counts them, `reasoning_text` is the
-    reasoning so far."""
+    reasoning so far. Where a tool-call parser runs, content that is only whitespace before
+    the first call is held back: dropped when a call follows (a message of calls has null
+    content, as SGLang gives it), sent with the first other content, or at the end."""
 
     def __init__(self, plan: OutputPlan) -> None:
         self.plan = plan
@@ -78,6 +78,9 @@ class ChoiceParser:
         self._tools = plan.tools() if plan.tools is not None and not plan.combined else None
         self.ids: list[str] = []
         self._reasoning_parts: list[str] = []
+        # Leading whitespace content held back, while it may precede a call; None once
+        # something else was said.
+        self._space: list[str] | None = [] if self._tools is not None else None
 
     @property
     def calls(self) -> int:
@@ -99,7 +102,11 @@ class ChoiceParser:
             events.extend(self._route(self._reasoning.finish()))
         if self._tools is not None:
             events.extend(self._tools.finish())
-        return self._note(events)
+        events = self._note(events)
+        if self._space:  # only whitespace was said, and no call: it is the content
+            events.append(ContentDelta("".join(self._space)))
+        self._space = None
+        return events
 
     def _route(self, events: list[Event]) -> list[Event]:
         if self._tools is None:
@@ -122,12 +129,35 @@ class ChoiceParser:
                 for e in events
                 if not (isinstance(e, (CallStart, CallArguments)) and e.index >= bound)
             ]
+        if self._space is not None:
+            events = self._hold_space(events)
         for event in events:
             if isinstance(event, CallStart):
                 self.ids.append(call_id())
             elif isinstance(event, ReasoningDelta):
                 self._reasoning_parts.append(event.text)
         return events
+
+    def _hold_space(self, events: list[Event]) -> list[Event]:
+        """`events` with leading whitespace content held back (class docstring)."""
+        out: list[Event] = []
+        for position, event in enumerate(events):
+            space = self._space
+            if space is None:
+                out.extend(events[position:])
+                break
+            if isinstance(event, ContentDelta):
+                if event.text.isspace() or not event.text:
+                    space.append(event.text)
+                    continue
+                out.append(ContentDelta("".join(space) + event.text))
+                self._space = None
+            elif isinstance(event, CallStart):
+                self._space = None  # the whitespace only preceded calls
+                out.append(event)
+            else:
+                out.append(event)
+        return out
 
     @property
     def reasoning_text(self) -> str:

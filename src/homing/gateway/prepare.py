@@ -20,6 +20,7 @@ from homing.gateway.output import OutputPlan
 from homing.gateway.request_log import TraceContext
 from homing.gateway.requests import ChatMessage, ChatRequest, CompletionRequest, shown
 from homing.gateway.tool_plan import ToolPlan, plan_tools, plans_costly
+from homing.text.call_arguments import template_arguments
 from homing.text.stops import StopSet
 from homing.text.tokenizer import ChatTemplateError
 
@@ -344,15 +345,27 @@ def pin_version(prepared: PreparedRequest, value: str | None) -> PreparedRequest
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:
     """What the chat template gets of a message: role, content as text, name if set, an
-    assistant turn's `tool_calls` (OpenAI's shape, arguments as the text given) and a tool
-    turn's `tool_call_id`. A legacy `function` turn is a tool turn answering the call named
-    by its function (`ChatMessage.calls`)."""
+    assistant turn's `tool_calls` (OpenAI's shape, arguments as `template_arguments` gives
+    them) and `reasoning_content`, and a tool turn's `tool_call_id`. A legacy `function`
+    turn is a tool turn answering the call named by its function (`ChatMessage.calls`)."""
     fields: dict[str, Any] = {"role": message.role, "content": message.text()}
     if message.name is not None:
         fields["name"] = message.name
     calls = message.calls()
     if calls:
-        fields["tool_calls"] = [call.model_dump() for call in calls]
+        fields["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": call.type,
+                "function": {
+                    "name": call.function.name,
+                    "arguments": template_arguments(call.function.arguments),
+                },
+            }
+            for call in calls
+        ]
+    if message.reasoning_content is not None:
+        fields["reasoning_content"] = message.reasoning_content
     if message.role == "function":
         fields["role"] = "tool"
         fields["tool_call_id"] = message.name

@@ -158,7 +158,9 @@ class ChatMessage(_Closed):
     `function_call`), a tool turn names the call it answers in `tool_call_id` (a legacy
     `function` turn names the function in `name`); `ChatRequest` checks that they match.
     An assistant turn's `refusal` and `audio` (as OpenAI returns them in a history) are
-    served only as null: no audio or refusal replay is served."""
+    served only as null: no audio or refusal replay is served. Its `reasoning_content` (as
+    a reasoning model returned it) goes to the chat template, which may show it or drop it;
+    `annotations` (citations of the content) are accepted and not shown to the model."""
 
     role: Role
     content: str | list[ContentPart] | None
@@ -168,6 +170,8 @@ class ChatMessage(_Closed):
     refusal: Annotated[Any, AfterValidator(_refused)] = None
     audio: Annotated[Any, AfterValidator(_refused)] = None
     function_call: CalledFunction | None = None
+    reasoning_content: str | None = None
+    annotations: list[Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -183,6 +187,14 @@ class ChatMessage(_Closed):
         role = info.data.get("role")
         if value is None and role is not None and role != "assistant":
             raise ValueError(f"must not be null for a {role} message")
+        return value
+
+    @field_validator("reasoning_content")
+    @classmethod
+    def _reasoning_of_assistant(cls, value: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if value is not None and role is not None and role != "assistant":
+            raise ValueError(f"only an assistant message carries it, not a {role} message")
         return value
 
     def calls(self) -> list[ToolCall]:

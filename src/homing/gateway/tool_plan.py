@@ -16,6 +16,10 @@ Rules (OpenAI's API as SGLang and vLLM serve it):
   else 400 `unsupported_parameter` by name. A model's reasoning parser splits the answer's
   reasoning off; the `<think>` family starts inside the reasoning when the prompt ends with
   `<think>` (the template opened it).
+- Under a `json_schema` constraint (`"required"`, a named function, `response_format`) the
+  engine writes JSON from the first token: no reasoning is split off and no model format
+  (Harmony's included) is parsed around it. The gateway does not send SGLang's
+  `require_reasoning`, which only a worker started with `--reasoning-parser` honours.
 
 Planning copies and serializes the schemas, and `check(tokenizer)` walks them and scans the
 tool texts for special-token text: for a request `plans_costly` says yes to, both run in the
@@ -67,7 +71,8 @@ def _unsupported(name: str, why: str) -> APIError:
 class ToolPlan:
     """One chat request's plan. `variables`: extra template variables (`tools`, the
     template's own kwargs). `json_schema` / `structural_tag`: the engine constraint as JSON
-    text (at most one), None for none."""
+    text (at most one), None for none. `keeps_special`: answers are detokenized with special
+    tokens kept (a parser reads markers a tokenizer may flag special; EOS stays hidden)."""
 
     variables: dict[str, Any] = field(default_factory=dict)
     json_schema: str | None = None
@@ -78,7 +83,6 @@ class ToolPlan:
     combined: bool = False
     legacy: bool = False
     max_calls: int | None = None
-    declared: tuple[ToolSpec, ...] = ()
     functions: tuple[FunctionDefinition, ...] = ()
     tokenizer: TextTokenizer | None = None
     history: tuple[tuple[str, str], ...] = ()  # (param, text) of past calls
@@ -101,6 +105,11 @@ class ToolPlan:
 
     def output(self, prompt_ids: Sequence[int]) -> OutputPlan | None:
         """How answers to the prompt `prompt_ids` are parsed; None: all text is content."""
+        if self.json_schema is not None:  # JSON from the first token (module docstring)
+            if self.combined or self.tools_factory is None:
+                return None
+            return OutputPlan(tools=self.tools_factory, legacy=self.legacy,
+                              max_calls=self.max_calls)  # fmt: skip
         reasoning: ParserFactory | None = None
         if self.reasoning is not None and not self.combined and self.tokenizer is not None:
             tail = self.tokenizer.decode(prompt_ids[-2:], skip_special_tokens=False)
@@ -117,17 +126,16 @@ class ToolPlan:
             reasoning=reasoning,
             combined=self.combined,
             legacy=self.legacy,
-            declared=self.declared,
             max_calls=self.max_calls,
         )
 
 
 def plans_costly(req: ChatRequest) -> bool:
     """Whether planning and checking `req`'s tools is work worth a thread: it declares
-    functions the template gets, or its history holds calls or tool results."""
+    functions the template gets, or its history holds calls, tool results or reasoning."""
     if req.tool_mode != "none":
         return True
-    return any(m.tool_call_id is not None or m.calls() for m in req.messages)
+    return any(m.tool_call_id is not None or m.calls() or m.reasoning_content for m in req.messages)
 
 
 def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
@@ -143,7 +151,7 @@ def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
     common: dict[str, Any] = {
         "reasoning": reasoning,
         "combined": combined,
-        "keeps_special": combined,
+        "keeps_special": combined,  # Harmony's markers are special tokens
         "legacy": req.legacy_functions,
         "tokenizer": tokenizer,
         "history": history,
@@ -156,7 +164,6 @@ def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
     parallel = req.parallel_tool_calls is not False and not req.legacy_functions
     common.update(
         variables=variables,
-        declared=specs,
         functions=functions,
         max_calls=None if parallel else 1,
     )
@@ -182,6 +189,8 @@ def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
             schema = named_schema(tool)
             factory = lambda: NamedFunctionParser(specs, forced)  # noqa: E731
         common["max_calls"] = None if mode == "required" and parallel else 1
+        # JSON from the first token: neither Harmony's channels nor its special tokens.
+        common.update(combined=False, keeps_special=False)
         return ToolPlan(json_schema=json.dumps(schema), tools_factory=factory, **common)
     name = model.tool_call_parser
     if name is None:
@@ -211,6 +220,9 @@ def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
                 "response_format",
             )
         structural_tag = json.dumps(tag)
+    # The parser reads the family's markers, which some tokenizers flag special (Mistral's
+    # [TOOL_CALLS], Llama 3's <|python_tag|>): they stay in the text, as SGLang keeps them.
+    common["keeps_special"] = True
     return ToolPlan(
         json_schema=req.json_schema_constraint,
         structural_tag=structural_tag,
@@ -252,7 +264,7 @@ def _template_kwargs(req: ChatRequest, tokenizer: TextTokenizer) -> dict[str, An
 
 
 def _history(req: ChatRequest) -> Iterator[tuple[str, str]]:
-    """(param, text) of what past turns' calls give the template as input."""
+    """(param, text) of what past turns' calls and reasoning give the template as input."""
     for index, message in enumerate(req.messages):
         for position, call in enumerate(message.calls()):
             param = f"messages.[{index}].tool_calls.[{position}]"
@@ -261,6 +273,8 @@ def _history(req: ChatRequest) -> Iterator[tuple[str, str]]:
             yield f"{param}.id", call.id
         if message.tool_call_id is not None:
             yield f"messages.[{index}].tool_call_id", message.tool_call_id
+        if message.reasoning_content:
+            yield f"messages.[{index}].reasoning_content", message.reasoning_content
 
 
 def _strings(node: Any) -> Iterator[str]:

@@ -7,6 +7,8 @@ import json
 import random
 from typing import Any
 
+import pytest
+
 from homing.gateway.output import (
     DeltaBuilder,
     OutputPlan,
@@ -29,7 +31,6 @@ def _plan(reasoning: bool = False, **fields: Any) -> OutputPlan:
     return OutputPlan(
         tools=tool_parser_factory("deepseek_v31", TOOLS),
         reasoning=think_parser_factory(True) if reasoning else None,
-        declared=TOOLS,
         **fields,
     )
 
@@ -164,3 +165,25 @@ def test_a_call_of_an_undeclared_function_is_content() -> None:
     parsed, _ = parse_whole(_plan(), text)
     assert not parsed.calls
     assert "rm_rf" in parsed.content
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_whitespace_before_the_calls_is_no_content(seed: int) -> None:
+    """`</think>\n\n` then calls (Qwen 3's shape): the message is reasoning and calls with
+    null content, streamed as whole; whitespace before text stays part of the text, and
+    an answer of whitespace alone is that content."""
+    rng = random.Random(seed)
+    plan = _plan(reasoning=True)
+    called = "Plan it.</think>\n\n" + BEGIN + _call("get_time", "{}") + END
+    parsed, ids = parse_whole(plan, called)
+    whole = message_body(parsed, ids, legacy=False)
+    assert whole["content"] is None and whole["reasoning_content"] == "Plan it."
+    streamed = _streamed(plan, _cuts(called, rng))
+    assert streamed["content"] == "" and len(streamed["tool_calls"]) == 1
+    for text, content in [
+        ("Plan it.</think>\n\nIt is noon.", "\n\nIt is noon."),
+        ("Plan it.</think>\n \n", "\n \n"),
+    ]:
+        parsed, ids = parse_whole(plan, text)
+        assert message_body(parsed, ids, legacy=False)["content"] == content
+        assert _streamed(plan, _cuts(text, rng))["content"] == content

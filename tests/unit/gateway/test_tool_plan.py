@@ -8,11 +8,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from tokenizers import AddedToken, Tokenizer
 
+from homing.engines.client import GenerateDone
+from homing.gateway.decoding import ChoiceDecoder
 from homing.gateway.errors import APIError
+from homing.gateway.output import parse_whole
 from homing.gateway.requests import parse_chat
 from homing.gateway.tool_plan import plan_tools, plans_costly
-from homing.text.served import load_served_tokenizer
+from homing.text.served import load_served_tokenizer, served_tokenizer_files
+from homing.text.stops import StopSet
+from homing.text.tokenizer import TextTokenizer
 
 ASK = [{"role": "user", "content": "weather?"}]
 TOOL = {
@@ -113,6 +119,49 @@ def test_deepseek_v31_reasons_only_after_a_prompt_that_opened_think() -> None:
     assert opened is not None and opened.reasoning is not None
 
 
+def _opened_think_prompt() -> list[int]:
+    tokenizer = load_served_tokenizer()
+    return [1, tokenizer.token_to_id("<｜Assistant｜>"), tokenizer.token_to_id("<think>")]
+
+
+@pytest.mark.parametrize("reasoning", ["deepseek_v31", "qwen3", "gpt_oss"])
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_a_json_constrained_call_is_parsed_as_json_without_reasoning(
+    reasoning: str, choice: Any
+) -> None:
+    """Under `required` or a named function the engine writes JSON from the first token,
+    even after a prompt that opened `<think>` or for Harmony's gpt-oss: the answer is the
+    call, never content or reasoning."""
+    model = _model(tool_call_parser="gpt_oss" if reasoning == "gpt_oss" else "qwen3",
+                   reasoning=reasoning)  # fmt: skip
+    plan = _plan(model, tools=[TOOL], tool_choice=choice)
+    assert not plan.keeps_special
+    output = plan.output(_opened_think_prompt())
+    assert output is not None and output.reasoning is None and not output.combined
+    answer = (
+        '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'
+        if choice == "required"
+        else '{"city": "Paris"}'
+    )
+    parsed, ids = parse_whole(output, answer)
+    assert (parsed.content, parsed.reasoning) == ("", "")
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", '{"city": "Paris"}')]
+    assert len(ids) == 1
+
+
+@pytest.mark.parametrize("reasoning", ["deepseek_v31", "qwen3", "gpt_oss"])
+def test_a_json_schema_answer_is_content_even_after_an_opened_think(reasoning: str) -> None:
+    """`response_format` json_schema constrains from the first token: the answer is all
+    content (no reasoning parser, no Harmony parsing)."""
+    model = _model(tool_call_parser=None, reasoning=reasoning)
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    plan = _plan(model, response_format=fmt)
+    assert plan.json_schema is not None
+    assert plan.output(_opened_think_prompt()) is None
+
+
 def test_reserved_template_kwargs_are_400() -> None:
     """`chat_template_kwargs` cannot set what the gateway sets (`messages`, `tools`)."""
     for key in ("messages", "tools", "add_generation_prompt"):
@@ -135,3 +184,38 @@ def test_a_history_of_calls_is_planned_in_the_thread() -> None:
     ]
     req = parse_chat({"model": "m", "messages": messages, "tools": [TOOL], "tool_choice": "none"})
     assert req.tool_mode == "none" and plans_costly(req)
+
+
+def test_a_marker_the_tokenizer_flags_special_reaches_the_parser() -> None:
+    """Mistral's `[TOOL_CALLS]` is a special token of its tokenizer. Under `auto` the answer
+    is decoded with special tokens kept (as SGLang does for tool requests), the model's EOS
+    still hidden, so the call parses; decoded as plain requests are, the marker is gone."""
+    files = served_tokenizer_files()
+    raw = Tokenizer.from_str(files["tokenizer.json"].decode())
+    raw.add_special_tokens([AddedToken("[TOOL_CALLS]", special=True)])
+    tokenizer = TextTokenizer.from_files({**files, "tokenizer.json": raw.to_str().encode()})
+    model = SimpleNamespace(tokenizer=tokenizer, tool_call_parser="mistral", reasoning_parser=None)
+    plan = _plan(model, tools=[TOOL])
+    assert plan.keeps_special
+    output = plan.output([1])
+    assert output is not None
+    marker = tokenizer.token_to_id("[TOOL_CALLS]")
+    (eos,) = tokenizer.eos_token_ids
+    call = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    ids = [marker, *tokenizer.encode_plain(call), eos]
+
+    def decoded(skip_special_tokens: bool, hidden: frozenset[int]) -> str:
+        decoder = ChoiceDecoder(tokenizer, stop_set=StopSet([]), hidden_stop_ids=hidden,
+                                skip_special_tokens=skip_special_tokens)  # fmt: skip
+        done = GenerateDone(
+            token_ids=tuple(ids), prompt_tokens=3, completion_tokens=len(ids),
+            finish_reason="stop", cached_tokens=0, matched_stop=eos,
+        )  # fmt: skip
+        return "".join(decoder.push(done).texts)
+
+    kept = decoded(False, frozenset({eos}))
+    assert kept == "[TOOL_CALLS]" + call
+    parsed, _ = parse_whole(output, kept)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", '{"city": "Paris"}')]
+    assert parsed.content == ""
+    assert decoded(True, frozenset()) == call  # the marker would be lost

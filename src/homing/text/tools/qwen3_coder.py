@@ -92,20 +92,26 @@ def convert_value(value: str, kind: str) -> Any:
             return low == "true"
         return value
     try:
-        return json.loads(value)
-    except ValueError:
+        return _json_value(json.loads(value), value)
+    except (ValueError, RecursionError):
         pass
     if kind in ("object", "array") or kind.startswith(("dict", "list")):
         try:
             parsed = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return value
-        try:
-            json.dumps(parsed)
-        except (TypeError, ValueError):
-            return value
-        return parsed
+        return _json_value(parsed, value)
     return value
+
+
+def _json_value(parsed: Any, text: str) -> Any:
+    """`parsed` when it is a JSON value (no NaN or infinity, which strict JSON lacks), else
+    `text`."""
+    try:
+        json.dumps(parsed, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return text
+    return parsed
 
 
 def _dumps(value: Any) -> str:
@@ -403,37 +409,6 @@ class Qwen3CoderParser:
 
 def structural_tag(tools: Sequence[ToolSpec]) -> dict | None:
     """None: the legacy `structural_tag` shape (`begin`, a JSON `schema`, `end`) cannot
-    express this format, whose arguments are XML parameters, not a JSON object. xgrammar's
-    own format can (`xgrammar_structural_tag`), but an engine must support its
-    `qwen_xml_parameter` content (the simulated worker refuses it)."""
+    express this format, whose arguments are XML parameters, not a JSON object (xgrammar's
+    own `qwen_xml_parameter` content can, but the simulated worker lacks it)."""
     return None
-
-
-def xgrammar_structural_tag(tools: Sequence[ToolSpec]) -> dict | None:
-    """xgrammar's structural tag of this format, as SGLang builds it for Qwen3-Coder:
-    triggered by `<tool_call>`, each declared function's tag is `<tool_call>\\n<function=
-    NAME>\\n`, `qwen_xml_parameter` content checked against its parameters' schema, then
-    `\\n</function>\\n</tool_call>`. None without tools."""
-    if not tools:
-        return None
-    return {
-        "type": "structural_tag",
-        "format": {
-            "type": "triggered_tags",
-            "triggers": [TOOL_CALL],
-            "tags": [
-                {
-                    "type": "tag",
-                    "begin": f"{TOOL_CALL}\n{FUNCTION}{tool.name}>\n",
-                    "content": {
-                        "type": "qwen_xml_parameter",
-                        "json_schema": arguments_schema(tool),
-                    },
-                    "end": f"\n{FUNCTION_END}\n{TOOL_CALL_END}",
-                }
-                for tool in tools
-            ],
-            "at_least_one": False,
-            "stop_after_first": False,
-        },
-    }

@@ -7,7 +7,7 @@ import json
 from unit.text.tools.invariance import TOOLS, ToolSpec, assert_invariant, fuzz_texts
 
 from homing.text.output import parse_chunks
-from homing.text.tools.qwen3_coder import Qwen3CoderParser, structural_tag, xgrammar_structural_tag
+from homing.text.tools.qwen3_coder import Qwen3CoderParser, structural_tag
 
 TYPED = ToolSpec(
     "set_alarm",
@@ -90,6 +90,19 @@ def test_values_are_converted_by_the_declared_schema_type() -> None:
 def test_a_value_that_does_not_parse_as_its_type_falls_back_to_the_string() -> None:
     parsed = assert_invariant(factory, call("set_alarm", hour="seven", loud="maybe"))
     assert json.loads(parsed.calls[0].arguments) == {"hour": "seven", "loud": "maybe"}
+
+
+def test_a_number_strict_json_lacks_stays_the_model_text() -> None:
+    """NaN, infinities and a number past a double's range would make the arguments invalid
+    JSON: such a value is kept as the text the model wrote."""
+    text = call("set_alarm", hour="NaN", ratio="1e400", days="[1, Infinity]")
+    parsed = assert_invariant(factory, text)
+    arguments = json.loads(parsed.calls[0].arguments, parse_constant=_refuse)
+    assert arguments == {"hour": "NaN", "ratio": "1e400", "days": "[1, Infinity]"}
+
+
+def _refuse(constant: str) -> None:
+    raise ValueError(f"not JSON: {constant}")
 
 
 def test_a_multiline_string_value_keeps_its_inner_line_breaks() -> None:
@@ -181,11 +194,6 @@ def test_fuzzed_texts_of_the_format_markers_never_raise_and_stay_invariant() -> 
         assert_invariant(factory, text, rounds=6)
 
 
-def test_structural_tag_is_none_and_the_xgrammar_format_names_each_function() -> None:
+def test_structural_tag_is_none() -> None:
+    """The format's XML parameters have no legacy structural tag: strict is refused."""
     assert structural_tag(ALL) is None
-    tag = xgrammar_structural_tag(TOOLS)
-    assert tag is not None
-    assert tag["format"]["triggers"] == ["<tool_call>"]
-    assert tag["format"]["tags"][0]["begin"] == "<tool_call>\n<function=get_weather>\n"
-    assert tag["format"]["tags"][2]["content"]["json_schema"] == {"type": "object"}
-    assert xgrammar_structural_tag(()) is None
