@@ -252,6 +252,43 @@ async def test_tool_call_answers_report_the_tokens_of_the_call(gateway: App) -> 
     assert json.loads(call["function"]["arguments"])["city"] in raw
 
 
+async def test_streamed_tool_call_logprobs_ride_on_the_chunk_with_the_text(
+    gateway: App,
+) -> None:
+    """Streamed with tools and logprobs: a call's first delta (its name, `arguments: ""`)
+    carries no tokens, the tokens ride on the delta that carries the text they release,
+    and they are the whole answer's entries in order; the role delta's content is null."""
+    body = {
+        "model": gateway.model.model_id,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER],
+        "logprobs": True,
+        "temperature": 0,
+    }
+    status, whole = await _post(gateway, "/v1/chat/completions", body)
+    assert status == 200, whole
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    chunks = []
+    async with aiohttp.ClientSession() as session:
+        url = f"http://127.0.0.1:{gateway.http_port}/v1/chat/completions"
+        async with session.post(url, json={**body, "stream": True}) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    chunks.append(json.loads(line[len(b"data: ") :]))
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert choices[0]["delta"] == {"role": "assistant", "content": None}
+    entries, headers = [], 0
+    for choice in choices:
+        logged = (choice["logprobs"] or {}).get("content") or []
+        calls = choice["delta"].get("tool_calls") or []
+        if any(c.get("id") for c in calls):
+            assert logged == [] and calls[0]["function"]["arguments"] == ""
+            headers += 1
+        entries.extend(logged)
+    assert headers == 1
+    assert entries == whole["choices"][0]["logprobs"]["content"]
+
+
 async def test_grpc_answers_carry_token_logprobs(gateway: App) -> None:
     """Over gRPC: chat `logprobs` with `top_logprobs: 2` gives one `TokenLogprob` per token
     with 2 top entries, streamed and whole alike at temperature 0; a completion with `echo`

@@ -108,6 +108,7 @@ async def test_sdk_stream_helper_accumulates_the_streamed_call(gateway: App) -> 
     assert call.function.arguments == arguments
     assert json.loads(arguments) == {"city": "Paris"}
     assert final.choices[0].finish_reason == "tool_calls"
+    assert final.choices[0].message.content is None  # as the non-streamed message
 
 
 class GetWeather(pydantic.BaseModel):
@@ -436,6 +437,54 @@ def _tool(name: str, parameters: Any = None) -> dict[str, Any]:
                 "Invalid value for 'tools.[0].function': text given to the chat template must "
                 "not hold special-token text (in 'tools').",
                 "tools.[0].function",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"tools": [_tool("f", {"type": "string"})], "tool_choice": "none"},
+            _err(
+                "Invalid schema for 'tools.[0].function.parameters.type': function parameters "
+                "must be an object schema ('type': 'object'), got 'string'.",
+                "tools.[0].function.parameters",
+                "invalid_function_parameters",
+            ),
+        ),
+        (
+            {"parallel_tool_calls": False},
+            _err(
+                "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only "
+                "allowed when 'tools' are specified.",
+                "parallel_tool_calls",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"messages": [*ASK, {"role": "function", "name": "f", "content": "ok"}]},
+            _err(
+                "Invalid value for 'messages.[1].name': no earlier assistant message has a "
+                "function_call of 'f'.",
+                "messages.[1].name",
+                "invalid_value",
+            ),
+        ),
+        (
+            {
+                "messages": [
+                    *ASK,
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": f"c{i}", "function": {"name": "f", "arguments": "{}"}}
+                            for i in range(129)
+                        ],
+                    },
+                ]
+            },
+            _err(
+                "Invalid value for 'messages.[1].tool_calls': List should have at most 128 "
+                "items after validation, not 129",
+                "messages.[1].tool_calls",
                 "invalid_value",
             ),
         ),

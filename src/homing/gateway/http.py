@@ -443,9 +443,12 @@ class HttpApi:
         chunker = ChunkBuilder(prepared)
         # The events ready at the same moment go out as one write; none waits for another.
         out: list[bytes] = []
-        if prepared.kind == "chat":
-            out.extend(event(chunker.chunk(i, role=True, content="")) for i in range(prepared.n))
         plan = prepared.output
+        if prepared.kind == "chat":
+            # null content until the answer says otherwise where it may be calls alone, as
+            # OpenAI streams it (and as `message_body` gives it)
+            first = None if plan is not None and plan.parses_calls else ""
+            out.extend(event(chunker.chunk(i, role=True, content=first)) for i in range(prepared.n))
         parsers = [plan.parser() for _ in range(prepared.n)] if plan is not None else []
         builder = DeltaBuilder(plan.legacy) if plan is not None else None
         lp = chunker.logprobs  # None unless the request asked for log probabilities
@@ -473,9 +476,12 @@ class HttpApi:
                             held.extend(item.logprobs)
                     else:
                         events = parser.finish()
-                    for delta in builder.deltas(events, parser.ids):
-                        logged = chunker.chat_logprobs(held)
-                        held.clear()
+                    deltas = builder.deltas(events, parser.ids)
+                    for position, delta in enumerate(deltas, 1):
+                        logged = None  # the tokens ride on the last delta of their text
+                        if position == len(deltas):
+                            logged = chunker.chat_logprobs(held)
+                            held.clear()
                         out.append(event(chunker.delta_chunk(item.index, delta, logged)))
                     if not isinstance(item, TextDelta):
                         reason = finish_reason(item.reason, parser.calls, plan.legacy)
@@ -586,9 +592,10 @@ class ChunkBuilder:
         the choice's `logprobs` object (`homing.gateway.logprobs`), None for null."""
         if self.p.kind == "chat":
             delta: dict[str, Any] = {}
-            if role:
+            if role:  # the role delta carries `content` even when null
                 delta["role"] = "assistant"
-            if content is not None:
+                delta["content"] = content
+            elif content is not None:
                 delta["content"] = content
             choice: dict[str, Any] = {
                 "index": index,
@@ -649,7 +656,7 @@ def full_body(
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if plan is not None:
                 parsed, ids = parse_whole(plan, text)
-                message = message_body(parsed, ids, plan.legacy)
+                message = message_body(parsed, ids, plan)
                 reason = finish_reason(reason, len(parsed.calls), plan.legacy)
                 reasoning.append(parsed.reasoning)
             choices.append(

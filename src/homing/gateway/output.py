@@ -60,6 +60,11 @@ class OutputPlan:
     legacy: bool = False
     max_calls: int | None = None
 
+    @property
+    def parses_calls(self) -> bool:
+        """Whether answers are parsed for calls (their content is null when they say none)."""
+        return self.tools is not None
+
     def parser(self) -> ChoiceParser:
         """A fresh parser for one choice."""
         return ChoiceParser(self)
@@ -182,13 +187,14 @@ def finish_reason(reason: str | None, calls: int, legacy: bool) -> str | None:
     return reason
 
 
-def message_body(parsed: Parsed, ids: Sequence[str], legacy: bool) -> dict[str, Any]:
-    """The non-streamed `message` of one choice."""
+def message_body(parsed: Parsed, ids: Sequence[str], plan: OutputPlan) -> dict[str, Any]:
+    """The non-streamed `message` of one choice: `content` null when the answer, parsed for
+    calls, says nothing as content (as OpenAI gives a message of calls)."""
     message: dict[str, Any] = {"role": "assistant"}
-    message["content"] = parsed.content if parsed.content or not parsed.calls else None
+    message["content"] = parsed.content or (None if plan.parses_calls else "")
     if parsed.reasoning:
         message["reasoning_content"] = parsed.reasoning
-    if parsed.calls and legacy:
+    if parsed.calls and plan.legacy:
         first = parsed.calls[0]
         message["function_call"] = {"name": first.name, "arguments": first.arguments}
     elif parsed.calls:

@@ -165,7 +165,7 @@ class ChatMessage(_Closed):
     role: Role
     content: str | list[ContentPart] | None
     name: Annotated[str, Field(max_length=64)] | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
     tool_call_id: str | None = Field(default=None, max_length=MAX_TOOL_CALL_ID)
     refusal: Annotated[Any, AfterValidator(_refused)] = None
     audio: Annotated[Any, AfterValidator(_refused)] = None
@@ -448,8 +448,9 @@ class ChatRequest(_Common):
 def _check_tools(req: ChatRequest) -> None:
     """Cross-field rules of tool calling, as OpenAI's: `tools` and `functions` exclusive;
     unique function names; a forced function declared; `required`/named only with
-    functions; tool calls only on assistant turns, each tool turn answering an earlier call
-    by id. Raises `APIError` 400 with the offending `param`."""
+    functions, `parallel_tool_calls` only with tools; tool calls only on assistant turns,
+    each tool turn answering an earlier call by id (a legacy function turn by its function's
+    name). Raises `APIError` 400 with the offending `param`."""
     if req.tools and req.functions:  # empty lists are the "off" values
         raise invalid("'tools' and 'functions' cannot both be given; use 'tools'.", "functions")
     if req.tool_choice is not None and req.functions:
@@ -470,6 +471,12 @@ def _check_tools(req: ChatRequest) -> None:
                 param,
             )
         seen.add(function.name)
+    if req.parallel_tool_calls is not None and not req.tools:
+        raise invalid(
+            "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed "
+            "when 'tools' are specified.",
+            "parallel_tool_calls",
+        )
     choice_param = "function_call" if req.legacy_functions else "tool_choice"
     choice = req.function_call if req.legacy_functions else req.tool_choice
     if not seen and (choice == "required" or isinstance(choice, (NamedToolChoice, NamedFunction))):
@@ -519,11 +526,18 @@ def _check_tools(req: ChatRequest) -> None:
             param = f"messages.[{index}].tool_call_id"
             raise invalid(f"Invalid value for '{param}': only tool messages answer a call.",
                           param)  # fmt: skip
-        if message.role == "function" and message.name is None:
+        if message.role == "function":
             param = f"messages.[{index}].name"
-            raise invalid(
-                f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
-            )
+            if message.name is None:
+                raise invalid(
+                    f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+                )
+            if message.name not in called:
+                raise invalid(
+                    f"Invalid value for '{param}': no earlier assistant message has a "
+                    f"function_call of '{shown(message.name)}'.",
+                    param,
+                )
 
 
 class CompletionRequest(_Common):

@@ -133,7 +133,7 @@ class ToolPlan:
 def plans_costly(req: ChatRequest) -> bool:
     """Whether planning and checking `req`'s tools is work worth a thread: it declares
     functions the template gets, or its history holds calls, tool results or reasoning."""
-    if req.tool_mode != "none":
+    if req.declared_functions:
         return True
     return any(m.tool_call_id is not None or m.calls() or m.reasoning_content for m in req.messages)
 
@@ -156,8 +156,9 @@ def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
         "tokenizer": tokenizer,
         "history": history,
     }
-    if mode == "none":
-        return ToolPlan(variables=variables, json_schema=req.json_schema_constraint, **common)
+    if mode == "none":  # the functions are checked all the same, as OpenAI does
+        return ToolPlan(variables=variables, json_schema=req.json_schema_constraint,
+                        functions=functions, **common)  # fmt: skip
     variables["tools"] = [
         {"type": "function", "function": _template_function(f)} for f in functions
     ]

@@ -79,7 +79,7 @@ def test_streamed_deltas_accumulate_to_the_non_streamed_message() -> None:
     )
     plan = _plan(reasoning=True)
     parsed, ids = parse_whole(plan, text)
-    whole = message_body(parsed, ids, legacy=False)
+    whole = message_body(parsed, ids, plan)
     assert whole["content"] == "Sure: "
     assert whole["reasoning_content"] == "Thinking about the call."
     assert [c["function"]["name"] for c in whole["tool_calls"]] == ["get_weather", "get_time"]
@@ -121,7 +121,7 @@ def test_legacy_functions_answer_one_function_call() -> None:
     text = BEGIN + _call("get_weather", '{"a": 1}') + END
     plan = _plan(legacy=True)
     parsed, ids = parse_whole(plan, text)
-    message = message_body(parsed, ids, legacy=True)
+    message = message_body(parsed, ids, plan)
     assert message == {
         "role": "assistant",
         "content": None,
@@ -176,7 +176,7 @@ def test_whitespace_before_the_calls_is_no_content(seed: int) -> None:
     plan = _plan(reasoning=True)
     called = "Plan it.</think>\n\n" + BEGIN + _call("get_time", "{}") + END
     parsed, ids = parse_whole(plan, called)
-    whole = message_body(parsed, ids, legacy=False)
+    whole = message_body(parsed, ids, plan)
     assert whole["content"] is None and whole["reasoning_content"] == "Plan it."
     streamed = _streamed(plan, _cuts(called, rng))
     assert streamed["content"] == "" and len(streamed["tool_calls"]) == 1
@@ -185,5 +185,5 @@ def test_whitespace_before_the_calls_is_no_content(seed: int) -> None:
         ("Plan it.</think>\n \n", "\n \n"),
     ]:
         parsed, ids = parse_whole(plan, text)
-        assert message_body(parsed, ids, legacy=False)["content"] == content
+        assert message_body(parsed, ids, plan)["content"] == content
         assert _streamed(plan, _cuts(text, rng))["content"] == content

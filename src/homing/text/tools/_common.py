@@ -357,6 +357,9 @@ class SpecialTokenParser:
             if self.ARGS_SUFFIX and held.endswith(self.ARGS_SUFFIX):
                 held = held[: -len(self.ARGS_SUFFIX)]
             out.args(self._calls - 1, held)
+        elif state == _OPEN:  # cut after a whole header: the call, no arguments written
+            out.start(self._calls, self._name)
+            self._calls += 1
         elif state == _SECTION and self._frame_only and not held:
             pass
         else:

@@ -104,6 +104,17 @@ def test_call_cut_inside_the_closing_fence_drops_it() -> None:
     assert parsed.calls == calls(("get_time", TIME_ARGS))
 
 
+def test_call_cut_right_after_its_header_is_the_call_with_no_arguments() -> None:
+    """A cut after the whole header (the name declared, the arguments not begun) is that
+    call, as a cut inside its arguments is: the format's tokens never become content."""
+    for space in ("", "\n"):
+        parsed = assert_invariant(
+            factory, CALLS_BEGIN + CALL_BEGIN + "function" + SEP + "get_time\n```json\n" + space
+        )
+        assert parsed.content == ""
+        assert parsed.calls == calls(("get_time", ""))
+
+
 def test_cut_inside_the_header_gives_the_text_back() -> None:
     text = CALLS_BEGIN + CALL_BEGIN + "function" + SEP + "get_time\n``"
     parsed = assert_invariant(factory, text)
