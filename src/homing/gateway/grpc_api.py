@@ -16,11 +16,11 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import structlog
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -32,12 +32,19 @@ from homing.gateway.logprobs import LogprobFormat
 from homing.gateway.output import finish_reason, parse_whole, reasoning_tokens
 from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
-from homing.gateway.requests import loads_json, parse_chat, parse_completion
+from homing.gateway.requests import (
+    THREADED_BODY_BYTES,
+    loads_json,
+    parse_chat,
+    parse_completion,
+)
 from homing.gateway.service import InferenceService
 from homing.text.output import CallArguments, CallStart, ContentDelta, ReasoningDelta
 from homing.text.output import Event as OutputEvent
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
+
+_T = TypeVar("_T")
 
 log = structlog.get_logger("homing.grpc")
 
@@ -111,6 +118,14 @@ def _chat_message(m: pb.ChatMessage) -> dict[str, Any]:
     if m.HasField("reasoning"):
         message["reasoning_content"] = m.reasoning
     return message
+
+
+async def _parsed(request: Message, parse: Callable[[], _T]) -> _T:
+    """`parse()` of `request`, in a worker thread when the message is over
+    `THREADED_BODY_BYTES` (as the HTTP API parses a large body)."""
+    if request.ByteSize() > THREADED_BODY_BYTES:
+        return await asyncio.to_thread(parse)
+    return parse()
 
 
 def chat_body(request: pb.ChatCompletionRequest) -> dict[str, Any]:
@@ -199,7 +214,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     ) -> None:
         async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
             return await self.service.prepare.chat(
-                parse_chat(chat_body(request)),
+                await _parsed(request, lambda: parse_chat(chat_body(request))),
                 request_id=request_id,
                 session_key=request.user or None,
                 principal=principal,
@@ -212,7 +227,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     ) -> None:
         async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
             return await self.service.prepare.completion(
-                parse_completion(completion_body(request)),
+                await _parsed(request, lambda: parse_completion(completion_body(request))),
                 request_id=request_id,
                 session_key=request.user or None,
                 principal=principal,

@@ -59,7 +59,12 @@ from homing.gateway.output import (
 )
 from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
-from homing.gateway.requests import loads_json, parse_chat, parse_completion
+from homing.gateway.requests import (
+    THREADED_BODY_BYTES,
+    loads_json,
+    parse_chat,
+    parse_completion,
+)
 from homing.gateway.service import InferenceService
 
 log = structlog.get_logger("homing.http")
@@ -145,11 +150,6 @@ def _request_limits(limits: HttpLimits) -> Callable[[web.Request, Handler], Awai
         return await handler(request)
 
     return check
-
-
-THREADED_BODY_BYTES = 256 * 1024
-"""A body over this many bytes, or compressed, is decoded, parsed and validated in a worker
-thread: at ~8 ms of CPU per MB (JSON and pydantic), a larger one would hold the event loop."""
 
 
 async def _read_json(

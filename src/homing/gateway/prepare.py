@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
@@ -22,7 +22,7 @@ from homing.gateway.requests import ChatMessage, ChatRequest, CompletionRequest,
 from homing.gateway.tool_plan import ToolPlan, plan_tools, plans_costly
 from homing.text.call_arguments import template_arguments
 from homing.text.stops import StopSet
-from homing.text.tokenizer import ChatTemplateError
+from homing.text.tokenizer import ChatTemplateError, TextTokenizer
 
 Kind = Literal["chat", "text"]
 
@@ -162,24 +162,14 @@ class Preparer:
                 "messages",
             )
         tokenizer = model.tokenizer
-        for index, message in enumerate(req.messages):
-            # A name is template input (only content is kept apart as plain text), so it may
-            # not spell a special token.
-            if message.name is not None and not tokenizer.added_token_ids.isdisjoint(
-                tokenizer.encode(message.name)
-            ):
-                param = f"messages.[{index}].name"
-                raise invalid(
-                    f"Invalid value for '{param}': a name must not hold special-token text.",
-                    param,
-                )
         cost = ENCODE_MESSAGE_CHARS * len(req.messages)
         if cost <= THREADED_ENCODE_CHARS:  # few messages: their length decides
-            cost += sum(len(m.text()) for m in req.messages)
+            cost += sum(len(m.text()) + len(m.name or "") for m in req.messages)
         if plans_costly(req):  # schemas are copied, checked and rendered in the thread
             cost = THREADED_ENCODE_CHARS + 1
 
         def encode() -> tuple[ToolPlan, list[int]]:  # messages are gathered there too
+            _check_names(tokenizer, req.messages)
             plan = plan_tools(req, model)  # 400s of what the model's template or parsers lack
             plan.check(tokenizer)
             messages = [_template_message(m) for m in req.messages]
@@ -372,6 +362,17 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
     elif message.tool_call_id is not None:
         fields["tool_call_id"] = message.tool_call_id
     return fields
+
+
+def _check_names(tokenizer: TextTokenizer, messages: Sequence[ChatMessage]) -> None:
+    """400 for a message `name` that spells a special token: a name is template input (only
+    content is kept apart as plain text)."""
+    for index, message in enumerate(messages):
+        if message.name is not None and tokenizer.holds_special(message.name):
+            param = f"messages.[{index}].name"
+            raise invalid(
+                f"Invalid value for '{param}': a name must not hold special-token text.", param
+            )
 
 
 def _check_ids(ids: Iterable[int], vocab: int, param: str) -> None:
