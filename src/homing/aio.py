@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -36,3 +36,11 @@ async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def off_loop_if(heavy: bool, fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)`: in a worker thread when `heavy` (so it holds no event-loop callback),
+    else inline (a thread hop costs tens of microseconds)."""
+    if heavy:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)

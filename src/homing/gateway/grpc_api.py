@@ -24,12 +24,13 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from homing.aio import off_loop_if
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.decoding import LoggedToken
 from homing.gateway.errors import APIError, internal_error, invalid
 from homing.gateway.generation import ChoiceFinished, Generation, LogprobDelta, TextDelta
 from homing.gateway.logprobs import LogprobFormat
-from homing.gateway.output import finish_reason, parse_whole, reasoning_tokens
+from homing.gateway.output import finish_reason, heavy_output, parse_whole, reasoning_tokens
 from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import (
@@ -313,9 +314,17 @@ def _message(
 
 
 async def _whole_answer(prepared: PreparedRequest, generation: Generation) -> pb.CompletionChunk:
-    """The non-streamed answer: one message with every choice's whole text and the usage."""
-    role = "assistant" if prepared.kind == "chat" else ""
+    """The non-streamed answer: one message with every choice's whole text and the usage
+    (built in a thread when long texts are parsed and counted: `heavy_output`)."""
     texts = await generation.collect_texts()
+    return await off_loop_if(heavy_output(prepared, texts), _whole_message, prepared,
+                             generation, texts)  # fmt: skip
+
+
+def _whole_message(
+    prepared: PreparedRequest, generation: Generation, texts: list[str]
+) -> pb.CompletionChunk:
+    role = "assistant" if prepared.kind == "chat" else ""
     plan = prepared.output
     lp = _format(prepared)
     choices: list[pb.Choice] = []
@@ -399,7 +408,10 @@ async def _write_stream(
         message = _message(prepared, generation, sent)
         if generation.finished:
             texts = [p.reasoning_text for p in parsers]
-            message.usage.CopyFrom(_usage(generation, reasoning_tokens(prepared, texts)))
+            counted = await off_loop_if(
+                heavy_output(prepared, texts), reasoning_tokens, prepared, texts
+            )
+            message.usage.CopyFrom(_usage(generation, counted))
         await context.write(message)
 
 

@@ -37,6 +37,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from homing.aio import off_loop_if
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.decoding import LoggedToken
 from homing.gateway.errors import APIError, internal_error
@@ -53,6 +54,7 @@ from homing.gateway.logprobs import LogprobFormat
 from homing.gateway.output import (
     DeltaBuilder,
     finish_reason,
+    heavy_output,
     message_body,
     parse_whole,
     reasoning_tokens,
@@ -406,8 +408,9 @@ class HttpApi:
             async with self.service.open(prepared) as generation:
                 if not prepared.stream:
                     texts = await generation.collect_texts()  # may run again elsewhere
+                    heavy = heavy_output(prepared, texts)
                     return web.json_response(
-                        full_body(prepared, generation, texts),
+                        await off_loop_if(heavy, full_body, prepared, generation, texts),
                         headers=_served_headers(prepared, generation),
                         dumps=_json_dumps,
                     )
@@ -491,7 +494,10 @@ class HttpApi:
                             event(chunker.chunk(item.index, finish_reason=reason, logprobs=logged))
                         )
                 if prepared.include_usage and generation.finished:
-                    reasoning = reasoning_tokens(prepared, [p.reasoning_text for p in parsers])
+                    thoughts = [p.reasoning_text for p in parsers]
+                    reasoning = await off_loop_if(
+                        heavy_output(prepared, thoughts), reasoning_tokens, prepared, thoughts
+                    )
                     usage = generation.finalize_usage()
                     out.append(event(chunker.usage_chunk(usage, reasoning)))
                 await response.write(b"".join(out))
