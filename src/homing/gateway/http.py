@@ -68,6 +68,7 @@ from homing.gateway.requests import (
     parse_completion,
 )
 from homing.gateway.service import InferenceService
+from homing.text.output import ContentDelta
 
 log = structlog.get_logger("homing.http")
 
@@ -477,6 +478,13 @@ class HttpApi:
                         events = parser.feed(item.text)
                         if isinstance(item, LogprobDelta):
                             held.extend(item.logprobs)
+                        elif (
+                            len(events) == 1 and type(events[0]) is ContentDelta and events[0].text
+                        ):
+                            # content alone (most steps of a reasoning model's answer): the
+                            # plain path's pre-encoded event, same bytes as the delta's
+                            out.append(chunker.content_event(item.index, events[0].text))
+                            continue
                     else:
                         events = parser.finish()
                     deltas = builder.deltas(events, parser.ids)
