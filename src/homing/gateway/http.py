@@ -200,11 +200,13 @@ def _decode_json(raw: bytes, coding: str | None, limits: HttpLimits) -> Any:
         ) from None
     try:
         body = loads_json(text)
-    except (ValueError, RecursionError) as err:  # JSONDecodeError, huge ints, deep nesting
+    except ValueError as err:  # JSONDecodeError, huge ints
         raise APIError(
-            400,
-            f"The request body is not valid JSON: {err}",
-            code="invalid_json",
+            400, f"The request body is not valid JSON: {err}", code="invalid_json"
+        ) from None
+    except RecursionError:
+        raise APIError(
+            400, "The request body is JSON nested too deeply to be read.", code="invalid_json"
         ) from None
     if b"\\ud" in raw or b"\\uD" in raw:  # escapes may encode lone surrogates
         try:
