@@ -368,7 +368,7 @@ class App:
             reasoning_parser=_parser_name(
                 spec.reasoning_parser, detect_reasoning_parser, tokenizer
             ),
-            system_fingerprint=_fingerprint(spec, tokenizer),
+            system_fingerprint=served_fingerprint(spec, tokenizer),
         )
         dispatch.admission = self._admission(dispatch, router_settings)
         if cfg.scaler_of(spec).enabled:
@@ -1015,11 +1015,19 @@ def _parser_name(
     return detect(tokenizer.chat_template)
 
 
-def _fingerprint(spec: ModelSettings, tokenizer: TextTokenizer) -> str:
-    """`system_fingerprint`: "fp_" and 12 hex digits of a hash of the model's served
-    configuration (its config entry and chat template), which changes when either does (as
-    OpenAI's marks backend changes that affect determinism)."""
-    served = spec.model_dump_json() + "\x00" + (tokenizer.chat_template or "")
+_ANSWER_FIELDS = frozenset(
+    {"name", "sim", "tokenizer_path", "version", "tool_call_parser", "reasoning_parser"}
+)
+"""The fields of a model's config entry that shape its answers (`served_fingerprint`); routing,
+workers, SLO and scaling do not."""
+
+
+def served_fingerprint(spec: ModelSettings, tokenizer: TextTokenizer) -> str:
+    """`system_fingerprint`: "fp_" and 12 hex digits of a hash of what shapes the model's
+    answers (`_ANSWER_FIELDS` of its config entry, and its chat template), which changes
+    when they do (as OpenAI's marks backend changes that affect determinism)."""
+    served = spec.model_dump_json(include=set(_ANSWER_FIELDS))
+    served += "\x00" + (tokenizer.chat_template or "")
     return "fp_" + hashlib.sha256(served.encode()).hexdigest()[:12]
 
 
