@@ -173,19 +173,22 @@ class NamedFunctionParser:
 def required_schema(tools: Sequence[ToolSpec], parallel: bool) -> dict:
     """The JSON Schema of `tool_choice: "required"`: an array of at least one call (at most
     one when not `parallel`), each `{"name": NAME, "parameters": ARGS}` for a declared
-    function, ARGS matching its parameters (any object when None). The tools' `$defs` are
-    lifted to the top (so `#/$defs/...` references still resolve); raises ValueError when
-    two tools define one name differently, or when there are no tools."""
+    function, ARGS matching its parameters (any object when None). The tools' `$defs` and
+    `definitions` are lifted to the top (so `#/$defs/...` and `#/definitions/...` references
+    still resolve); raises ValueError when two tools define one name differently, or when
+    there are no tools. (A reference to a tool's own root, `#`, would point at the array.)"""
     if not tools:
         raise ValueError("tool_choice required needs at least one tool")
-    defs: dict[str, object] = {}
+    lifted: dict[str, dict[str, object]] = {"$defs": {}, "definitions": {}}
     variants = []
     for tool in tools:
         params = arguments_schema(tool)
-        for key, value in params.pop("$defs", {}).items():
-            if key in defs and defs[key] != value:
-                raise ValueError(f"tools define $defs/{key} differently")
-            defs[key] = value
+        for where, defs in lifted.items():
+            held = params.pop(where, None)
+            for key, value in (held if isinstance(held, dict) else {}).items():
+                if key in defs and defs[key] != value:
+                    raise ValueError(f"tools define {where}/{key} differently")
+                defs[key] = value
         variants.append(
             {
                 "type": "object",
@@ -197,8 +200,7 @@ def required_schema(tools: Sequence[ToolSpec], parallel: bool) -> dict:
     schema: dict = {"type": "array", "items": {"anyOf": variants}, "minItems": 1}
     if not parallel:
         schema["maxItems"] = 1
-    if defs:
-        schema["$defs"] = defs
+    schema.update((where, defs) for where, defs in lifted.items() if defs)
     return schema
 
 

@@ -238,6 +238,25 @@ def test_required_schema_output_parses_to_the_calls() -> None:
     ]
 
 
+def test_required_schema_lifts_draft_7_definitions_too() -> None:
+    """`#/definitions/...` (draft 7's name for `$defs`) still resolves once wrapped."""
+    jsonschema = pytest.importorskip("jsonschema")
+    old_style = ToolSpec(
+        "set_point",
+        {
+            "type": "object",
+            "properties": {"p": {"$ref": "#/definitions/point"}},
+            "required": ["p"],
+            "definitions": {"point": {"type": "object", "properties": {"x": {"type": "number"}}}},
+        },
+    )
+    schema = required_schema((old_style,), parallel=True)
+    assert "point" in schema["definitions"]
+    jsonschema.validate([{"name": "set_point", "parameters": {"p": {"x": 1}}}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "set_point", "parameters": {"p": {"x": "no"}}}], schema)
+
+
 def test_required_schema_refuses_no_tools_and_clashing_defs() -> None:
     with pytest.raises(ValueError, match="at least one tool"):
         required_schema((), parallel=True)
