@@ -140,6 +140,9 @@ class Header(Enum):
     """The text is not a call's header; the index is the first character not part of it."""
     MORE = "more"
     """All of the text was read; the header goes on in the next text."""
+    BARE = "bare"
+    """The object closed after its name, with no arguments key (a call of no arguments);
+    the index is just past its `}`."""
 
 
 # CallHeader states.
@@ -152,7 +155,8 @@ class CallHeader:
     The object must open with `{`; keys before the arguments key (one of `arg_keys`) are
     `"name"`, whose string value must be a declared function, or any other key with a string
     value (`"type": "function"`, an `"id"`), which is skipped. The arguments key must come
-    after the name and its value must be an object. A header longer than `MAX_NAME_CHARS`
+    after the name and its value must be an object; an object that closes after the name
+    without one is a call of no arguments (BARE). A header longer than `MAX_NAME_CHARS`
     fails.
     """
 
@@ -236,6 +240,8 @@ class CallHeader:
                 self._raw = []
                 self._state = _H_VAL
             else:  # _H_COMMA
+                if c == "}" and self.name is not None:
+                    return Header.BARE, i + 1
                 if c != ",":
                     return Header.FAIL, i
                 self._state = _H_KEY_WS
@@ -649,6 +655,9 @@ class JsonCallParser:
             assert self._header.name is not None
             self._out.start(self._calls, self._header.name)
             self._calls += 1
+            if result is Header.BARE:  # `{"name": "f"}`: a call of no arguments
+                self._out.args(self._calls - 1, "{}")
+                return self._call_done(i)
             self._scanner = JsonScanner(stops=self.STOP[:1])
             self._state = J_ARGS
             return i

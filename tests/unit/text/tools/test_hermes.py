@@ -92,6 +92,15 @@ def test_cut_inside_the_header_gives_the_text_back() -> None:
     assert parsed.calls == []
 
 
+def test_a_call_without_an_arguments_key_is_a_call_of_no_arguments() -> None:
+    """`{"name": "get_time"}` (a model's call of a function without parameters) is that
+    call with `{}`, as a JSON parser of the whole object reads it; the next call follows."""
+    text = f'{OPEN}\n{{"name": "get_time"}}\n{CLOSE}\n' + WEATHER_CALL
+    parsed = assert_invariant(factory, text)
+    assert parsed.content == ""
+    assert parsed.calls == calls(("get_time", "{}"), ("get_weather", TRICKY_ARGS))
+
+
 def test_undeclared_function_is_content_verbatim() -> None:
     text = "x" + call("delete_all", "{}") + "y"
     parsed = assert_invariant(factory, text)
