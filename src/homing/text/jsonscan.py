@@ -12,6 +12,11 @@ It checks structure, not grammar: any `}` or `]` closes the innermost container,
 between structural characters (numbers, `true`, stray words) is not validated. A value
 "ends" when the depth comes back to zero at a closing bracket.
 
+Why not a partial-JSON parser (`partial-json-parser`, pydantic-core's `allow_partial`):
+those turn a prefix into a value, so a stream would parse the whole prefix again at every
+piece (quadratic) and send re-serialized arguments, not the model's own text. Streaming the
+arguments verbatim only needs where the value ends, which this finds in one pass.
+
 Pure code: strings in, positions out.
 """
 

@@ -30,11 +30,13 @@ less stray end tokens. A header that fails (too long, an end token or `<|start|>
 it, or a first header that starts with neither `<|channel|>` nor `to=`) is content,
 verbatim.
 
-openai-harmony: the `openai-harmony` package (its `StreamableParser` over token ids) is not
-installed in this project's environment, and its encoding (`o200k_harmony`) is fetched
-from the network by tiktoken on first load, which the gateway cannot count on; and the
-gateway parses detokenized text, not token ids. So this parser reads the format by hand,
-from the text.
+Why not the `openai-harmony` package (its `StreamableParser` over token ids):
+`load_harmony_encoding` downloads the `o200k_base.tiktoken` vocabulary on first use and
+fails without network access (openai/harmony#46 and #95; the same failure stops smg's router,
+sglang#18074), so a gateway in a closed network could not start it without extra files; it
+parses token ids, while every parser here reads the detokenized text (with stop strings and
+held-back characters already applied); and it would add a native dependency for one family.
+The format is a handful of special tokens, so this parser reads it from the text.
 
 Rule of the file: malformed output follows `homing.text.tools.base`.
 """
