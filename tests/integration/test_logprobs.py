@@ -120,6 +120,37 @@ async def test_greedy_chat_samples_the_top_token_and_streams_what_it_answers_who
     assert [e.model_dump() for e in streamed] == [e.model_dump() for e in entries]
 
 
+async def test_each_of_n_choices_reports_its_own_tokens_streamed_as_whole(
+    gateway: App,
+) -> None:
+    """`n: 3` sampled with a seed: each choice's entries spell its own answer, and the
+    streamed chunks of choice i carry exactly choice i's entries of the whole answer."""
+    client = _client(gateway)
+    fields: dict[str, Any] = {
+        "model": gateway.model.model_id,
+        "messages": ASK,
+        "max_tokens": 8,
+        "n": 3,
+        "seed": 7,
+        "temperature": 1.0,
+        "logprobs": True,
+        "top_logprobs": 1,
+    }
+    whole = await client.chat.completions.create(**fields)
+    by_index: dict[int, list[Any]] = {}
+    for choice in whole.choices:
+        entries = choice.logprobs.content or []  # type: ignore[union-attr]
+        assert _joined(entries) == choice.message.content and len(entries) == 8
+        by_index[choice.index] = [e.model_dump() for e in entries]
+    assert len({json.dumps(v) for v in by_index.values()}) == 3  # three different answers
+    streamed: dict[int, list[Any]] = {0: [], 1: [], 2: []}
+    async for chunk in await client.chat.completions.create(**fields, stream=True):
+        for choice in chunk.choices:
+            got = (choice.logprobs.content or []) if choice.logprobs else []
+            streamed[choice.index].extend(e.model_dump() for e in got)
+    assert streamed == by_index
+
+
 async def test_chat_without_logprobs_has_null_logprobs(gateway: App) -> None:
     """Chat that does not ask (or asks `logprobs: false`) gets `logprobs: null`."""
     for fields in ({}, {"logprobs": False}):

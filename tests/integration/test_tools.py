@@ -161,6 +161,33 @@ async def test_langchain_agent_loop_with_bound_tools(gateway: App) -> None:
     assert messages[-1].content == "The tool returned: 21 C in Paris"
 
 
+async def test_a_stop_string_inside_a_call_cuts_it_alike_streamed_and_whole(
+    gateway: App,
+) -> None:
+    """A stop string the call's arguments hold ends the answer there: the call's arguments
+    are the text before it, streamed as whole (the SDK's stream helper accumulates them)."""
+    client = _client(gateway)
+    fields: dict[str, Any] = {
+        "model": gateway.model.model_id,
+        "messages": ASK,
+        "tools": [WEATHER],
+        "stop": ["Paris"],
+    }
+    whole = await client.chat.completions.create(**fields)
+    (call,) = whole.choices[0].message.tool_calls or []
+    assert call.function.arguments == '{"city": "'
+    async with client.chat.completions.stream(**fields) as stream:
+        async for _ in stream:
+            pass
+        final = await stream.get_final_completion()
+    (streamed,) = final.choices[0].message.tool_calls or []
+    assert (streamed.function.name, streamed.function.arguments) == (
+        call.function.name,
+        call.function.arguments,
+    )
+    assert final.choices[0].finish_reason == whole.choices[0].finish_reason
+
+
 async def test_legacy_functions_answer_in_the_function_call_shape(gateway: App) -> None:
     """`functions` gives `message.function_call` and finish reason "function_call"."""
     status, body = await _post(gateway, _chat(gateway, functions=[WEATHER["function"]]))

@@ -187,3 +187,16 @@ def test_whitespace_before_the_calls_is_no_content(seed: int) -> None:
         parsed, ids = parse_whole(plan, text)
         assert message_body(parsed, ids, plan)["content"] == content
         assert _streamed(plan, _cuts(text, rng))["content"] == content
+
+
+def test_long_parsed_answers_are_work_for_a_thread() -> None:
+    """Parsing and counting go off the loop only for parsed answers over the bound."""
+    from types import SimpleNamespace
+
+    from homing.gateway.output import HEAVY_OUTPUT_CHARS, heavy_output
+
+    parsed = SimpleNamespace(output=_plan(reasoning=True), model=None)
+    plain = SimpleNamespace(output=None, model=None)
+    long = ["x" * (HEAVY_OUTPUT_CHARS // 2 + 1)] * 2
+    assert heavy_output(parsed, long) and not heavy_output(parsed, ["x" * 10])
+    assert not heavy_output(plain, long)
