@@ -477,15 +477,6 @@ def _tool(name: str, parameters: Any = None) -> dict[str, Any]:
             ),
         ),
         (
-            {"parallel_tool_calls": False},
-            _err(
-                "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only "
-                "allowed when 'tools' are specified.",
-                "parallel_tool_calls",
-                "invalid_value",
-            ),
-        ),
-        (
             {"messages": [*ASK, {"role": "function", "name": "f", "content": "ok"}]},
             _err(
                 "Invalid value for 'messages.[1].name': no earlier assistant message has a "

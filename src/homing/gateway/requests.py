@@ -454,9 +454,9 @@ class ChatRequest(_Common):
 def _check_tools(req: ChatRequest) -> None:
     """Cross-field rules of tool calling, as OpenAI's: `tools` and `functions` exclusive;
     unique function names; a forced function declared; `required`/named only with
-    functions, `parallel_tool_calls` only with tools; tool calls only on assistant turns,
-    each tool turn answering an earlier call by id (a legacy function turn by its function's
-    name). Raises `APIError` 400 with the offending `param`."""
+    functions; tool calls only on assistant turns, each tool turn answering an earlier call
+    by id (a legacy function turn by its function's name). Raises `APIError` 400 with the
+    offending `param`."""
     if req.tools and req.functions:  # empty lists are the "off" values
         raise invalid("'tools' and 'functions' cannot both be given; use 'tools'.", "functions")
     if req.tool_choice is not None and req.functions:
@@ -477,12 +477,6 @@ def _check_tools(req: ChatRequest) -> None:
                 param,
             )
         seen.add(function.name)
-    if req.parallel_tool_calls is not None and not req.tools:
-        raise invalid(
-            "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed "
-            "when 'tools' are specified.",
-            "parallel_tool_calls",
-        )
     choice_param = "function_call" if req.legacy_functions else "tool_choice"
     choice = req.function_call if req.legacy_functions else req.tool_choice
     if not seen and (choice == "required" or isinstance(choice, (NamedToolChoice, NamedFunction))):
