@@ -24,14 +24,22 @@ Chat prompts of the served template (`homing.sim.chat` reads them; a plain promp
 few index checks) and constraints change what is written, in the template's own format:
 - a constraint (`homing.sim.grammar`): exactly one instance of it, then EOS; after reasoning
   (below) only when the request sets `require_reasoning` (as SGLang with a reasoning parser
-  starts the grammar after the thought), else from the first token;
+  starts the grammar after the thought), else from the first token. An instance longer than
+  the request's `max_new_tokens` leaves room for is cut: the answer is a prefix of it, without
+  EOS and at least as many tokens long as the request may still write, so the scheduler ends
+  it at "length", as `max_new_tokens` cuts a real engine's constrained answer. Its text is
+  drawn with a budget of `CHARS_PER_TOKEN` characters per token (plus `BUDGET_SLACK`), and
+  drawn again from the same rng state with a larger one while it encodes to too few tokens,
+  up to `MAX_BUDGET` characters; so its cost follows the tokens asked for, never the
+  constraint's numbers;
 - a prompt ending with `<think>`: reasoning sentences (`homing.sim.chat.REASONING_CORPUS`),
   then `</think>`, then the answer below;
 - a prompt ending right after a tool result: "The tool returned: <the result, cut>", EOS;
 - a prompt whose tools block declares tools, its last turn the user's: with odds
   `tool_call_share`, one call of a declared tool (drawn), its arguments an instance of the
-  tool's parameters schema whose strings are words of the user's message, then EOS; else a
-  plain answer.
+  tool's parameters schema whose strings are words of the user's message (`{}` when that
+  schema is refused or its instance is longer than the same budget), then EOS; else a plain
+  answer.
 These texts draw from their own generator (the draw seed salted), so plain answers never
 change, and ignore `logit_bias`; under ignore_eos the corpus answer follows them (a
 constrained answer repeats EOS). Every answer exposes its `draw_seed` (the log probabilities
@@ -58,7 +66,7 @@ from homing.sim.chat import (
     read_prompt,
 )
 from homing.sim.grammar import Constraint
-from homing.sim.instances import ConstraintError, schema_instance
+from homing.sim.instances import DEFAULT_BUDGET, ConstraintError, InstanceCut, schema_instance
 
 CORPUS: tuple[str, ...] = (
     "Hello! This answer comes from a simulated worker, not from a real model.",
@@ -93,6 +101,21 @@ FORCE_BIAS = 100.0
 
 FEATURE_SALT = 0x5EED_F00D_CAFE
 """Mixed into the draw seed for the texts of tools, reasoning and constraints."""
+
+CHARS_PER_TOKEN = 8
+"""First character budget of a constrained answer (and of a tool call's arguments), per token
+the answer may still write. The served tokenizer takes about 2 to 4 characters per token of
+the simulator's JSON and words, so a text cut at 8 per token holds enough tokens at the first
+draw; runs of one character take more (8 for `a`s, 128 for spaces) and are drawn again."""
+
+BUDGET_SLACK = 64
+"""Characters added to every such budget, so an answer allowed few tokens (or none) still
+writes a short instance whole."""
+
+MAX_BUDGET = 1 << 21
+"""The largest character budget (2 Mi characters: about a second of drawing and encoding).
+A cut text that still encodes to too few tokens at it (more than 16 characters per token at
+131,072 tokens: long runs of one character) keeps what it has, and the EOS follows."""
 
 
 class Encoder(Protocol):
@@ -290,11 +313,14 @@ class OutputPlanner:
         logit_bias: Mapping[int, float] | None = None,
         constraint: Constraint | None = None,
         require_reasoning: bool = False,
+        max_new_tokens: int | None = None,
     ) -> Answer:
         """The answer of one request: greedy (temperature <= 0) from the prompt alone, sampled
         from `seed` (or `request_id` when None) otherwise; `logit_bias` (token id -> bias)
         bans and forces tokens, and chat prompts and `constraint` shape the answer, as the
-        module docstring says."""
+        module docstring says. `max_new_tokens`: the most tokens the scheduler lets the
+        request write, which sizes a constrained answer and a tool call (None: not known;
+        those texts get `homing.sim.instances.DEFAULT_BUDGET` characters)."""
         if temperature <= 0.0:
             draw_seed = greedy_seed(input_ids)
         else:
@@ -303,7 +329,9 @@ class OutputPlanner:
         facts = self.read_prompt(input_ids)
         if constraint is None and facts is None:
             return corpus
-        return self._shaped(input_ids, draw_seed, corpus, facts, constraint, require_reasoning)
+        return self._shaped(
+            input_ids, draw_seed, corpus, facts, constraint, require_reasoning, max_new_tokens
+        )
 
     def _shaped(
         self,
@@ -313,6 +341,7 @@ class OutputPlanner:
         facts: PromptFacts | None,
         constraint: Constraint | None,
         require_reasoning: bool,
+        max_new_tokens: int | None,
     ) -> Answer:
         """A chat or constrained answer (see the module docstring)."""
         rng = random.Random(draw_seed ^ FEATURE_SALT)
@@ -325,10 +354,9 @@ class OutputPlanner:
             if thinking and require_reasoning:
                 prefix += self._reasoning_tokens(rng)
             words = argument_words(last_user_text(input_ids, tokens, self._decode))
-            text = constraint.text(rng, words, self._token_text)
-            return FixedOutput(
-                [*prefix, *self._tokenizer.encode(text), *tail], None, eos, draw_seed
-            )
+            left = None if max_new_tokens is None else max(0, max_new_tokens - len(prefix))
+            ids, complete = self._constrained(rng, constraint, words, left)
+            return FixedOutput([*prefix, *ids, *(tail if complete else [])], None, eos, draw_seed)
         assert facts is not None and tokens is not None
         if thinking:
             prefix += self._reasoning_tokens(rng)
@@ -336,9 +364,41 @@ class OutputPlanner:
             prefix += self._tokenizer.encode_plain(quote_tool_output(facts.tool_output))
             return FixedOutput([*prefix, *tail], corpus, eos, draw_seed)
         if facts.tools and rng.random() < self.tool_call_share:
-            prefix += self._tool_call(rng, facts, tokens)
+            left = None if max_new_tokens is None else max(0, max_new_tokens - len(prefix))
+            prefix += self._tool_call(rng, facts, tokens, _first_budget(left))
             return FixedOutput([*prefix, *tail], corpus, eos, draw_seed)
         return FixedOutput(prefix, corpus, eos, draw_seed) if prefix else corpus
+
+    def _constrained(
+        self,
+        rng: random.Random,
+        constraint: Constraint,
+        words: Sequence[str],
+        left: int | None,
+    ) -> tuple[list[int], bool]:
+        """The token ids of the constraint's text and whether it is a whole instance. A cut
+        text holds at least `left` tokens (the answer's room; None: unknown, no such need)
+        unless `MAX_BUDGET` or the writer's steps (`homing.sim.instances.STEPS_PER_CHAR`)
+        stopped it; each redraw starts from the same rng state, so the answer is
+        deterministic."""
+        needed = 0 if left is None else left
+        state = rng.getstate()
+        budget = _first_budget(left)
+        while True:
+            written = constraint.text(rng, words, self._token_text, budget=budget)
+            ids = self._tokenizer.encode(written.text)
+            if (
+                written.complete
+                or len(ids) >= needed
+                or len(written.text) < budget  # stopped by steps: more characters won't help
+                or budget >= MAX_BUDGET
+            ):
+                # tokens past the room are never read: a cut answer keeps only those it needs
+                return (ids if written.complete or left is None else ids[:needed]), written.complete
+            # a larger budget, by the characters per token seen (at least twice as large)
+            wanted = -(-budget * needed // max(len(ids), 1)) * 5 // 4
+            budget = min(MAX_BUDGET, max(2 * budget, wanted))
+            rng.setstate(state)
 
     def _token_text(self, token_id: int) -> str:
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
@@ -354,14 +414,17 @@ class OutputPlanner:
         out.append(self.chat_tokens.think_end)
         return out
 
-    def _tool_call(self, rng: random.Random, facts: PromptFacts, tokens: ChatTokens) -> list[int]:
-        """One call of a declared tool in the template's format (without the EOS)."""
+    def _tool_call(
+        self, rng: random.Random, facts: PromptFacts, tokens: ChatTokens, budget: int
+    ) -> list[int]:
+        """One call of a declared tool in the template's format (without the EOS); its
+        arguments `{}` when their instance is refused or longer than `budget` characters."""
         tool = facts.tools[rng.randrange(len(facts.tools))]
         try:
             arguments = schema_instance(
-                object_schema(tool.parameters), rng, argument_words(facts.user_text)
+                object_schema(tool.parameters), rng, argument_words(facts.user_text), budget
             )
-        except ConstraintError:
+        except (ConstraintError, InstanceCut):
             arguments = {}
         encode = self._tokenizer.encode_plain
         return [
@@ -414,6 +477,14 @@ class OutputPlanner:
             filler=filler,
             draw_seed=draw_seed,
         )
+
+
+def _first_budget(left: int | None) -> int:
+    """The first character budget of a text the answer has room for `left` tokens of (None:
+    unknown)."""
+    if left is None:
+        return DEFAULT_BUDGET
+    return min(MAX_BUDGET, CHARS_PER_TOKEN * left + BUDGET_SLACK)
 
 
 def _without(tokens: Sequence[int], banned: frozenset[int]) -> tuple[int, ...]:

@@ -3,8 +3,16 @@
 Rule of this file: `compile_constraint` checks a request's constraint once (cached by its
 text, as SGLang caches compiled grammars) and either refuses it with SGLang 0.5.23's message
 ("Failed to compile {json|regex|ebnf|structural_tag} grammar: ..." , a 400 its servicer maps to
-INVALID_ARGUMENT) or returns a `Constraint`, whose `text(rng, words)` is a deterministic
-instance. The planner encodes that text and ends it with EOS (`homing.sim.generation`).
+INVALID_ARGUMENT) or returns a `Constraint`, whose `text(rng, words, budget=...)` is a
+deterministic instance, written into a sink of `budget` characters
+(`homing.sim.instances.Sink`): the whole text when it fits (`complete`), else exactly its
+first `budget` characters (`complete` False). A real engine writes an instance token by token
+and `max_new_tokens` cuts it; any prefix of an instance is what it may have written by then,
+so the planner (`homing.sim.generation`) asks for a budget sized to the request's tokens, ends
+a complete instance with EOS and leaves a cut one without, for the scheduler to end at
+"length". Every writer (JSON, regex, structural tag, each `repeat` round) writes through the
+sink, so no number in a constraint (`minItems`, `a{999999999}`, a `repeat`'s `min`) makes
+the work larger than the budget.
 
 - `json_schema`: a JSON instance of the schema (`homing.sim.instances`: OpenAI's structured
   outputs subset, xgrammar's refusals), written as xgrammar writes JSON without free
@@ -36,11 +44,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from homing.sim.instances import (
+    DEFAULT_BUDGET,
     ConstraintError,
+    Sink,
+    Written,
     check_schema,
     parse_regex,
-    regex_instance,
-    schema_instance,
+    write_all,
+    write_regex,
+    write_schema,
 )
 
 CONSTRAINT_KINDS: dict[str, str] = {
@@ -101,7 +113,9 @@ class GrammarRefused(ValueError):
     """A constraint the backend refuses; `str()` is SGLang's whole message."""
 
 
-Writer = Callable[[random.Random, Sequence[str], TokenText], str]
+Writer = Callable[[random.Random, Sequence[str], TokenText, Sink], None]
+"""Writes one instance into the sink (`homing.sim.instances.Sink`): InstanceCut at its
+budget."""
 
 
 @dataclass(frozen=True)
@@ -113,10 +127,16 @@ class Constraint:
     writer: Writer
 
     def text(
-        self, rng: random.Random, words: Sequence[str] = (), token_text: TokenText = str
-    ) -> str:
-        """One instance of the constraint, drawn with `rng`, strings from `words`."""
-        return self.writer(rng, words, token_text)
+        self,
+        rng: random.Random,
+        words: Sequence[str] = (),
+        token_text: TokenText = str,
+        budget: int = DEFAULT_BUDGET,
+    ) -> Written:
+        """One instance of the constraint, drawn with `rng`, strings from `words`: its text
+        and `complete` True, or its first `budget` characters and `complete` False when it is
+        longer (see the module docstring)."""
+        return write_all(lambda sink: self.writer(rng, words, token_text, sink), budget)
 
 
 def compile_constraint(field: str, value: str) -> Constraint:
@@ -148,24 +168,20 @@ def _compile(field: str, value: str) -> Constraint:
     return Constraint(kind, writer)
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
 def _json_writer(schema: Any) -> Writer:
     check_schema(schema)
 
-    def write(rng: random.Random, words: Sequence[str], _: TokenText) -> str:
-        return _dumps(schema_instance(schema, rng, words))
+    def write(rng: random.Random, words: Sequence[str], _: TokenText, sink: Sink) -> None:
+        write_schema(schema, rng, sink, words)
 
     return write
 
 
 def _regex_writer(pattern: str) -> Writer:
-    parse_regex(pattern)
+    parsed = parse_regex(pattern)
 
-    def write(rng: random.Random, words: Sequence[str], _: TokenText) -> str:
-        return regex_instance(pattern, rng)
+    def write(rng: random.Random, words: Sequence[str], _: TokenText, sink: Sink) -> None:
+        write_regex(parsed, rng, sink)
 
     return write
 
@@ -198,15 +214,38 @@ def _legacy_writer(tag: Mapping[str, Any]) -> Writer:
         schema = structure.get("schema")
         parts.append((begin, _json_writer({} if schema is None else schema), end))
 
-    def write(rng: random.Random, words: Sequence[str], token_text: TokenText) -> str:
+    def write(rng: random.Random, words: Sequence[str], token_text: TokenText, sink: Sink) -> None:
         begin, content, end = parts[rng.randrange(len(parts))]
-        return begin + content(rng, words, token_text) + end
+        sink.write(begin)
+        content(rng, words, token_text, sink)
+        sink.write(end)
 
     return write
 
 
 def _const(text: str) -> Writer:
-    return lambda rng, words, token_text: text
+    return lambda rng, words, token_text, sink: sink.write(text)
+
+
+def _sequence(elements: Sequence[Writer]) -> Writer:
+    def write(rng: random.Random, words: Sequence[str], token_text: TokenText, sink: Sink) -> None:
+        for element in elements:
+            element(rng, words, token_text, sink)
+
+    return write
+
+
+def _one_of(elements: Sequence[Writer]) -> Writer:
+    return lambda rng, words, tt, sink: elements[rng.randrange(len(elements))](rng, words, tt, sink)
+
+
+def _repeat(content: Writer, times: int) -> Writer:
+    def write(rng: random.Random, words: Sequence[str], token_text: TokenText, sink: Sink) -> None:
+        for _ in range(times):
+            sink.step()  # a content that writes nothing still ends at the sink's steps
+            content(rng, words, token_text, sink)
+
+    return write
 
 
 def _format_writer(fmt: Any) -> Writer:
@@ -232,14 +271,14 @@ def _format_writer(fmt: Any) -> Writer:
         token = fmt["token"]
         if isinstance(token, str):
             return _const(token)
-        return lambda rng, words, token_text: token_text(int(token))
+        return lambda rng, words, token_text, sink: sink.write(token_text(int(token)))
     if kind in ("sequence", "or"):
         elements = [_format_writer(e) for e in fmt["elements"]]
         if kind == "sequence":
-            return lambda rng, words, tt: "".join(e(rng, words, tt) for e in elements)
+            return _sequence(elements)
         if not elements:
             raise ConstraintError("Invalid structural tag error: an or format needs elements")
-        return lambda rng, words, tt: elements[rng.randrange(len(elements))](rng, words, tt)
+        return _one_of(elements)
     if kind == "tag":
         return _tag_writer(fmt)
     if kind in ("triggered_tags", "tags_with_separator"):
@@ -253,7 +292,7 @@ def _format_writer(fmt: Any) -> Writer:
                     )
         if not tags:
             return _const("")
-        return lambda rng, words, tt: tags[rng.randrange(len(tags))](rng, words, tt)
+        return _one_of(tags)
     if kind in ("optional", "plus", "star"):
         return _format_writer(fmt["content"])
     if kind == "repeat":
@@ -261,7 +300,7 @@ def _format_writer(fmt: Any) -> Writer:
         times = max(int(fmt.get("min", 0)), 1)
         if fmt.get("max") is not None and int(fmt["max"]) < times:
             times = int(fmt["max"])
-        return lambda rng, words, tt: "".join(content(rng, words, tt) for _ in range(times))
+        return _repeat(content, times)
     raise ConstraintError(FORMAT_UNSUPPORTED.format(type=kind))
 
 
@@ -272,9 +311,7 @@ def _tag_writer(fmt: Mapping[str, Any]) -> Writer:
     end_value = fmt["end"]
     end = _edge(end_value[0] if isinstance(end_value, list) and end_value else end_value)
     content = _format_writer(fmt["content"])
-    return lambda rng, words, tt: (
-        begin(rng, words, tt) + content(rng, words, tt) + end(rng, words, tt)
-    )
+    return _sequence((begin, content, end))
 
 
 def _edge(value: Any) -> Writer:

@@ -1,9 +1,19 @@
 """Instances of JSON schemas and regular expressions, drawn deterministically: what the
 simulated worker writes under a `json_schema` or `regex` constraint.
 
-Rule of this file: pure functions of (schema or pattern, `random.Random`, words). No I/O, no
-globals. Errors are `ConstraintError`s whose text is what SGLang 0.5.23's xgrammar backend
-says for the same input (its scheduler prefixes "Failed to compile json grammar: ").
+Rule of this file: pure functions of (schema or pattern, `random.Random`, words, budget). No
+I/O, no globals. Errors are `ConstraintError`s whose text is what SGLang 0.5.23's xgrammar
+backend says for the same input (its scheduler prefixes "Failed to compile json grammar: ").
+
+Budget: writers append their text to a `Sink` as they draw it, at most `budget` characters
+(and `STEPS_PER_CHAR` steps of work per character). A writer that reaches the budget keeps
+the text up to it exactly and stops (`InstanceCut`); the text is then a prefix of an
+instance, what a real engine cut at `max_new_tokens` has written, and the work is
+proportional to the budget, never to the numbers a schema or pattern holds (`minItems`,
+`minLength`, `a{999999999}`). JSON is written as it is drawn, in the format of
+`json.dumps(value, ensure_ascii=False)` (`", "` and `": "` separators), so a cut keeps a
+prefix of that text; `schema_instance` and `regex_instance`, which return a whole instance,
+raise InstanceCut instead.
 
 JSON schemas: the subset OpenAI structured outputs allow, and what xgrammar 0.2.7 compiles:
 - `type` (a name or a list of names: object, array, string, number, integer, boolean, null);
@@ -26,16 +36,20 @@ JSON schemas: the subset OpenAI structured outputs allow, and what xgrammar 0.2.
 Regular expressions (Python's syntax, which covers what JSON schemas and OpenAI clients
 write): literals, `.`, classes (ranges, negation, \\d \\w \\s), groups, alternation, anchors
 (skipped), back-references, and repeats (an unbounded one repeats at most
-`MAX_EXTRA_REPEATS` times beyond its minimum). Lookarounds are ignored (an instance may then
-not match). A pattern Python cannot parse is refused with Python's message.
+`MAX_EXTRA_REPEATS` times beyond its minimum; a repeat of something that matches only the
+empty string is written once at most). Lookarounds are ignored (an instance may then not
+match). A pattern Python cannot parse is refused with Python's message.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 try:  # Python 3.11+: the parser behind `re`
@@ -222,32 +236,111 @@ def _resolve(root: Any, ref: Any) -> Any:
     return node
 
 
+# ------------------------------------------------------------------------------- writing
+
+
+DEFAULT_BUDGET = 1 << 20
+"""Characters an instance may take when the caller names no budget (1 MiB of text)."""
+
+STEPS_PER_CHAR = 8
+"""Work steps a writer may take per character of its budget. A step is one JSON value, one
+regex item or repeat round, or one structural-tag repeat round. Ordinary instances take one
+to three per character written and a repeated optional part (`(a?){n}`) about seven, so only
+a writer that mostly writes nothing runs out, and stops there as if cut; the bound keeps its
+work, like the text's length, proportional to the budget."""
+
+STEP_SLACK = 1024
+"""Steps every writer may take beyond `STEPS_PER_CHAR` per character (small budgets)."""
+
+
+class InstanceCut(Exception):
+    """Writing stopped at its budget: the sink holds the text written up to there, a prefix
+    of an instance (what a real engine cut at `max_new_tokens` would have written)."""
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a writer wrote: `text`, and whether it is a whole instance (`complete`) or a
+    prefix of one cut at the budget."""
+
+    text: str
+    complete: bool
+
+
+class Sink:
+    """Where writers append text: at most `budget` characters and `STEPS_PER_CHAR * budget +
+    STEP_SLACK` steps. A write that passes the budget keeps the text up to it exactly and
+    raises InstanceCut; so does a step past the steps."""
+
+    __slots__ = ("_parts", "left", "steps")
+
+    def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
+        self._parts: list[str] = []
+        self.left = max(0, budget)
+        self.steps = STEPS_PER_CHAR * self.left + STEP_SLACK
+
+    def write(self, text: str) -> None:
+        """Append `text`; InstanceCut (after appending what fits) past the budget."""
+        if len(text) > self.left:
+            self._parts.append(text[: self.left])
+            self.left = 0
+            raise InstanceCut
+        self._parts.append(text)
+        self.left -= len(text)
+
+    def step(self) -> None:
+        """Count one step of work; InstanceCut when they are spent."""
+        self.steps -= 1
+        if self.steps < 0:
+            raise InstanceCut
+
+    def text(self) -> str:
+        """Everything written so far."""
+        return "".join(self._parts)
+
+
+def write_all(write: Callable[[Sink], None], budget: int) -> Written:
+    """Run `write` on a fresh sink of `budget` characters: its text, complete or cut."""
+    sink = Sink(budget)
+    try:
+        write(sink)
+    except InstanceCut:
+        return Written(sink.text(), complete=False)
+    return Written(sink.text(), complete=True)
+
+
 # ------------------------------------------------------------------------------- instances
 
 
 class _Drawer:
-    """One instance's draws: the root (for $ref), the rng and the words."""
+    """One instance's draws, written as JSON text into `sink` as they are drawn: the root
+    (for $ref), the rng, the words and the sink. The text is `json.dumps(value,
+    ensure_ascii=False)` of the value drawn, so a cut leaves a prefix of it."""
 
-    def __init__(self, root: Any, rng: random.Random, words: Sequence[str]) -> None:
+    def __init__(self, root: Any, rng: random.Random, words: Sequence[str], sink: Sink) -> None:
         self.root = root
         self.rng = rng
+        self.sink = sink
         given = tuple(dict.fromkeys(w for w in words if w))
         self.given = bool(given)
         self.words = given or DEFAULT_WORDS
 
-    def value(self, schema: Any, depth: int) -> Any:
+    def value(self, schema: Any, depth: int) -> None:
         if depth > MAX_DEPTH * 8:
             raise ConstraintError("The schema has no finite instance (a required recursion)")
-        if schema is True or schema == {} or schema is None:
-            return self.text(1, 3)
-        if not isinstance(schema, dict):
-            return self.text(1, 3)
+        self.sink.step()
+        if schema is True or schema == {} or schema is None or not isinstance(schema, dict):
+            self.sink.write(_dumps(self.text(1, 3)))
+            return
         if "$ref" in schema:
-            return self.value(_resolve(self.root, schema["$ref"]), depth + 1)
+            self.value(_resolve(self.root, schema["$ref"]), depth + 1)
+            return
         if "const" in schema:
-            return schema["const"]
+            self.sink.write(_dumps(schema["const"]))
+            return
         if schema.get("enum"):
-            return self.rng.choice(list(schema["enum"]))
+            self.sink.write(_dumps(self.rng.choice(list(schema["enum"]))))
+            return
         for key in ("anyOf", "oneOf"):
             branches = schema.get(key)
             if isinstance(branches, list) and branches:
@@ -255,7 +348,8 @@ class _Drawer:
                     plain = [b for b in branches if not (isinstance(b, dict) and "$ref" in b)]
                     branches = plain or branches
                 base = {k: v for k, v in schema.items() if k != key}
-                return self.value({**base, **self.rng.choice(branches)}, depth + 1)
+                self.value({**base, **self.rng.choice(branches)}, depth + 1)
+                return
         if isinstance(schema.get("allOf"), list):
             merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
             for part in schema["allOf"]:
@@ -263,39 +357,49 @@ class _Drawer:
                     part = _resolve(self.root, part["$ref"])
                 if isinstance(part, dict):
                     merged = _merge(merged, part)
-            return self.value(merged, depth + 1)
+            self.value(merged, depth + 1)
+            return
         kind = schema.get("type")
         if isinstance(kind, list):
             kind = self.rng.choice(kind) if kind else None
         if kind is None:
             kind = _implied_type(schema)
         if kind == "object":
-            return self.object(schema, depth)
-        if kind == "array":
-            return self.array(schema, depth)
-        if kind == "integer":
-            return self.integer(schema)
-        if kind == "number":
-            return self.number(schema)
-        if kind == "boolean":
-            return self.rng.random() < 0.5
-        if kind == "null":
-            return None
-        return self.string(schema)
+            self.object(schema, depth)
+        elif kind == "array":
+            self.array(schema, depth)
+        elif kind == "integer":
+            self.sink.write(_dumps(self.integer(schema)))
+        elif kind == "number":
+            self.sink.write(_dumps(self.number(schema)))
+        elif kind == "boolean":
+            self.sink.write("true" if self.rng.random() < 0.5 else "false")
+        elif kind == "null":
+            self.sink.write("null")
+        else:
+            self.string(schema)
 
-    def object(self, schema: Mapping[str, Any], depth: int) -> dict[str, Any]:
+    def _key(self, name: str, first: bool) -> None:
+        self.sink.write(f"{_dumps(name)}: " if first else f", {_dumps(name)}: ")
+
+    def object(self, schema: Mapping[str, Any], depth: int) -> None:
         properties = schema.get("properties") or {}
         required = [str(name) for name in schema.get("required") or ()]
-        out: dict[str, Any] = {}
+        written: set[str] = set()
+        self.sink.write("{")
         for name, sub in properties.items():
             if name in required or (depth < MAX_DEPTH and self.rng.random() < 0.5):
-                out[name] = self.value(sub, depth + 1)
+                self._key(name, not written)
+                written.add(name)
+                self.value(sub, depth + 1)
         for name in required:
-            if name not in out:
-                out[name] = self.text(1, 2)
-        return out
+            if name not in written:
+                self._key(name, not written)
+                written.add(name)
+                self.sink.write(_dumps(self.text(1, 2)))
+        self.sink.write("}")
 
-    def array(self, schema: Mapping[str, Any], depth: int) -> list[Any]:
+    def array(self, schema: Mapping[str, Any], depth: int) -> None:
         low = int(schema.get("minItems", 0))
         high = int(schema.get("maxItems", max(low, 3)))
         prefix = schema.get("prefixItems")
@@ -308,11 +412,12 @@ class _Drawer:
         else:
             count = self.rng.randint(max(low, 1 if high >= 1 else 0), max(low, min(high, 3)))
         count = max(count, min(len(prefix), high))
-        out = []
+        self.sink.write("[")
         for i in range(count):
-            sub = prefix[i] if i < len(prefix) else items
-            out.append(self.value(sub, depth + 1))
-        return out
+            if i:
+                self.sink.write(", ")
+            self.value(prefix[i] if i < len(prefix) else items, depth + 1)
+        self.sink.write("]")
 
     def _bounds(self, schema: Mapping[str, Any], step: float) -> tuple[float, float]:
         low = schema.get("minimum")
@@ -347,20 +452,35 @@ class _Drawer:
         count = max(1, min(self.rng.randint(low, high), len(self.words)))
         return " ".join(self.rng.sample(self.words, count))
 
-    def string(self, schema: Mapping[str, Any]) -> str:
+    def string(self, schema: Mapping[str, Any]) -> None:
+        """A string value: a format's value, a pattern's instance, or words (at least
+        `minLength` characters, cut to `maxLength`), written as it is drawn."""
         fmt = schema.get("format")
         if fmt in XGRAMMAR_STRING_FORMATS:
-            return self.rng.choice(XGRAMMAR_STRING_FORMATS[fmt])
+            self.sink.write(_dumps(self.rng.choice(XGRAMMAR_STRING_FORMATS[fmt])))
+            return
+        write = self.sink.write
         if "pattern" in schema:
-            return regex_instance(str(schema["pattern"]), self.rng)
-        value = self.text(1, 3)
+            write('"')
+            _Emitter(self.rng, self.sink, _json_escaped).emit(parse_regex(str(schema["pattern"])))
+            write('"')
+            return
         low = int(schema.get("minLength", 0))
-        high = schema.get("maxLength")
-        while len(value) < low:
-            value = f"{value} {self.rng.choice(self.words)}"
-        if high is not None and len(value) > int(high):
-            value = value[: int(high)]
-        return value
+        high = None if schema.get("maxLength") is None else int(schema["maxLength"])
+        piece = self.text(1, 3)
+        drawn = kept = 0  # characters drawn; characters written (at most maxLength)
+        write('"')
+        while True:
+            drawn += len(piece)
+            if high is not None:
+                piece = piece[: max(0, high - kept)]
+            write(_json_escaped(piece))
+            kept += len(piece)
+            if drawn >= low or (high is not None and kept >= high):
+                break
+            self.sink.step()
+            piece = f" {self.rng.choice(self.words)}"
+        write('"')
 
 
 def _implied_type(schema: Mapping[str, Any]) -> str:
@@ -384,11 +504,41 @@ def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def schema_instance(schema: Any, rng: random.Random, words: Sequence[str] = ()) -> Any:
-    """A value of `schema` drawn with `rng`, strings made of `words` (see the module
-    docstring). Raises ConstraintError for a schema `check_schema` refuses."""
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _json_escaped(text: str) -> str:
+    """`text` as it reads inside a JSON string (`json.dumps(..., ensure_ascii=False)`)."""
+    return encode_basestring(text)[1:-1]
+
+
+def write_schema(schema: Any, rng: random.Random, sink: Sink, words: Sequence[str] = ()) -> None:
+    """Write the JSON text of an instance of `schema` (one `check_schema` passed) into
+    `sink`, drawn with `rng`, strings made of `words`; InstanceCut at the sink's budget."""
+    _Drawer(schema, rng, words, sink).value(schema, 0)
+
+
+def schema_text(
+    schema: Any, rng: random.Random, words: Sequence[str] = (), budget: int = DEFAULT_BUDGET
+) -> Written:
+    """The JSON text of an instance of `schema` (`json.dumps(value, ensure_ascii=False)`), or
+    its first `budget` characters when it is longer. Raises ConstraintError for a schema
+    `check_schema` refuses."""
     check_schema(schema)
-    return _Drawer(schema, rng, words).value(schema, 0)
+    return write_all(lambda sink: write_schema(schema, rng, sink, words), budget)
+
+
+def schema_instance(
+    schema: Any, rng: random.Random, words: Sequence[str] = (), budget: int = DEFAULT_BUDGET
+) -> Any:
+    """A value of `schema` drawn with `rng`, strings made of `words` (see the module
+    docstring). Raises ConstraintError for a schema `check_schema` refuses, InstanceCut when
+    the value's JSON text would pass `budget` characters."""
+    written = schema_text(schema, rng, words, budget)
+    if not written.complete:
+        raise InstanceCut(f"the schema's instance is longer than its budget of {budget} characters")
+    return json.loads(written.text)
 
 
 # ------------------------------------------------------------------------------- validating
@@ -463,6 +613,7 @@ def instance_errors(schema: Any, value: Any, root: Any = None, path: str = "$") 
 
 
 _PRINTABLE = tuple(chr(c) for c in range(0x20, 0x7F))
+_ANY_CHARS = _PRINTABLE[16:90]  # no newline, mostly alphanumerics
 _CATEGORY_CHARS = {
     _sre_constants.CATEGORY_DIGIT: "0123456789",
     _sre_constants.CATEGORY_WORD: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_",
@@ -471,6 +622,11 @@ _CATEGORY_CHARS = {
     _sre_constants.CATEGORY_NOT_WORD: " -.,",
     _sre_constants.CATEGORY_NOT_SPACE: "abcxyz",
 }
+_REPEATS = (
+    _sre_constants.MAX_REPEAT,
+    _sre_constants.MIN_REPEAT,
+    getattr(_sre_constants, "POSSESSIVE_REPEAT", _sre_constants.MAX_REPEAT),
+)
 
 
 def parse_regex(pattern: str) -> Any:
@@ -481,12 +637,28 @@ def parse_regex(pattern: str) -> Any:
         raise ConstraintError(f"Regex parsing error: {exc}") from None
 
 
-def regex_instance(pattern: str, rng: random.Random) -> str:
-    """A string `pattern` matches in full (see the module docstring), drawn with `rng`."""
-    out: list[str] = []
-    groups: dict[int, str] = {}
-    _emit(parse_regex(pattern), rng, out, groups)
-    return "".join(out)
+def write_regex(parsed: Any, rng: random.Random, sink: Sink) -> None:
+    """Write a string the parsed pattern (`parse_regex`) matches in full into `sink`, drawn
+    with `rng`; InstanceCut at the sink's budget."""
+    _Emitter(rng, sink).emit(parsed)
+
+
+def regex_text(pattern: str, rng: random.Random, budget: int = DEFAULT_BUDGET) -> Written:
+    """A string `pattern` matches in full, or its first `budget` characters when it is
+    longer (see the module docstring), drawn with `rng`."""
+    parsed = parse_regex(pattern)
+    return write_all(lambda sink: write_regex(parsed, rng, sink), budget)
+
+
+def regex_instance(pattern: str, rng: random.Random, budget: int = DEFAULT_BUDGET) -> str:
+    """A string `pattern` matches in full (see the module docstring), drawn with `rng`.
+    InstanceCut when it would pass `budget` characters."""
+    written = regex_text(pattern, rng, budget)
+    if not written.complete:
+        raise InstanceCut(
+            f"the pattern's instance is longer than its budget of {budget} characters"
+        )
+    return written.text
 
 
 def _class_chars(items: Sequence[tuple[Any, Any]]) -> tuple[bool, list[str]]:
@@ -506,41 +678,115 @@ def _class_chars(items: Sequence[tuple[Any, Any]]) -> tuple[bool, list[str]]:
     return negate, chars
 
 
-def _emit(parsed: Any, rng: random.Random, out: list[str], groups: dict[int, str]) -> None:
-    for op, arg in parsed:
-        if op is _sre_constants.LITERAL:
-            out.append(chr(arg))
-        elif op is _sre_constants.NOT_LITERAL:
-            out.append(rng.choice([c for c in _PRINTABLE if ord(c) != arg]))
-        elif op is _sre_constants.ANY:
-            out.append(rng.choice(_PRINTABLE[16:90]))  # no newline, mostly alphanumerics
-        elif op is _sre_constants.IN:
-            negate, chars = _class_chars(arg)
+class _Emitter:
+    """One regex instance's draws, written into `sink` as they are drawn (through `escape`,
+    when the instance is a JSON string's content). It keeps the raw text for
+    back-references, and each class's characters (worked out once per instance)."""
+
+    def __init__(
+        self, rng: random.Random, sink: Sink, escape: Callable[[str], str] | None = None
+    ) -> None:
+        self.rng = rng
+        self.sink = sink
+        self.escape = escape
+        self.raw: list[str] = []
+        self.groups: dict[int, str] = {}
+        self._classes: dict[int, Sequence[str]] = {}
+        self._writes: dict[int, bool] = {}
+        self._literals: dict[int, str | None] = {}
+        self._others: dict[int, Sequence[str]] = {}
+
+    def put(self, text: str) -> None:
+        self.raw.append(text)
+        self.sink.write(text if self.escape is None else self.escape(text))
+
+    def _class(self, items: Sequence[tuple[Any, Any]]) -> Sequence[str]:
+        chars = self._classes.get(id(items))
+        if chars is None:
+            negate, chars = _class_chars(items)
             if negate:
                 listed = set(chars)
                 chars = [c for c in _PRINTABLE if c not in listed]
-            out.append(rng.choice(chars or ["a"]))
-        elif op is _sre_constants.BRANCH:
-            _emit(rng.choice(arg[1]), rng, out, groups)
-        elif op is _sre_constants.SUBPATTERN:
-            group, _, _, body = arg
-            start = len(out)
-            _emit(body, rng, out, groups)
-            if group is not None:
-                groups[group] = "".join(out[start:])
-        elif op in (
-            _sre_constants.MAX_REPEAT,
-            _sre_constants.MIN_REPEAT,
-            getattr(_sre_constants, "POSSESSIVE_REPEAT", _sre_constants.MAX_REPEAT),
-        ):
-            low, high, body = arg
-            top = low + MAX_EXTRA_REPEATS if high == _sre_constants.MAXREPEAT else high
-            for _ in range(rng.randint(low, max(low, top))):
-                _emit(body, rng, out, groups)
-        elif op is _sre_constants.GROUPREF:
-            out.append(groups.get(arg, ""))
-        elif op is getattr(_sre_constants, "ATOMIC_GROUP", None):
-            _emit(arg, rng, out, groups)
-        elif op is _sre_constants.CATEGORY:
-            out.append(rng.choice(_CATEGORY_CHARS.get(arg, "a")))
-        # AT (anchors), ASSERT / ASSERT_NOT (lookarounds): nothing to write
+            chars = chars or ["a"]
+            self._classes[id(items)] = chars
+        return chars
+
+    def _not_literal(self, code: int) -> Sequence[str]:
+        """The printable characters other than `code` (what `[^x]` draws from)."""
+        chars = self._others.get(code)
+        if chars is None:
+            chars = self._others[code] = [c for c in _PRINTABLE if ord(c) != code]
+        return chars
+
+    def _can_write(self, body: Any) -> bool:
+        """Whether `body` matches anything but the empty string (a repeat of one that cannot
+        writes it once at most: the text is the same, the loop is not run)."""
+        can = self._writes.get(id(body))
+        if can is None:
+            try:
+                can = body.getwidth()[1] > 0
+            except Exception:  # a parse Python cannot size: assume it writes
+                can = True
+            self._writes[id(body)] = can
+        return can
+
+    def _literal(self, body: Any) -> str | None:
+        """The text of a body made of literals only (None for any other body)."""
+        key = id(body)
+        if key not in self._literals:
+            items = list(getattr(body, "data", body))
+            literal = all(op is _sre_constants.LITERAL for op, _ in items)
+            self._literals[key] = "".join(chr(a) for _, a in items) if literal else None
+        return self._literals[key]
+
+    def _repeat_literal(self, text: str, count: int) -> None:
+        """`text` `count` times, written in pieces no longer than the budget needs (a
+        literal draws nothing, so this is the same as writing it round by round)."""
+        while count > 0:
+            rounds = min(count, self.sink.left // len(text) + 1)
+            self.sink.step()
+            self.put(text * rounds)
+            count -= rounds
+
+    def emit(self, parsed: Any) -> None:
+        rng, sink = self.rng, self.sink
+        for op, arg in getattr(parsed, "data", parsed):  # a SubPattern's list: quicker
+            sink.steps -= 1  # Sink.step, inline: this loop is the hot one
+            if sink.steps < 0:
+                raise InstanceCut
+            if op is _sre_constants.LITERAL:
+                self.put(chr(arg))
+            elif op is _sre_constants.NOT_LITERAL:
+                self.put(rng.choice(self._not_literal(arg)))
+            elif op is _sre_constants.ANY:
+                self.put(rng.choice(_ANY_CHARS))
+            elif op is _sre_constants.IN:
+                self.put(rng.choice(self._class(arg)))
+            elif op is _sre_constants.BRANCH:
+                self.emit(rng.choice(arg[1]))
+            elif op is _sre_constants.SUBPATTERN:
+                group, _, _, body = arg
+                start = len(self.raw)
+                self.emit(body)
+                if group is not None:
+                    self.groups[group] = "".join(self.raw[start:])
+            elif op in _REPEATS:
+                low, high, body = arg
+                top = low + MAX_EXTRA_REPEATS if high == _sre_constants.MAXREPEAT else high
+                count = rng.randint(low, max(low, top))
+                if count > 1 and not self._can_write(body):
+                    count = 1
+                literal = self._literal(body)
+                if literal:
+                    self._repeat_literal(literal, count)
+                    continue
+                for _ in range(count):
+                    self.sink.step()
+                    self.emit(body)
+            elif op is _sre_constants.GROUPREF:
+                self.put(self.groups.get(arg, ""))
+            elif op is getattr(_sre_constants, "ATOMIC_GROUP", None):
+                self.emit(arg)
+            elif op is _sre_constants.CATEGORY:
+                self.put(rng.choice(_CATEGORY_CHARS.get(arg, "a")))
+            # AT (anchors), ASSERT / ASSERT_NOT (lookarounds): nothing to write

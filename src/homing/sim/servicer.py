@@ -37,7 +37,8 @@ Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
 - Constraints (json_schema, regex, ebnf_grammar, structural_tag), by `grammar_backend`
   (GetServerInfo's server_args say which): "simulated" compiles them with
   `homing.sim.grammar` (a refusal -> INVALID_ARGUMENT with SGLang's "Failed to compile ...
-  grammar" message; ebnf is always refused) and answers one instance; "none" refuses every
+  grammar" message; ebnf is always refused) and answers one instance (one longer than the
+  trimmed `max_new_tokens` ends at "length", a prefix of it); "none" refuses every
   one with SGLang's `--grammar-backend none` message; "unconstrained" ignores them.
 - Sampling: logit_bias bans (-100) and forces (+100) tokens (see `homing.sim.generation`);
   `custom_params` {"seed": N} seeds a temperature > 0 answer (same seed, same answer; no
@@ -403,6 +404,7 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             logit_bias=logit_bias,
             constraint=constraint,
             require_reasoning=request.require_reasoning,
+            max_new_tokens=max_new_tokens,
         )
         detail: AnswerDetail | None = None
         cache_limit: int | None = None

@@ -1,9 +1,11 @@
-"""Simulated outputs: real served-tokenizer ids, deterministic, readable, multi-byte, EOS-ended."""
+"""Simulated outputs: real served-tokenizer ids, deterministic, readable, multi-byte, EOS-ended
+(or, for a constrained instance longer than the tokens asked for, cut without EOS)."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 from homing.sim.chat import REASONING_CORPUS
@@ -225,3 +227,71 @@ class TestChat:
         plan = PLANNER.plan(prompt)
         assert type(plan).__name__ == "PlannedOutput"
         assert plan.draw_seed == PLANNER.plan(prompt).draw_seed
+
+
+HUGE: dict[str, Any] = {
+    "type": "object",
+    "properties": {"a": {"type": "array", "minItems": 100_000_000, "items": {"type": "string"}}},
+    "required": ["a"],
+}
+"""A schema whose smallest instance is a hundred million strings long."""
+
+
+def planned(planner: OutputPlanner, prompt: list[int], count: int, **kw: Any) -> list[int]:
+    """The first `count` tokens of the answer, planned within a bounded time."""
+    start = time.perf_counter()
+    plan = planner.plan(prompt, **kw)
+    tokens = [plan.token_at(i) for i in range(count)]
+    assert time.perf_counter() - start < 2.0  # milliseconds; the whole instance: hours
+    return tokens
+
+
+class TestConstraintBudget:
+    def test_a_huge_instance_is_cut_without_eos_as_long_as_the_tokens_asked_for(self) -> None:
+        """The scheduler ends the answer at "length": its first max_new_tokens tokens hold no
+        EOS, and they are the start of the instance."""
+        constraint = compile_constraint("json_schema", json.dumps(HUGE))
+        prompt = chat([{"role": "user", "content": "List things"}])
+        tokens = planned(PLANNER, prompt, 50, constraint=constraint, max_new_tokens=50)
+        assert EOS not in tokens
+        text = TOKENIZER.decode(tokens)
+        assert text.startswith('{"a": ["')
+        closed = json.loads(text[: text.rindex('", "') + 1] + "]}")
+        assert len(closed["a"]) > 3
+        again = planned(PLANNER, prompt, 50, constraint=constraint, max_new_tokens=50)
+        assert again == tokens
+
+    def test_a_small_instance_still_ends_with_eos_as_before(self) -> None:
+        constraint = compile_constraint("json_schema", json.dumps(WEATHER))
+        prompt = chat([{"role": "user", "content": "Weather in Rome"}])
+        tokens = answer(PLANNER, prompt, constraint=constraint, max_new_tokens=50)
+        assert tokens == answer(PLANNER, prompt, constraint=constraint)
+        assert tokens[-1] == EOS
+        assert instance_errors(WEATHER, json.loads(TOKENIZER.decode(tokens[:-1]))) == []
+
+    def test_the_reasoning_before_a_cut_instance_leaves_it_the_rest_of_the_tokens(self) -> None:
+        constraint = compile_constraint("json_schema", json.dumps(HUGE))
+        prompt = chat([{"role": "user", "content": "Think, then list"}], thinking=True)
+        kw: dict[str, Any] = {"constraint": constraint, "require_reasoning": True}
+        tokens = planned(PLANNER, prompt, 80, max_new_tokens=80, **kw)
+        assert EOS not in tokens
+        _, sep, rest = text_of(tokens).partition("</think>")
+        assert sep and rest.startswith('{"a": ["')
+
+    def test_a_cut_text_of_long_tokens_is_drawn_again_until_it_holds_enough(self) -> None:
+        """Runs of spaces take 128 characters a token, far more than the first budget's 8:
+        the text is drawn again with a larger budget, and still fills the tokens asked for."""
+        constraint = compile_constraint("regex", " {999999999}")
+        tokens = planned(PLANNER, [5, 6, 7], 200, constraint=constraint, max_new_tokens=200)
+        assert EOS not in tokens
+        assert set(TOKENIZER.decode(tokens)) == {" "}
+
+    def test_a_tool_whose_arguments_are_huge_is_called_with_empty_arguments(self) -> None:
+        tools = [{"type": "function", "function": {"name": "f", "parameters": HUGE}}]
+        prompt = chat([{"role": "user", "content": "Call f"}], tools=tools)
+        start = time.perf_counter()
+        text = text_of(answer(PLANNER, prompt, max_new_tokens=50))
+        assert time.perf_counter() - start < 2.0
+        match = TOOL_CALL.fullmatch(text)
+        assert match and match.group("name") == "f"
+        assert json.loads(match.group("args")) == {}

@@ -1,12 +1,14 @@
 """The simulated grammar backend (`homing.sim.grammar`): each constraint kind compiles to a
-`Constraint` whose text is an instance of it, and refusals carry SGLang's "Failed to compile
-... grammar" message."""
+`Constraint` whose text is an instance of it (cut at its character budget, in time
+proportional to the budget), and refusals carry SGLang's "Failed to compile ... grammar"
+message."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
+import time
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from homing.sim.grammar import (
     GrammarRefused,
     compile_constraint,
 )
-from homing.sim.instances import instance_errors
+from homing.sim.instances import Written, instance_errors
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -29,7 +31,9 @@ SCHEMA: dict[str, Any] = {
 def texts(field: str, value: Any, n: int = 20) -> list[str]:
     text = value if isinstance(value, str) else json.dumps(value)
     constraint = compile_constraint(field, text)
-    return [constraint.text(random.Random(seed), ["Paris"]) for seed in range(n)]
+    written = [constraint.text(random.Random(seed), ["Paris"]) for seed in range(n)]
+    assert all(w.complete for w in written)
+    return [w.text for w in written]
 
 
 def test_a_json_schema_answer_is_one_instance_written_without_free_whitespace() -> None:
@@ -136,3 +140,69 @@ def test_refused_constraints_carry_sglangs_message(field: str, value: str, messa
     with pytest.raises(GrammarRefused) as refused:
         compile_constraint(field, value)
     assert str(refused.value).startswith(message) or message in str(refused.value)
+
+
+# ---- the character budget
+
+
+def tag_of(fmt: dict[str, Any]) -> str:
+    return json.dumps({"type": "structural_tag", "format": fmt})
+
+
+def timed_text(field: str, value: str, budget: int) -> Written:
+    start = time.perf_counter()
+    written = compile_constraint(field, value).text(random.Random(1), ["Paris"], budget=budget)
+    assert time.perf_counter() - start < 2.0  # milliseconds; the whole instance: hours
+    return written
+
+
+def test_a_regex_constraint_of_a_billion_characters_is_cut_at_the_budget() -> None:
+    written = timed_text("regex", "(a{1000}){1000000}", 700)
+    assert written == Written("a" * 700, complete=False)
+
+
+def test_a_structural_tag_repeated_a_billion_times_is_cut_at_the_budget() -> None:
+    """Each round writes a tag around a JSON instance; the cut text is the rounds up to the
+    budget, the whole ones each a tag holding an instance."""
+    content = {
+        "type": "tag",
+        "begin": "<j>",
+        "content": {"type": "json_schema", "json_schema": SCHEMA},
+        "end": "</j>",
+    }
+    value = tag_of({"type": "repeat", "min": 1_000_000_000, "content": content})
+    written = timed_text("structural_tag", value, 1500)
+    assert not written.complete and len(written.text) == 1500
+    rounds = written.text.split("</j>")[:-1]
+    assert len(rounds) > 10
+    for part in rounds:
+        assert part.startswith("<j>")
+        assert instance_errors(SCHEMA, json.loads(part[len("<j>") :])) == []
+    longer = timed_text("structural_tag", value, 3000)
+    assert longer.text.startswith(written.text)
+
+
+def test_a_structural_tag_repeat_of_nothing_ends_within_its_steps() -> None:
+    value = tag_of({"type": "repeat", "min": 1_000_000_000, "content": {"type": "any_text"}})
+    assert timed_text("structural_tag", value, 100).text == ""
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("json_schema", json.dumps(SCHEMA)),
+        ("regex", r"(yes|no), because [a-z]{3,8}\."),
+        (
+            "structural_tag",
+            tag_of({"type": "repeat", "min": 3, "content": {"type": "regex", "pattern": "x{2}"}}),
+        ),
+    ],
+)
+def test_an_instance_within_the_budget_is_complete_and_unchanged_by_it(
+    field: str, value: str
+) -> None:
+    constraint = compile_constraint(field, value)
+    for seed in range(10):
+        small = constraint.text(random.Random(seed), ["Paris"], budget=2000)
+        large = constraint.text(random.Random(seed), ["Paris"])
+        assert small.complete and small == large

@@ -1,21 +1,30 @@
 """Instances of JSON schemas and regexes (`homing.sim.instances`): every drawn instance is
 valid (by `instance_errors`, and by the `jsonschema` package when it is installed), draws
-are deterministic, and refused schemas say why as xgrammar does."""
+are deterministic, refused schemas say why as xgrammar does, and an instance longer than its
+character budget is cut there, in time proportional to the budget."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from homing.sim.instances import (
+    DEFAULT_WORDS,
     ConstraintError,
+    InstanceCut,
+    Written,
     check_schema,
     instance_errors,
     regex_instance,
+    regex_text,
     schema_instance,
+    schema_text,
 )
 
 SCHEMAS: dict[str, Any] = {
@@ -134,3 +143,100 @@ def test_a_regex_instance_matches_the_pattern_in_full(pattern: str) -> None:
     for seed in range(20):
         text = regex_instance(pattern, random.Random(seed))
         assert re.fullmatch(pattern, text), (pattern, text)
+
+
+# ---- the character budget
+
+HUGE_ARRAY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"a": {"type": "array", "minItems": 100_000_000, "items": {"type": "string"}}},
+    "required": ["a"],
+}
+HUGE_STRING: dict[str, Any] = {"type": "string", "minLength": 1_000_000_000}
+HUGE_PATTERN: dict[str, Any] = {"type": "string", "pattern": "a{999999999}"}
+SECONDS = 2.0
+"""Far more than a budget of a few thousand characters takes (milliseconds); far less than
+the hours a written-out instance of these would."""
+
+
+def timed(write: Callable[[], Written]) -> Written:
+    start = time.perf_counter()
+    written = write()
+    assert time.perf_counter() - start < SECONDS
+    return written
+
+
+@pytest.mark.parametrize("budget", [1, 7, 100, 999])
+@pytest.mark.parametrize("schema", [HUGE_ARRAY, HUGE_STRING, HUGE_PATTERN])
+def test_a_huge_schema_instance_is_cut_at_the_budget_as_a_prefix_of_a_longer_writing(
+    schema: dict[str, Any], budget: int
+) -> None:
+    """The text is exactly `budget` characters, marked cut, and the same draws with a larger
+    budget write it as their first characters: a cut keeps a prefix of the one instance."""
+    written = timed(lambda: schema_text(schema, random.Random(3), ["Paris"], budget))
+    longer = timed(lambda: schema_text(schema, random.Random(3), ["Paris"], 4000))
+    assert not written.complete and not longer.complete
+    assert len(written.text) == budget and len(longer.text) == 4000
+    assert longer.text.startswith(written.text)
+
+
+def test_a_cut_array_of_a_hundred_million_items_is_json_once_closed() -> None:
+    """Closed after its last whole item, the cut text parses and is a valid (short) value."""
+    text = timed(lambda: schema_text(HUGE_ARRAY, random.Random(1), (), 1000)).text
+    assert text.startswith('{"a": ["')
+    closed = json.loads(text[: text.rindex('", "') + 1] + "]}")
+    assert instance_errors({**HUGE_ARRAY, "properties": {"a": {"type": "array"}}}, closed) == []
+    assert all(set(item.split()) <= set(DEFAULT_WORDS) for item in closed["a"])
+
+
+def test_a_cut_string_of_a_billion_characters_is_words_up_to_the_budget() -> None:
+    text = timed(lambda: schema_text(HUGE_STRING, random.Random(1), (), 500)).text
+    assert len(text) == 500 and text.startswith('"')
+    *whole, last = text[1:].split(" ")
+    assert set(whole) <= set(DEFAULT_WORDS)
+    assert any(word.startswith(last) for word in DEFAULT_WORDS)
+
+
+def test_a_cut_pattern_instance_is_its_characters_up_to_the_budget() -> None:
+    assert timed(lambda: schema_text(HUGE_PATTERN, random.Random(1), (), 300)).text == (
+        '"' + "a" * 299
+    )
+
+
+def test_a_nested_regex_repeat_of_a_billion_characters_is_cut_at_the_budget() -> None:
+    written = timed(lambda: regex_text("(a{1000}){1000000}", random.Random(1), 2500))
+    assert written == Written("a" * 2500, complete=False)
+
+
+def test_a_repeated_back_reference_is_cut_at_the_budget() -> None:
+    written = timed(lambda: regex_text(r"(ab{3})\1{999999999}", random.Random(1), 1001))
+    assert written == Written(("abbb" * 300)[:1001], complete=False)
+
+
+@pytest.mark.parametrize("pattern", [r"(){1000000000}x", r"(\b|(?=a)){1000000000}x"])
+def test_a_repeat_of_the_empty_string_is_written_at_once(pattern: str) -> None:
+    assert timed(lambda: regex_text(pattern, random.Random(1), 100)) == Written("x", True)
+
+
+def test_a_repeat_that_mostly_writes_nothing_stops_within_its_steps() -> None:
+    """Nested optional branches write a character once in 512 rounds: the writer stops, as
+    cut, after the steps its budget allows, with a prefix of the instance."""
+    pattern = "((((((((((|a)|)|)|)|)|)|)|)|)|){1000000000}b"
+    written = timed(lambda: regex_text(pattern, random.Random(1), 1000))
+    assert not written.complete and set(written.text) <= {"a"}
+
+
+def test_an_instance_within_the_budget_is_whole_and_the_same_as_without_one() -> None:
+    schema = SCHEMAS["object"]
+    for seed in range(10):
+        written = schema_text(schema, random.Random(seed), ["Paris"], 10_000)
+        assert written.complete
+        assert json.loads(written.text) == schema_instance(schema, random.Random(seed), ["Paris"])
+        assert written.text == json.dumps(json.loads(written.text), ensure_ascii=False)
+
+
+def test_schema_instance_refuses_an_instance_longer_than_its_budget() -> None:
+    with pytest.raises(InstanceCut, match="longer than its budget of 200 characters"):
+        schema_instance(HUGE_ARRAY, random.Random(1), (), 200)
+    with pytest.raises(InstanceCut):
+        regex_instance("a{999999999}", random.Random(1), 200)

@@ -181,6 +181,23 @@ async def test_a_structural_tag_request_is_answered_with_one_structure(stub: Stu
     assert instance_errors(SCHEMA, json.loads(text[len("<call>") : -len("</call>")])) == []
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_instance_longer_than_max_new_tokens_ends_at_length_as_its_prefix(
+    stub: Stub, stream: bool
+) -> None:
+    """A schema whose instance is a hundred million items long: the answer is the first
+    max_new_tokens tokens of one, finish "length", as a real engine cut by its limit."""
+    huge = {"type": "array", "minItems": 100_000_000, "items": {"type": "integer"}}
+    p = params("huge", json_schema=json.dumps(huge), max_new_tokens=40, stream=stream)
+    chunks, done = await run(stub, p)
+    tokens = tokens_of(chunks, done)
+    assert done.finish_reason == "length" and len(tokens) == 40
+    text = TOKENIZER.decode(tokens)
+    assert text.startswith("[") and json.loads(text[: text.rindex(",")] + "]")
+    again = await run(stub, params("plain", max_new_tokens=20))  # the worker still serves
+    assert again[1].finish_reason in ("stop", "length")
+
+
 async def test_a_regex_request_is_answered_with_a_full_match(stub: Stub) -> None:
     request = build(params("r", stream=False))
     request.sampling_params.regex = "(yes|no)!"
