@@ -16,16 +16,17 @@ model's text from the `{` after it to the next special token (normally
 line break (any whitespace is allowed between the tokens). A `<｜tool▁call▁begin｜>`
 without the section's begin token also opens a call.
 
-Rule of the file: `SpecialTokenParser` (see `homing.text.tools._common`) with DeepSeek's
-tokens and the fenced JSON; malformed output (a type other than `function`, no fence line)
-follows `homing.text.tools.base`.
+Rule of the file: `SpecialTokenParser` (see `homing.text.tools._special_tokens`) with
+DeepSeek's tokens and the fenced JSON; malformed output (a type other than `function`, no
+fence line) follows `homing.text.tools.base`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from homing.text.tools._common import SpecialTokenParser, legacy_structural_tag
+from homing.text.tools._schemas import legacy_structural_tag
+from homing.text.tools._special_tokens import SpecialTokenParser
 from homing.text.tools.base import ToolSpec
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"

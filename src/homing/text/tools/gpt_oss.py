@@ -46,8 +46,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from homing.text.output import CallArguments, CallStart, ContentDelta, Event, ReasoningDelta
-from homing.text.tools._common import Markers, declared
+from homing.text.output import Event
+from homing.text.tools._common import Markers, StepParser, declared
 from homing.text.tools.base import MAX_NAME_CHARS, ToolSpec
 
 START = "<|start|>"
@@ -69,89 +69,26 @@ _TEXT, _HEADER, _BODY = range(3)
 _REASONING, _CONTENT, _CALL, _VERBATIM = range(4)
 
 
-class _Events:
-    """One feed's events; neighbouring pieces of one kind (and call) are joined."""
-
-    __slots__ = ("_events", "_key", "_parts")
-
-    def __init__(self) -> None:
-        self._events: list[Event] = []
-        self._parts: list[str] = []
-        self._key: tuple[str, int] = ("", -1)
-
-    def _flush(self) -> None:
-        if self._parts:
-            text = "".join(self._parts)
-            kind, index = self._key
-            if kind == "content":
-                self._events.append(ContentDelta(text))
-            elif kind == "reasoning":
-                self._events.append(ReasoningDelta(text))
-            else:
-                self._events.append(CallArguments(index, text))
-            self._parts = []
-        self._key = ("", -1)
-
-    def _add(self, key: tuple[str, int], text: str) -> None:
-        if text:
-            if self._key != key:
-                self._flush()
-                self._key = key
-            self._parts.append(text)
-
-    def content(self, *texts: str) -> None:
-        for text in texts:
-            self._add(("content", -1), text)
-
-    def reasoning(self, text: str) -> None:
-        self._add(("reasoning", -1), text)
-
-    def args(self, index: int, text: str) -> None:
-        self._add(("args", index), text)
-
-    def start(self, index: int, name: str) -> None:
-        self._flush()
-        self._events.append(CallStart(index, name))
-
-    def take(self) -> list[Event]:
-        self._flush()
-        events, self._events = self._events, []
-        return events
-
-
 def _first_header_ok(text: str) -> bool:
     """Whether `text` may begin the first header (the rest of `<|start|>assistant`)."""
     text = text.lstrip()
     return any(text.startswith(p) or p.startswith(text) for p in _FIRST_HEADERS)
 
 
-class GptOssParser:
+class GptOssParser(StepParser):
     """Incremental parser of gpt-oss Harmony answers: reasoning, content and calls."""
 
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
+        super().__init__()
         self._names = declared(tools)
-        self._out = _Events()
         self._state = _HEADER
         self._first = True
-        self._held = ""
         self._pending: list[str] = []
         """The message's raw text so far (its `<|start|>` included): content if it fails."""
         self._header: list[str] = []
         self._length = 0
         self._kind = _CONTENT
         self._calls = 0
-
-    def feed(self, text: str) -> list[Event]:
-        """Events for the next piece of model output."""
-        if not text:
-            return []
-        buf = self._held + text
-        self._held = ""
-        pos = 0
-        n = len(buf)
-        while pos < n:
-            pos = self._step(buf, pos)
-        return self._out.take()
 
     def finish(self) -> list[Event]:
         """Events for the text still held back; the model wrote its last text."""
@@ -220,16 +157,11 @@ class GptOssParser:
     def _step(self, buf: str, pos: int) -> int:
         n = len(buf)
         state = self._state
-        out = self._out
         if state == _TEXT:
-            i, marker = _TEXT_MARKERS.find(buf, pos)
-            if marker is None:
-                out.content(buf[pos:])
+            found = self._until(_TEXT_MARKERS, buf, pos)
+            if found is None:
                 return n
-            out.content(buf[pos:i])
-            if not marker:
-                self._held = buf[i:]
-                return n
+            i, marker = found
             if marker in _ENDS:
                 return i + len(marker)
             self._begin(marker)
@@ -261,17 +193,13 @@ class GptOssParser:
             self._decide()
             return i + len(marker)
         # _BODY
-        i, marker = _BODY_MARKERS.find(buf, pos)
-        if marker is None:
-            self._body(buf[pos:])
+        found = self._until(_BODY_MARKERS, buf, pos, self._body)
+        if found is None:
             return n
-        self._body(buf[pos:i])
-        if not marker:
-            self._held = buf[i:]
-            return n
+        i, marker = found
         if marker in _ENDS:
             if self._kind == _VERBATIM:
-                out.content(marker)
+                self._out.content(marker)
             self._state = _TEXT
             return i + len(marker)
         self._state = _TEXT

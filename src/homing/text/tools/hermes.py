@@ -12,7 +12,7 @@ Qwen3 chat templates):
 
 Each call is a JSON object inside its own `<tool_call>` ... `</tool_call>` tags (the line
 breaks are optional whitespace). The object is read by `JsonCallParser` (see
-`homing.text.tools._common`): the name first, then `"arguments"` (`"parameters"` is
+`homing.text.tools._json_calls`): the name first, then `"arguments"` (`"parameters"` is
 accepted too); the arguments are the model's text from their `{` to the `}` that closes
 them (found by the JSON scanner), verbatim; keys after them are skipped. `</tool_call>` ends
 a call wherever it comes, inside broken JSON too. Whitespace between a call and the next
@@ -28,12 +28,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from homing.text.tools._common import (
-    JsonCallParser,
-    Markers,
-    legacy_structural_tag,
-    skip_space,
-)
+from homing.text.tools._common import Markers, skip_space
+from homing.text.tools._json_calls import JsonCallParser
+from homing.text.tools._schemas import legacy_structural_tag
 from homing.text.tools.base import ToolSpec
 
 OPEN = "<tool_call>"
@@ -70,19 +67,8 @@ class HermesParser(JsonCallParser):
     def _frame_step(self, buf: str, pos: int) -> int:
         n = len(buf)
         state = self._state
-        out = self._out
         if state == _TEXT:
-            i, marker = _TEXT_MARKERS.find(buf, pos)
-            if marker is None:
-                out.content(buf[pos:])
-                return n
-            out.content(buf[pos:i])
-            if not marker:
-                self._held = buf[i:]
-                return n
-            self._pending = [marker]
-            self._state = _OPEN
-            return i + len(marker)
+            return self._text_step(_TEXT_MARKERS, buf, pos, _OPEN)
         j = skip_space(buf, pos)
         self._pending.append(buf[pos:j])
         if j == n:
@@ -92,9 +78,8 @@ class HermesParser(JsonCallParser):
                 return self._begin_call(j)
             return self._give_back(j)
         # _CLOSE (after a call object) or _BETWEEN (after its `</tool_call>`)
-        i, marker = _TAG_MARKERS.find(buf, j, j + 1)
+        marker = self._marker_at(_TAG_MARKERS, buf, j)
         if marker == "":
-            self._held = buf[j:]
             return n
         if marker == OPEN:
             self._pending = [marker]

@@ -8,11 +8,11 @@ the parsers of what comes back:
 
       [{"name": "NAME", "parameters": {ARGS}}, {"name": ..., "parameters": ...}]
 
-  Each element is read by `JsonCallParser` (see `homing.text.tools._common`): the name
-  first, then `"parameters"` (`"arguments"` is accepted too); the arguments are the model's
-  text from their `{` to the `}` that closes them, verbatim; keys after them are skipped.
-  The commas and brackets are dropped, and so is whitespace around them. A single object
-  without the array is accepted too.
+  Each element is read by `JsonCallParser` (see `homing.text.tools._json_calls`): the
+  name first, then `"parameters"` (`"arguments"` is accepted too); the arguments are the
+  model's text from their `{` to the `}` that closes them, verbatim; keys after them are
+  skipped. The commas and brackets are dropped, and so is whitespace around them. A single
+  object without the array is accepted too.
 - a named function → `named_schema(tool)`: the function's arguments object itself, parsed
   by `NamedFunctionParser`: the call (index 0) starts at the first non-whitespace character,
   which must be `{`, and its arguments are the text from there to the `}` that closes the
@@ -31,14 +31,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from homing.text.jsonscan import JsonScanner, Scan
-from homing.text.output import ContentDelta, Event
-from homing.text.tools._common import (
-    Emitter,
-    JsonCallParser,
-    arguments_schema,
-    declared,
-    skip_space,
-)
+from homing.text.output import Event
+from homing.text.tools._common import StepParser, declared, skip_space
+from homing.text.tools._json_calls import JsonCallParser
+from homing.text.tools._schemas import arguments_schema
 from homing.text.tools.base import ToolSpec
 
 _START, _ARRAY, _ARRAY_NEXT, _END, _REST = range(10, 15)
@@ -113,53 +109,47 @@ class JsonArrayParser(JsonCallParser):
 _N_START, _N_ARGS, _N_END, _N_REST = range(4)
 
 
-class NamedFunctionParser:
+class NamedFunctionParser(StepParser):
     """Incremental parser of output constrained to one function's arguments object."""
 
     def __init__(self, tools: Sequence[ToolSpec], name: str) -> None:
         if name not in declared(tools):
             raise ValueError(f"function {name!r} is not among the declared tools")
+        super().__init__()
         self._name = name
-        self._out = Emitter()
         self._state = _N_START
         self._pending: list[str] = []
         self._scanner = JsonScanner()
 
-    def feed(self, text: str) -> list[Event]:
-        """Events for the next piece of model output."""
-        if not text:
-            return []
-        if self._state == _N_REST:
-            return [ContentDelta(text)]
+    def _fast(self, text: str) -> bool:
+        return self._state == _N_REST
+
+    def _step(self, buf: str, pos: int) -> int:
         out = self._out
-        pos = 0
-        n = len(text)
-        while pos < n:
-            state = self._state
-            if state == _N_ARGS:
-                result, k = self._scanner.scan(text, pos)
-                out.args(0, text[pos:k])
-                if result is Scan.CLOSED:
-                    self._state = _N_END
-                pos = k
-                continue
-            if state == _N_REST:
-                out.content(text[pos:])
-                break
-            j = skip_space(text, pos)
-            self._pending.append(text[pos:j])
-            if j == n:
-                break
-            if state == _N_START and text[j] == "{":
-                self._pending = []
-                out.start(0, self._name)
-                self._state = _N_ARGS
-            else:
-                out.content(*self._pending)
-                self._pending = []
-                self._state = _N_REST
-            pos = j
-        return out.take()
+        state = self._state
+        if state == _N_ARGS:
+            result, k = self._scanner.scan(buf, pos)
+            out.args(0, buf[pos:k])
+            if result is Scan.CLOSED:
+                self._state = _N_END
+            return k
+        n = len(buf)
+        if state == _N_REST:
+            out.content(buf[pos:])
+            return n
+        j = skip_space(buf, pos)
+        self._pending.append(buf[pos:j])
+        if j == n:
+            return n
+        if state == _N_START and buf[j] == "{":
+            self._pending = []
+            out.start(0, self._name)
+            self._state = _N_ARGS
+        else:
+            out.content(*self._pending)
+            self._pending = []
+            self._state = _N_REST
+        return j
 
     def finish(self) -> list[Event]:
         """Events for the text still held back (leading whitespace only); the model wrote its

@@ -14,15 +14,16 @@ between the tokens; the singular `<|tool_call_section_begin|>` / `_end|>` spelli
 accepted too, and a `<|tool_call_begin|>` without the section's begin token also opens a
 call. A bare counter id (no name, which SGLang guesses from the arguments) is malformed.
 
-Rule of the file: `SpecialTokenParser` (see `homing.text.tools._common`) with Kimi's
-tokens; malformed output follows `homing.text.tools.base`.
+Rule of the file: `SpecialTokenParser` (see `homing.text.tools._special_tokens`) with
+Kimi's tokens; malformed output follows `homing.text.tools.base`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from homing.text.tools._common import SpecialTokenParser, legacy_structural_tag
+from homing.text.tools._schemas import legacy_structural_tag
+from homing.text.tools._special_tokens import SpecialTokenParser
 from homing.text.tools.base import ToolSpec
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"

@@ -8,8 +8,8 @@ fine-tunes write):
 
 Only a JSON object that starts the output (after leading whitespace), or that follows
 `<|python_tag|>`, is a call; more calls follow, each after a `;` (or just whitespace). The
-object is read by `JsonCallParser` (see `homing.text.tools._common`): the name first (a
-`"type": "function"` key before it is skipped), then `"parameters"` (`"arguments"` is
+object is read by `JsonCallParser` (see `homing.text.tools._json_calls`): the name first
+(a `"type": "function"` key before it is skipped), then `"parameters"` (`"arguments"` is
 accepted too); the arguments are the model's text from their `{` to the `}` that closes
 them (found by the JSON scanner), verbatim; keys after them are skipped. A JSON object in
 the middle of text is content; so is `<|python_tag|>` followed by something other than an
@@ -25,12 +25,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from homing.text.tools._common import (
-    JsonCallParser,
-    Markers,
-    legacy_structural_tag,
-    skip_space,
-)
+from homing.text.tools._common import Markers, skip_space
+from homing.text.tools._json_calls import JsonCallParser
+from homing.text.tools._schemas import legacy_structural_tag
 from homing.text.tools.base import ToolSpec
 
 PYTHON_TAG = "<|python_tag|>"
@@ -70,19 +67,8 @@ class Llama3JsonParser(JsonCallParser):
     def _frame_step(self, buf: str, pos: int) -> int:
         n = len(buf)
         state = self._state
-        out = self._out
         if state == _TEXT:
-            i, marker = _TAG_MARKERS.find(buf, pos)
-            if marker is None:
-                out.content(buf[pos:])
-                return n
-            out.content(buf[pos:i])
-            if not marker:
-                self._held = buf[i:]
-                return n
-            self._pending = [marker]
-            self._state = _TAG
-            return i + len(marker)
+            return self._text_step(_TAG_MARKERS, buf, pos, _TAG)
         j = skip_space(buf, pos)
         self._pending.append(buf[pos:j])
         if j == n:
@@ -97,9 +83,8 @@ class Llama3JsonParser(JsonCallParser):
             self._state = _SEP
             return j + 1
         # _START or _AFTER_CALL: `<|python_tag|>` may come
-        i, marker = _TAG_MARKERS.find(buf, j, j + 1)
+        marker = self._marker_at(_TAG_MARKERS, buf, j)
         if marker == "":
-            self._held = buf[j:]
             return n
         if marker:
             if state == _START:

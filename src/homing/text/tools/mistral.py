@@ -7,12 +7,12 @@ Mistral-Small-3.1 write v3; Mistral-Small-3.2, Magistral, Devstral write v11+):
     v11+: [TOOL_CALLS]NAME[ARGS]{ARGS}[TOOL_CALLS]NAME[ARGS]{ARGS}
 
 After `[TOOL_CALLS]` (and whitespace), a `[` starts the v3 JSON array, anything else the
-v11 name. v3 objects are read by `JsonCallParser` (see `homing.text.tools._common`): the
-name first, then `"arguments"` (`"parameters"` is accepted too); keys after the arguments
-(Mistral-Nemo's `"id"`) are skipped; keys with string values before them too. In v11 the
-name is the text up to `[ARGS]`, stripped (an optional `[CALL_ID]ID` before `[ARGS]` is
-dropped: events carry no ids). Either way the arguments are the model's text from their `{`
-to the `}` that closes them (found by the JSON scanner), verbatim. `[TOOL_CALLS]` ends a
+v11 name. v3 objects are read by `JsonCallParser` (see `homing.text.tools._json_calls`):
+the name first, then `"arguments"` (`"parameters"` is accepted too); keys after the
+arguments (Mistral-Nemo's `"id"`) are skipped; keys with string values before them too. In
+v11 the name is the text up to `[ARGS]`, stripped (an optional `[CALL_ID]ID` before `[ARGS]`
+is dropped: events carry no ids). Either way the arguments are the model's text from their
+`{` to the `}` that closes them (found by the JSON scanner), verbatim. `[TOOL_CALLS]` ends a
 call wherever it comes. Whitespace between and after calls is dropped.
 
 Rule of the file: malformed output follows `homing.text.tools.base`; a call that fails
@@ -26,14 +26,10 @@ import json
 from collections.abc import Sequence
 
 from homing.text.jsonscan import JsonScanner
-from homing.text.tools._common import (
-    J_ARGS,
-    JsonCallParser,
-    Markers,
-    legacy_structural_tag,
-    skip_space,
-)
-from homing.text.tools.base import MAX_NAME_CHARS, ToolSpec
+from homing.text.tools._common import Markers, skip_space
+from homing.text.tools._json_calls import J_ARGS, JsonCallParser
+from homing.text.tools._schemas import legacy_structural_tag
+from homing.text.tools.base import ToolSpec
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -87,32 +83,14 @@ class MistralParser(JsonCallParser):
         state = self._state
         out = self._out
         if state == _TEXT:
-            i, marker = _TEXT_MARKERS.find(buf, pos)
-            if marker is None:
-                out.content(buf[pos:])
-                return n
-            out.content(buf[pos:i])
-            if not marker:
-                self._held = buf[i:]
-                return n
-            self._pending = [marker]
-            self._state = _MARK
-            return i + len(marker)
+            return self._text_step(_TEXT_MARKERS, buf, pos, _MARK)
         if state == _NAME:
-            limit = pos + MAX_NAME_CHARS + 1 - len(self._region)
-            i, marker = _NAME_MARKERS.find(buf, pos, limit)
-            if marker is None:
-                if n < limit:
-                    self._region += buf[pos:]
-                    return n
-                self._pending.append(self._region + buf[pos:limit])
-                return self._give_back(limit)
+            i, marker = self._region_until(_NAME_MARKERS, buf, pos, len(self._region))
             self._region += buf[pos:i]
-            if not marker:
-                self._held = buf[i:]
+            if marker == "":
                 return n
             self._pending.append(self._region)
-            if marker != ARGS:
+            if marker != ARGS:  # `[TOOL_CALLS]`, or a name over the cap
                 return self._give_back(i)
             self._pending.append(marker)
             name = self._region.partition(CALL_ID)[0].strip()
@@ -160,9 +138,8 @@ class MistralParser(JsonCallParser):
                 self._state = _BETWEEN
                 return j + 1
         # _BETWEEN, or _ARRAY_NEXT at neither `,` nor `]`: `[TOOL_CALLS]` may come
-        i, marker = _TEXT_MARKERS.find(buf, j, j + 1)
+        marker = self._marker_at(_TEXT_MARKERS, buf, j)
         if marker == "":
-            self._held = buf[j:]
             return n
         if marker:
             self._pending = [marker]

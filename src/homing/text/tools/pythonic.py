@@ -35,8 +35,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from homing.text.output import ContentDelta, Event
-from homing.text.tools._common import Emitter, Markers, declared, skip_space
+from homing.text.output import Event
+from homing.text.tools._common import Markers, StepParser, declared, skip_space
 from homing.text.tools.base import MAX_NAME_CHARS, ToolSpec
 
 PYTHON_START = "<|python_start|>"
@@ -64,14 +64,13 @@ def literal_json(source: str) -> str:
         return json.dumps(source.strip(), ensure_ascii=False)
 
 
-class PythonicParser:
+class PythonicParser(StepParser):
     """Incremental parser of pythonic `[f(a=1), g()]` tool calls."""
 
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
+        super().__init__()
         self._names = declared(tools)
-        self._out = Emitter()
         self._state = _TEXT
-        self._held = ""
         self._pending: list[str] = []
         """Text read but not decided: content if the call fails."""
         self._name_len = 0
@@ -83,19 +82,8 @@ class PythonicParser:
         self._quote = ""
         self._escape = False
 
-    def feed(self, text: str) -> list[Event]:
-        """Events for the next piece of model output."""
-        if not text:
-            return []
-        if self._state == _TEXT and not self._held and not _TEXT_MARKERS.may_occur(text):
-            return [ContentDelta(text)]
-        buf = self._held + text
-        self._held = ""
-        pos = 0
-        n = len(buf)
-        while pos < n:
-            pos = self._step(buf, pos)
-        return self._out.take()
+    def _fast(self, text: str) -> bool:
+        return self._state == _TEXT and not _TEXT_MARKERS.may_occur(text)
 
     def finish(self) -> list[Event]:
         """Events for the text still held back; the model wrote its last text."""
@@ -147,14 +135,10 @@ class PythonicParser:
         state = self._state
         out = self._out
         if state == _TEXT:
-            i, marker = _TEXT_MARKERS.find(buf, pos)
-            if marker is None:
-                out.content(buf[pos:])
+            found = self._until(_TEXT_MARKERS, buf, pos)
+            if found is None:
                 return n
-            out.content(buf[pos:i])
-            if not marker:
-                self._held = buf[i:]
-                return n
+            i, marker = found
             if marker == "[":
                 self._to_name(marker)
             return i + len(marker)

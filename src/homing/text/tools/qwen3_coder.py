@@ -43,7 +43,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from homing.text.output import Event
-from homing.text.tools._common import Emitter, Markers, arguments_schema, skip_space
+from homing.text.tools._common import Markers, StepParser, drop, skip_space
+from homing.text.tools._schemas import arguments_schema
 from homing.text.tools.base import MAX_NAME_CHARS, ToolSpec
 
 TOOL_CALL = "<tool_call>"
@@ -118,14 +119,13 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-class Qwen3CoderParser:
+class Qwen3CoderParser(StepParser):
     """Incremental parser of Qwen3-Coder `<tool_call>` XML tool calls."""
 
     def __init__(self, tools: Sequence[ToolSpec]) -> None:
+        super().__init__()
         self._types = {tool.name: _param_types(tool) for tool in tools}
-        self._out = Emitter()
         self._state = _TEXT
-        self._held = ""
         self._pending: list[str] = []
         """Text read but not decided: content if the call fails (or the frame is not)."""
         self._region: list[str] = []
@@ -147,19 +147,7 @@ class Qwen3CoderParser:
         """The current parameter's `"P": ` (with its separator)."""
         self._key_name = ""
 
-    # -- feed / finish ---------------------------------------------------------------
-
-    def feed(self, text: str) -> list[Event]:
-        """Events for the next piece of model output."""
-        if not text:
-            return []
-        buf = self._held + text
-        self._held = ""
-        pos = 0
-        n = len(buf)
-        while pos < n:
-            pos = self._step(buf, pos)
-        return self._out.take()
+    # -- finish ----------------------------------------------------------------------
 
     def finish(self) -> list[Event]:
         """Events for the text still held back; the model wrote its last text."""
@@ -289,14 +277,10 @@ class Qwen3CoderParser:
         state = self._state
         out = self._out
         if state == _TEXT:
-            i, marker = _TEXT_MARKERS.find(buf, pos)
-            if marker is None:
-                out.content(buf[pos:])
+            found = self._until(_TEXT_MARKERS, buf, pos)
+            if found is None:
                 return n
-            out.content(buf[pos:i])
-            if not marker:
-                self._held = buf[i:]
-                return n
+            i, marker = found
             self._pending = [marker]
             self._state = _OPEN if marker == TOOL_CALL else _NAME
             return i + len(marker)
@@ -305,9 +289,8 @@ class Qwen3CoderParser:
             self._pending.append(buf[pos:j])
             if j == n:
                 return n
-            i, marker = _FUNCTION_MARKERS.find(buf, j, j + 1)
+            marker = self._marker_at(_FUNCTION_MARKERS, buf, j)
             if marker == "":
-                self._held = buf[j:]
                 return n
             if marker == FUNCTION:
                 self._pending.append(marker)
@@ -335,13 +318,11 @@ class Qwen3CoderParser:
             self._args("{")
             self._state = _BODY
             return k
-        if state == _BODY:
-            i, marker = _BODY_MARKERS.find(buf, pos)
-            if marker is None:
+        if state == _BODY:  # text between the tags is dropped
+            found = self._until(_BODY_MARKERS, buf, pos, drop)
+            if found is None:
                 return n
-            if not marker:
-                self._held = buf[i:]
-                return n
+            i, marker = found
             return self._at_body_marker(marker, i)
         if state == _PNAME:
             name, k = self._read_name(buf, pos)
@@ -357,14 +338,10 @@ class Qwen3CoderParser:
             self._start_param()
             return k
         if state == _VALUE:
-            i, marker = _VALUE_MARKERS.find(buf, pos)
-            if marker is None:
-                self._value_text(buf[pos:])
+            found = self._until(_VALUE_MARKERS, buf, pos, self._value_text)
+            if found is None:
                 return n
-            self._value_text(buf[pos:i])
-            if not marker:
-                self._held = buf[i:]
-                return n
+            i, marker = found
             self._end_value()
             if marker == PARAMETER_END:
                 self._state = _BODY
@@ -376,9 +353,8 @@ class Qwen3CoderParser:
             self._pending.append(buf[pos:j])
         if j == n:
             return n
-        i, marker = _FRAME_MARKERS.find(buf, j, j + 1)
+        marker = self._marker_at(_FRAME_MARKERS, buf, j)
         if marker == "":
-            self._held = buf[j:]
             return n
         if marker == TOOL_CALL_END and state == _AFTER_FN:
             self._pending = []
