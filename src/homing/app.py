@@ -1015,18 +1015,24 @@ def _parser_name(
     return detect(tokenizer.chat_template)
 
 
-_ANSWER_FIELDS = frozenset(
-    {"name", "sim", "tokenizer_path", "version", "tool_call_parser", "reasoning_parser"}
-)
-"""The fields of a model's config entry that shape its answers (`served_fingerprint`); routing,
-workers, SLO and scaling do not."""
+_ANSWER_FIELDS: dict[str, Any] = {
+    "name": True,
+    "sim": {"model", "served_model_name", "extra_args"},
+    "tokenizer_path": True,
+    "version": True,
+    "tool_call_parser": True,
+    "reasoning_parser": True,
+}
+"""The fields of a model's config entry that shape its answers (`served_fingerprint`, as
+pydantic's `include`); routing, workers (and their count, GPU or speed), SLO and scaling
+do not."""
 
 
 def served_fingerprint(spec: ModelSettings, tokenizer: TextTokenizer) -> str:
     """`system_fingerprint`: "fp_" and 12 hex digits of a hash of what shapes the model's
     answers (`_ANSWER_FIELDS` of its config entry, and its chat template), which changes
     when they do (as OpenAI's marks backend changes that affect determinism)."""
-    served = spec.model_dump_json(include=set(_ANSWER_FIELDS))
+    served = spec.model_dump_json(include=_ANSWER_FIELDS)
     served += "\x00" + (tokenizer.chat_template or "")
     return "fp_" + hashlib.sha256(served.encode()).hexdigest()[:12]
 

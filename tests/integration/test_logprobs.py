@@ -299,6 +299,8 @@ async def test_streamed_tool_call_logprobs_ride_on_the_chunk_with_the_text(
     status, whole = await _post(gateway, "/v1/chat/completions", body)
     assert status == 200, whole
     assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    # every token reported, the EOS that ends the call included (not shown as text)
+    assert len(whole["choices"][0]["logprobs"]["content"]) == whole["usage"]["completion_tokens"]
     chunks = []
     async with aiohttp.ClientSession() as session:
         url = f"http://127.0.0.1:{gateway.http_port}/v1/chat/completions"
@@ -308,6 +310,12 @@ async def test_streamed_tool_call_logprobs_ride_on_the_chunk_with_the_text(
                     chunks.append(json.loads(line[len(b"data: ") :]))
     choices = [c["choices"][0] for c in chunks if c["choices"]]
     assert choices[0]["delta"] == {"role": "assistant", "content": None}
+    assert _streamed_entries(choices) == whole["choices"][0]["logprobs"]["content"]
+
+
+def _streamed_entries(choices: list[dict[str, Any]]) -> list[Any]:
+    """The logprob entries of streamed chunks, checking that the one call header among
+    them (`arguments: ""`) carries none."""
     entries, headers = [], 0
     for choice in choices:
         logged = (choice["logprobs"] or {}).get("content") or []
@@ -317,7 +325,42 @@ async def test_streamed_tool_call_logprobs_ride_on_the_chunk_with_the_text(
             headers += 1
         entries.extend(logged)
     assert headers == 1
-    assert entries == whole["choices"][0]["logprobs"]["content"]
+    return entries
+
+
+async def test_a_call_cut_after_its_header_streams_its_tokens_on_the_finish(
+    gateway: App,
+) -> None:
+    """Cut by `max_tokens` anywhere from its header on, a streamed call's tokens never ride
+    on the header delta, and they are the whole answer's entries."""
+    body = {
+        "model": gateway.model.model_id,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER],
+        "logprobs": True,
+        "temperature": 0,
+    }
+    url = f"http://127.0.0.1:{gateway.http_port}/v1/chat/completions"
+    cut_calls = 0
+    for max_tokens in range(3, 9):
+        status, whole = await _post(
+            gateway, "/v1/chat/completions", {**body, "max_tokens": max_tokens}
+        )
+        assert status == 200, whole
+        if not whole["choices"][0]["message"].get("tool_calls"):
+            continue
+        cut_calls += 1
+        chunks = []
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                url, json={**body, "max_tokens": max_tokens, "stream": True}
+            ) as resp:
+                async for line in resp.content:
+                    if line.startswith(b"data: {"):
+                        chunks.append(json.loads(line[len(b"data: ") :]))
+        choices = [c["choices"][0] for c in chunks if c["choices"]]
+        assert _streamed_entries(choices) == whole["choices"][0]["logprobs"]["content"]
+    assert cut_calls >= 3
 
 
 async def test_grpc_answers_carry_token_logprobs(gateway: App) -> None:

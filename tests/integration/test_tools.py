@@ -477,15 +477,6 @@ def _tool(name: str, parameters: Any = None) -> dict[str, Any]:
             ),
         ),
         (
-            {"messages": [*ASK, {"role": "function", "name": "f", "content": "ok"}]},
-            _err(
-                "Invalid value for 'messages.[1].name': no earlier assistant message has a "
-                "function_call of 'f'.",
-                "messages.[1].name",
-                "invalid_value",
-            ),
-        ),
-        (
             {
                 "messages": [
                     *ASK,

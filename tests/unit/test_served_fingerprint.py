@@ -19,6 +19,9 @@ def test_routing_and_scaling_leave_the_fingerprint_and_answers_change_it() -> No
     ]
     for spec in served_alike:
         assert served_fingerprint(spec, tokenizer) == fingerprint
+    simulated = served_fingerprint(ModelSettings(name="m", sim={"workers": 2}), tokenizer)
+    faster = ModelSettings(name="m", sim={"workers": 4, "speedup": 5.0, "gpu": "H200"})
+    assert served_fingerprint(faster, tokenizer) == simulated
     answering_otherwise = [
         ModelSettings(name="other"),
         ModelSettings(name="m", tool_call_parser="none"),
@@ -27,3 +30,5 @@ def test_routing_and_scaling_leave_the_fingerprint_and_answers_change_it() -> No
     ]
     for spec in answering_otherwise:
         assert served_fingerprint(spec, tokenizer) != fingerprint
+    bigger = ModelSettings(name="m", sim={"model": "llama-3.1-70b"})
+    assert served_fingerprint(bigger, tokenizer) != simulated

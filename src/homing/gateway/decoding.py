@@ -74,8 +74,11 @@ class DetailedStep(DecodeStep):
 class ChoiceDecoder:
     """One choice's decoding state.
 
-    `hidden_stop_ids`: token ids that end the choice without being shown (the request's
-    stop token ids, unless it sets ignore_eos; SGLang's and vLLM's rule). After the end:
+    `hidden_stop_ids`: token ids that end the choice without being shown or reported (the
+    request's stop token ids, unless it sets ignore_eos; SGLang's and vLLM's rule).
+    `silent_ids`: token ids never shown as text but otherwise ordinary tokens (counted,
+    reported with their log probabilities): the model's EOS where special tokens are kept
+    as text, as SGLang trims the token it stopped on. After the end:
     `received` (tokens taken from the stream), `completion_tokens` (the engine's count),
     `cached_tokens` (prompt tokens served from cache).
     """
@@ -86,11 +89,13 @@ class ChoiceDecoder:
         *,
         stop_set: StopSet,
         hidden_stop_ids: frozenset[int] = frozenset(),
+        silent_ids: frozenset[int] = frozenset(),
         skip_special_tokens: bool = True,
     ) -> None:
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
         self._stops = stop_set.matcher()
         self._hidden = hidden_stop_ids
+        self._silent = silent_ids
         self.received = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
@@ -109,6 +114,8 @@ class ChoiceDecoder:
         self.cached_tokens = item.cached_tokens
         if self._hidden:
             token_ids = _before_stop_id(token_ids, self._hidden)
+        if self._silent:
+            token_ids = [t for t in token_ids if t not in self._silent]
         text = self._detok.push(token_ids)
         if done:
             text += self._detok.flush()
@@ -143,6 +150,7 @@ class DetailedDecoder(ChoiceDecoder):
         *,
         stop_set: StopSet,
         hidden_stop_ids: frozenset[int] = frozenset(),
+        silent_ids: frozenset[int] = frozenset(),
         skip_special_tokens: bool = True,
         logprobs: bool = True,
         echo: str | None = None,
@@ -151,6 +159,7 @@ class DetailedDecoder(ChoiceDecoder):
             tokenizer,
             stop_set=stop_set,
             hidden_stop_ids=hidden_stop_ids,
+            silent_ids=silent_ids,
             skip_special_tokens=skip_special_tokens,
         )
         self._tokenizer = tokenizer
@@ -185,8 +194,9 @@ class DetailedDecoder(ChoiceDecoder):
         if self._hidden:
             token_ids = _before_stop_id(token_ids, self._hidden)
         pieces: list[str] = []
+        silent = self._silent
         for position, token_id in enumerate(token_ids):
-            piece = self._detok.push((token_id,))
+            piece = "" if token_id in silent else self._detok.push((token_id,))
             entry = entries[position] if position < len(entries) else None
             if entry is not None:
                 self._unplaced.append(entry)

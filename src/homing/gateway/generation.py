@@ -254,12 +254,12 @@ class Generation:
         self._pending: deque[Event | BaseException] = deque()
         self._tried: list[str] = []  # workers routed to, in order
         # The engine ends a choice at its first stop token id (not under ignore_eos, SGLang's
-        # rule); that token is counted but, as SGLang and vLLM do, not shown. So is the
-        # model's own EOS where special tokens are shown (a tool-call parser reads them).
-        stops = [*prepared.stop_token_ids]
-        if not prepared.skip_special_tokens:
-            stops.extend(prepared.model.tokenizer.eos_token_ids)
-        self._hidden_stop_ids = frozenset(() if prepared.ignore_eos else stops)
+        # rule); that token is counted but, as SGLang and vLLM do, not shown.
+        self._hidden_stop_ids = frozenset(() if prepared.ignore_eos else prepared.stop_token_ids)
+        # Where special tokens are shown (a tool-call parser reads them), the model's EOS
+        # that ends the answer is not, as SGLang trims it; it is still reported.
+        keeps_eos = prepared.ignore_eos or prepared.skip_special_tokens
+        self._silent_ids = frozenset(() if keeps_eos else prepared.model.tokenizer.eos_token_ids)
         # Per choice of the current attempt: its decoder, which also counts its tokens.
         self._decoders: dict[int, ChoiceDecoder] = {}
         # Streams resume elsewhere when their worker fails mid-way (`_migrate`): per choice,
@@ -682,6 +682,7 @@ class Generation:
                     p.model.tokenizer,
                     stop_set=p.stop_set,
                     hidden_stop_ids=self._hidden_stop_ids,
+                    silent_ids=self._silent_ids,
                     skip_special_tokens=p.skip_special_tokens,
                     logprobs=p.logprobs,
                     echo=p.echo,
@@ -691,6 +692,7 @@ class Generation:
                     p.model.tokenizer,
                     stop_set=p.stop_set,
                     hidden_stop_ids=self._hidden_stop_ids,
+                    silent_ids=self._silent_ids,
                     skip_special_tokens=p.skip_special_tokens,
                 )
             self._decoders[index] = decoder

@@ -490,9 +490,12 @@ class HttpApi:
                     else:
                         events = parser.finish()
                     deltas = builder.deltas(events, parser.ids)
-                    for position, delta in enumerate(deltas, 1):
-                        logged = None  # the tokens ride on the last delta of their text
-                        if position == len(deltas):
+                    # The tokens ride on the last delta of their text that is not a call's
+                    # header (else on the choice's next chunk: its finish at the latest).
+                    last = max((k for k, d in enumerate(deltas) if not _header(d)), default=-1)
+                    for position, delta in enumerate(deltas):
+                        logged = None
+                        if position == last:
                             logged = chunker.chat_logprobs(held)
                             held.clear()
                         out.append(event(chunker.delta_chunk(item.index, delta, logged)))
@@ -517,6 +520,14 @@ class HttpApi:
         if out:
             await response.write(b"".join(out))
         return response
+
+
+def _header(delta: dict[str, Any]) -> bool:
+    """Whether a streamed delta is a call's first (its id and name, `arguments: ""`)."""
+    calls = delta.get("tool_calls")
+    if calls is not None:
+        return "id" in calls[0]
+    return "name" in delta.get("function_call", ())
 
 
 def _served_headers(prepared: PreparedRequest, generation: Generation) -> dict[str, str]:

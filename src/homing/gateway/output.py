@@ -52,6 +52,8 @@ class OutputPlan:
     off). `combined`: one parser does both jobs (gpt-oss's Harmony). `legacy`: answer in the
     `functions` API's shape. `max_calls`: calls past
     this many are dropped (`parallel_tool_calls: false`), None for no bound.
+    `parses_calls`: the answers may call declared functions (their content is null when
+    they say none), which `tools` (or the combined parser) looks for.
     """
 
     tools: ParserFactory | None = None
@@ -59,11 +61,7 @@ class OutputPlan:
     combined: bool = False
     legacy: bool = False
     max_calls: int | None = None
-
-    @property
-    def parses_calls(self) -> bool:
-        """Whether answers are parsed for calls (their content is null when they say none)."""
-        return self.tools is not None
+    parses_calls: bool = False
 
     def parser(self) -> ChoiceParser:
         """A fresh parser for one choice."""
@@ -73,19 +71,22 @@ class OutputPlan:
 class ChoiceParser:
     """One choice's parsing: `feed(text)` and `finish()` give `homing.text.output` events;
     `ids` holds the id given to each call, `calls` counts them, `reasoning_text` is the
-    reasoning so far. Where a tool-call parser runs, content that is only whitespace before
-    the first call is held back: dropped when a call follows (a message of calls has null
-    content, as SGLang gives it), sent with the first other content, or at the end."""
+    reasoning so far. Where a tool-call parser runs, content that is only whitespace since
+    the start or the last call is held back: dropped when a call follows or the answer ends
+    after a call (a message of calls has null content, as SGLang gives it), else sent with
+    the next other content, or at the end of an answer without calls. The rule depends on
+    the text only, so a streamed answer still equals the whole one."""
 
     def __init__(self, plan: OutputPlan) -> None:
         self.plan = plan
         self._reasoning = plan.reasoning() if plan.reasoning is not None else None
-        self._tools = plan.tools() if plan.tools is not None and not plan.combined else None
+        self._tools = plan.tools() if plan.tools is not None else None
         self.ids: list[str] = []
         self._reasoning_parts: list[str] = []
-        # Leading whitespace content held back, while it may precede a call; None once
-        # something else was said.
-        self._space: list[str] | None = [] if self._tools is not None else None
+        # Whitespace content held back while it may only surround calls (class docstring);
+        # `_holding` until other content is said since the start or the last call.
+        self._space: list[str] = []
+        self._holding = self._tools is not None
 
     @property
     def calls(self) -> int:
@@ -108,9 +109,10 @@ class ChoiceParser:
         if self._tools is not None:
             events.extend(self._tools.finish())
         events = self._note(events)
-        if self._space:  # only whitespace was said, and no call: it is the content
+        if self._space and not self.ids:  # only whitespace was said, no call: the content
             events.append(ContentDelta("".join(self._space)))
-        self._space = None
+        self._space = []
+        self._holding = False
         return events
 
     def _route(self, events: list[Event]) -> list[Event]:
@@ -134,7 +136,7 @@ class ChoiceParser:
                 for e in events
                 if not (isinstance(e, (CallStart, CallArguments)) and e.index >= bound)
             ]
-        if self._space is not None:
+        if self._tools is not None:
             events = self._hold_space(events)
         for event in events:
             if isinstance(event, CallStart):
@@ -144,23 +146,22 @@ class ChoiceParser:
         return events
 
     def _hold_space(self, events: list[Event]) -> list[Event]:
-        """`events` with leading whitespace content held back (class docstring)."""
+        """`events` with whitespace content around calls held back (class docstring)."""
         out: list[Event] = []
-        for position, event in enumerate(events):
-            space = self._space
-            if space is None:
-                out.extend(events[position:])
-                break
+        for event in events:
             if isinstance(event, ContentDelta):
-                if event.text.isspace() or not event.text:
-                    space.append(event.text)
-                    continue
-                out.append(ContentDelta("".join(space) + event.text))
-                self._space = None
-            elif isinstance(event, CallStart):
-                self._space = None  # the whitespace only preceded calls
-                out.append(event)
+                if not self._holding:
+                    out.append(event)
+                elif not event.text or event.text.isspace():
+                    self._space.append(event.text)
+                else:
+                    out.append(ContentDelta("".join(self._space) + event.text))
+                    self._space = []
+                    self._holding = False
             else:
+                if isinstance(event, CallStart):
+                    self._space = []  # it only separated calls
+                    self._holding = True
                 out.append(event)
         return out
 

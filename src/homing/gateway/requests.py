@@ -455,8 +455,8 @@ def _check_tools(req: ChatRequest) -> None:
     """Cross-field rules of tool calling, as OpenAI's: `tools` and `functions` exclusive;
     unique function names; a forced function declared; `required`/named only with
     functions; tool calls only on assistant turns, each tool turn answering an earlier call
-    by id (a legacy function turn by its function's name). Raises `APIError` 400 with the
-    offending `param`."""
+    by id (a legacy function turn, deprecated, only names its function: few-shot histories
+    send one without a call). Raises `APIError` 400 with the offending `param`."""
     if req.tools and req.functions:  # empty lists are the "off" values
         raise invalid("'tools' and 'functions' cannot both be given; use 'tools'.", "functions")
     if req.tool_choice is not None and req.functions:
@@ -526,18 +526,11 @@ def _check_tools(req: ChatRequest) -> None:
             param = f"messages.[{index}].tool_call_id"
             raise invalid(f"Invalid value for '{param}': only tool messages answer a call.",
                           param)  # fmt: skip
-        if message.role == "function":
+        if message.role == "function" and message.name is None:
             param = f"messages.[{index}].name"
-            if message.name is None:
-                raise invalid(
-                    f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
-                )
-            if message.name not in called:
-                raise invalid(
-                    f"Invalid value for '{param}': no earlier assistant message has a "
-                    f"function_call of '{shown(message.name)}'.",
-                    param,
-                )
+            raise invalid(
+                f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+            )
 
 
 class CompletionRequest(_Common):

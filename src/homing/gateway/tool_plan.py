@@ -85,7 +85,7 @@ class ToolPlan:
     max_calls: int | None = None
     functions: tuple[FunctionDefinition, ...] = ()
     tokenizer: TextTokenizer | None = None
-    history: tuple[tuple[str, str], ...] = ()  # (param, text) of past calls
+    history: tuple[tuple[str, str], ...] = ()  # (param, text) of past calls and reasoning
 
     def check(self, tokenizer: TextTokenizer) -> None:
         """400 for a bad parameters schema (`homing.gateway.schemas`), or tool text that
@@ -109,7 +109,7 @@ class ToolPlan:
             if self.combined or self.tools_factory is None:
                 return None
             return OutputPlan(tools=self.tools_factory, legacy=self.legacy,
-                              max_calls=self.max_calls)  # fmt: skip
+                              max_calls=self.max_calls, parses_calls=True)  # fmt: skip
         reasoning: ParserFactory | None = None
         if self.reasoning is not None and not self.combined and self.tokenizer is not None:
             tail = self.tokenizer.decode(prompt_ids[-2:], skip_special_tokens=False)
@@ -127,6 +127,7 @@ class ToolPlan:
             combined=self.combined,
             legacy=self.legacy,
             max_calls=self.max_calls,
+            parses_calls=self.tools_factory is not None,
         )
 
 

@@ -457,7 +457,11 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             )
             return
         try:
-            sim_request, detail = self.build_generate(request)
+            if request.sampling_params.WhichOneof("constraint") is None:
+                sim_request, detail = self.build_generate(request)
+            else:  # drawing an instance is up to ~1 s of work: off the loop, as SGLang
+                # compiles grammars in a thread while the request waits
+                sim_request, detail = await asyncio.to_thread(self.build_generate, request)
             stream = self.engine.submit(sim_request)
         except QueueFull as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))

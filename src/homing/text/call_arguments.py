@@ -16,26 +16,27 @@ from typing import Any
 
 
 class TemplateArguments(dict[str, Any]):
-    """A call's arguments object (a dict) whose text is `text`, the JSON it was parsed from."""
+    """A call's arguments object (a dict) whose text is the JSON it was parsed from (kept in
+    `_text`: the sandbox hides it, so `arguments.text` is still the argument `text`)."""
 
-    __slots__ = ("text",)
+    __slots__ = ("_text",)
 
     def __init__(self, value: dict[str, Any], text: str) -> None:
         super().__init__(value)
-        self.text = text
+        self._text = text
 
     def __str__(self) -> str:
-        return self.text
+        return self._text
 
     def __add__(self, other: object) -> str:
         if not isinstance(other, str):
             return NotImplemented
-        return self.text + other
+        return self._text + other
 
     def __radd__(self, other: object) -> str:
         if not isinstance(other, str):
             return NotImplemented
-        return other + self.text
+        return other + self._text
 
 
 def template_arguments(text: str) -> TemplateArguments | str:

@@ -152,6 +152,27 @@ def test_hidden_stop_id_is_not_reported(tok: TextTokenizer) -> None:
     assert [e.token_id for e in logged] == ids
 
 
+def test_silent_eos_is_not_shown_but_counted_and_reported(tok: TextTokenizer) -> None:
+    """Special tokens kept as text: the EOS that ends the answer shows no text, yet it is
+    counted and its log probability reported last, as without kept specials."""
+    ids = tok.encode_plain(" one two")
+    eos = tok.eos_token_ids[0]
+    decoder = DetailedDecoder(
+        tok, stop_set=StopSet([]), silent_ids=frozenset({eos}), skip_special_tokens=False
+    )
+    steps = [decoder.push(logged_chunk([*ids, eos])), decoder.push(done([], len(ids) + 1, "stop"))]
+    text = "".join(t for step in steps for t in step.texts)
+    reported = [entry.token_id for step in steps for entry in step.logprobs]
+    assert text == tok.decode(ids) and reported == [*ids, eos]
+    assert decoder.completion_tokens == len(ids) + 1
+    plain = ChoiceDecoder(tok, stop_set=StopSet([]), silent_ids=frozenset({eos}),
+                          skip_special_tokens=False)  # fmt: skip
+    assert decode(plain, [chunk([*ids, eos]), done([], len(ids) + 1, "stop")]) == (
+        tok.decode(ids),
+        "stop",
+    )
+
+
 def test_echo_sends_the_prompt_first_and_its_tokens_before_the_answer(
     tok: TextTokenizer,
 ) -> None:

@@ -31,6 +31,7 @@ def _plan(reasoning: bool = False, **fields: Any) -> OutputPlan:
     return OutputPlan(
         tools=tool_parser_factory("deepseek_v31", TOOLS),
         reasoning=think_parser_factory(True) if reasoning else None,
+        parses_calls=True,
         **fields,
     )
 
@@ -169,9 +170,9 @@ def test_a_call_of_an_undeclared_function_is_content() -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_whitespace_before_the_calls_is_no_content(seed: int) -> None:
-    """`</think>\n\n` then calls (Qwen 3's shape): the message is reasoning and calls with
-    null content, streamed as whole; whitespace before text stays part of the text, and
-    an answer of whitespace alone is that content."""
+    """`</think>\n\n` then calls (Qwen 3's shape), or whitespace after the calls: the
+    message is reasoning and calls with null content, streamed as whole; whitespace before
+    text stays part of the text, and an answer of whitespace alone is that content."""
     rng = random.Random(seed)
     plan = _plan(reasoning=True)
     called = "Plan it.</think>\n\n" + BEGIN + _call("get_time", "{}") + END
@@ -183,10 +184,13 @@ def test_whitespace_before_the_calls_is_no_content(seed: int) -> None:
     for text, content in [
         ("Plan it.</think>\n\nIt is noon.", "\n\nIt is noon."),
         ("Plan it.</think>\n \n", "\n \n"),
+        ("Plan it.</think>" + BEGIN + _call("get_time", "{}") + END + "\n\n", None),
+        ("</think>Sure\n" + BEGIN + _call("get_time", "{}") + END + "\n", "Sure\n"),
+        ("Plan it.</think>" + BEGIN + _call("get_time", "{}") + END + "\nDone.", "\nDone."),
     ]:
         parsed, ids = parse_whole(plan, text)
         assert message_body(parsed, ids, plan)["content"] == content
-        assert _streamed(plan, _cuts(text, rng))["content"] == content
+        assert _streamed(plan, _cuts(text, rng))["content"] == (content or "")
 
 
 def test_long_parsed_answers_are_work_for_a_thread() -> None:

@@ -189,7 +189,7 @@ def test_a_history_of_calls_is_planned_in_the_thread() -> None:
 def test_a_marker_the_tokenizer_flags_special_reaches_the_parser() -> None:
     """Mistral's `[TOOL_CALLS]` is a special token of its tokenizer. Under `auto` the answer
     is decoded with special tokens kept (as SGLang does for tool requests), the model's EOS
-    still hidden, so the call parses; decoded as plain requests are, the marker is gone."""
+    still not shown, so the call parses; decoded as plain requests are, the marker is gone."""
     files = served_tokenizer_files()
     raw = Tokenizer.from_str(files["tokenizer.json"].decode())
     raw.add_special_tokens([AddedToken("[TOOL_CALLS]", special=True)])
@@ -204,8 +204,8 @@ def test_a_marker_the_tokenizer_flags_special_reaches_the_parser() -> None:
     call = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
     ids = [marker, *tokenizer.encode_plain(call), eos]
 
-    def decoded(skip_special_tokens: bool, hidden: frozenset[int]) -> str:
-        decoder = ChoiceDecoder(tokenizer, stop_set=StopSet([]), hidden_stop_ids=hidden,
+    def decoded(skip_special_tokens: bool, silent: frozenset[int]) -> str:
+        decoder = ChoiceDecoder(tokenizer, stop_set=StopSet([]), silent_ids=silent,
                                 skip_special_tokens=skip_special_tokens)  # fmt: skip
         done = GenerateDone(
             token_ids=tuple(ids), prompt_tokens=3, completion_tokens=len(ids),
@@ -219,3 +219,34 @@ def test_a_marker_the_tokenizer_flags_special_reaches_the_parser() -> None:
     assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", '{"city": "Paris"}')]
     assert parsed.content == ""
     assert decoded(True, frozenset()) == call  # the marker would be lost
+
+
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+    '<|message|>{"city":"Tokyo"}'
+)  # the final <|call|> is the EOS the engine stopped on, not shown
+HARMONY_ANSWER = (
+    "<|channel|>analysis<|message|>A simple question.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4."
+)
+
+
+def test_gpt_oss_answers_are_parsed_with_tools_and_without() -> None:
+    """gpt-oss: one Harmony parser splits the analysis channel off as reasoning and reads
+    calls, with `auto` tools and for a plain chat alike; only the former may hold calls
+    (a plain answer's content is never null)."""
+    model = _model(tool_call_parser="gpt_oss", reasoning="gpt_oss")
+    with_tools = _plan(model, tools=[TOOL]).output([1])
+    assert with_tools is not None and with_tools.parses_calls
+    parsed, _ = parse_whole(with_tools, HARMONY_CALL)
+    assert (parsed.reasoning, parsed.content) == ("Need the weather.", "")
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", '{"city":"Tokyo"}')]
+    plain = _plan(model).output([1])
+    assert plain is not None and not plain.parses_calls
+    parsed, _ = parse_whole(plain, HARMONY_ANSWER)
+    assert (parsed.reasoning, parsed.content, parsed.calls) == (
+        "A simple question.",
+        "2 + 2 = 4.",
+        [],
+    )

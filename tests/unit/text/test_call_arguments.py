@@ -73,3 +73,9 @@ def test_template_arguments_is_the_parsed_object() -> None:
     value = template_arguments(WRITTEN)
     assert isinstance(value, TemplateArguments)
     assert value == {"city": "Paris", "days": 2} and str(value) == WRITTEN
+
+
+def test_an_argument_named_text_reads_as_that_argument(tiny_files: dict[str, bytes]) -> None:
+    """`arguments.text` in a template is the argument `text`, not the JSON kept aside."""
+    template = "{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments.text }}{% endfor %}{% endfor %}"  # noqa: E501
+    assert _render(tiny_files, template, '{"text": "hello"}') == "hello"

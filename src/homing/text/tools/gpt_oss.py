@@ -10,8 +10,8 @@ an answer reads as messages (the call's header and body are one line, cut here):
     <|start|>assistant<|channel|>final<|message|>ANSWER<|return|>
 
 A message is a header, `<|message|>`, a body, and an end token (`<|end|>`, `<|call|>` or
-`<|return|>`; the last two are stop tokens, often not in the text). The prompt ends with
-`<|start|>assistant`, so the first header is the rest of that one: it starts with
+`<|return|>`; the last two are stop tokens, which the gateway does not show). The prompt
+ends with `<|start|>assistant`, so the first header is the rest of that one: it starts with
 `<|channel|>` (or ` to=RECIPIENT`, the recipient may come in the role part:
 `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>`). A header
 is read whole, up to `<|message|>` (at most `MAX_NAME_CHARS`), and decides the body:
