@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -405,7 +406,7 @@ class ChatRequest(_Common):
         """The request declares legacy `functions` (answers in the legacy shape)."""
         return bool(self.functions)
 
-    @property
+    @cached_property
     def declared_functions(self) -> list[FunctionDefinition]:
         """The functions the model may call (`tools` or legacy `functions`), in order."""
         if self.functions:

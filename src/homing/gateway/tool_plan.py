@@ -112,8 +112,7 @@ class ToolPlan:
                               max_calls=self.max_calls, parses_calls=True)  # fmt: skip
         reasoning: ParserFactory | None = None
         if self.reasoning is not None and not self.combined and self.tokenizer is not None:
-            tail = self.tokenizer.decode(prompt_ids[-2:], skip_special_tokens=False)
-            opened = tail.rstrip().endswith(THINK_OPEN)
+            opened = _opens_think(self.tokenizer, prompt_ids)
             if opened or self.reasoning not in _PROMPT_OPENED:
                 reasoning = think_parser_factory(opened)
         tools = self.tools_factory
@@ -129,6 +128,22 @@ class ToolPlan:
             max_calls=self.max_calls,
             parses_calls=self.tools_factory is not None,
         )
+
+
+def _opens_think(tokenizer: TextTokenizer, prompt_ids: Sequence[int]) -> bool:
+    """Whether the prompt ends with `<think>` (and whitespace): by id where `<think>` is one
+    token (the usual case, no decode per request), else by the tail's text."""
+    think = tokenizer.token_to_id(THINK_OPEN)
+    if think is None:
+        tail = tokenizer.decode(prompt_ids[-2:], skip_special_tokens=False)
+        return tail.rstrip().endswith(THINK_OPEN)
+    if prompt_ids and prompt_ids[-1] == think:
+        return True
+    return (
+        len(prompt_ids) >= 2
+        and prompt_ids[-2] == think
+        and tokenizer.decode(prompt_ids[-1:], skip_special_tokens=False).isspace()
+    )
 
 
 def plans_costly(req: ChatRequest) -> bool:
@@ -246,8 +261,10 @@ def _template_function(function: FunctionDefinition) -> dict[str, Any]:
 def _template_kwargs(req: ChatRequest, tokenizer: TextTokenizer) -> dict[str, Any]:
     """`reasoning_effort` and `chat_template_kwargs` as template variables; 400 for a name
     the template does not read or the gateway sets."""
-    readable = tokenizer.template_variables - RESERVED_VARIABLES
     variables: dict[str, Any] = {}
+    if req.reasoning_effort is None and not req.chat_template_kwargs:
+        return variables
+    readable = tokenizer.template_variables - RESERVED_VARIABLES
     if req.reasoning_effort is not None:
         if "reasoning_effort" not in readable:
             raise _unsupported("reasoning_effort", "its chat template does not take it")
