@@ -16,7 +16,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import structlog
@@ -44,8 +44,6 @@ from homing.text.output import CallArguments, CallStart, ContentDelta, Reasoning
 from homing.text.output import Event as OutputEvent
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
-
-_T = TypeVar("_T")
 
 log = structlog.get_logger("homing.grpc")
 
@@ -121,12 +119,10 @@ def _chat_message(m: pb.ChatMessage) -> dict[str, Any]:
     return message
 
 
-async def _parsed(request: Message, parse: Callable[[], _T]) -> _T:
-    """`parse()` of `request`, in a worker thread when the message is over
-    `THREADED_BODY_BYTES` (as the HTTP API parses a large body)."""
-    if request.ByteSize() > THREADED_BODY_BYTES:
-        return await asyncio.to_thread(parse)
-    return parse()
+def _large(request: Message) -> bool:
+    """Whether `request` is parsed in a worker thread: over `THREADED_BODY_BYTES`, as the
+    HTTP API parses a large body."""
+    return request.ByteSize() > THREADED_BODY_BYTES
 
 
 def chat_body(request: pb.ChatCompletionRequest) -> dict[str, Any]:
@@ -215,7 +211,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     ) -> None:
         async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
             return await self.service.prepare.chat(
-                await _parsed(request, lambda: parse_chat(chat_body(request))),
+                await off_loop_if(_large(request), lambda: parse_chat(chat_body(request))),
                 request_id=request_id,
                 session_key=request.user or None,
                 principal=principal,
@@ -228,7 +224,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     ) -> None:
         async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
             return await self.service.prepare.completion(
-                await _parsed(request, lambda: parse_completion(completion_body(request))),
+                await off_loop_if(
+                    _large(request), lambda: parse_completion(completion_body(request))
+                ),
                 request_id=request_id,
                 session_key=request.user or None,
                 principal=principal,

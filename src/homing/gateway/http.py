@@ -182,9 +182,8 @@ async def _read_json(
     except (web.RequestPayloadError, HttpProcessingError) as err:
         raise body_error(err, limits) from None
     coding = content_coding(request.headers)
-    if len(raw) <= THREADED_BODY_BYTES and coding is None:
-        return parse(_decode_json(raw, coding, limits))
-    return await asyncio.to_thread(lambda: parse(_decode_json(raw, coding, limits)))
+    heavy = len(raw) > THREADED_BODY_BYTES or coding is not None
+    return await off_loop_if(heavy, lambda: parse(_decode_json(raw, coding, limits)))
 
 
 def _decode_json(raw: bytes, coding: str | None, limits: HttpLimits) -> Any:

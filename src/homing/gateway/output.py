@@ -50,10 +50,9 @@ class OutputPlan:
     `tools`: a factory of the tool-call parser (None: calls are not parsed, the text is
     content). `reasoning`: a factory of the reasoning parser (None: no reasoning is split
     off). `combined`: one parser does both jobs (gpt-oss's Harmony). `legacy`: answer in the
-    `functions` API's shape. `max_calls`: calls past
-    this many are dropped (`parallel_tool_calls: false`), None for no bound.
-    `parses_calls`: the answers may call declared functions (their content is null when
-    they say none), which `tools` (or the combined parser) looks for.
+    `functions` API's shape. `max_calls`: calls past this many are dropped
+    (`parallel_tool_calls: false`), None for no bound. `parses_calls`: the answers may call
+    declared functions (their content is null when they say none).
     """
 
     tools: ParserFactory | None = None

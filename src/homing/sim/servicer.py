@@ -97,6 +97,7 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
+from homing.aio import off_loop_if
 from homing.sim.config import SimConfig
 from homing.sim.engine_loop import EngineLoop
 from homing.sim.generation import Answer, FixedOutput, OutputPlanner
@@ -457,11 +458,10 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
             )
             return
         try:
-            if request.sampling_params.WhichOneof("constraint") is None:
-                sim_request, detail = self.build_generate(request)
-            else:  # drawing an instance is up to ~1 s of work: off the loop, as SGLang
-                # compiles grammars in a thread while the request waits
-                sim_request, detail = await asyncio.to_thread(self.build_generate, request)
+            # Drawing a constrained instance is up to ~1 s of work: off the loop, as SGLang
+            # compiles grammars in a thread while the request waits.
+            constrained = request.sampling_params.WhichOneof("constraint") is not None
+            sim_request, detail = await off_loop_if(constrained, self.build_generate, request)
             stream = self.engine.submit(sim_request)
         except QueueFull as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
