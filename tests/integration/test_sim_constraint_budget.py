@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import aiohttp
@@ -19,8 +18,8 @@ from homing.app import App
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SECONDS = 10.0
-"""The most one such request may take: it is served in well under a second (before the
-character budget it held a worker's event loop for hours)."""
+"""A hang guard per request: one is served in well under a second (before the character
+budget it held a worker's event loop for hours)."""
 
 HUGE_TOOL: dict[str, Any] = {
     "type": "function",
@@ -90,14 +89,11 @@ async def _plain_chat_completes(app: App) -> None:
 async def test_a_tool_needing_a_huge_instance_is_cut_at_length_and_the_workers_serve_on(
     gateway: App,
 ) -> None:
-    start = time.perf_counter()
     status, body = await _post(gateway, _poisonous(gateway))
-    elapsed = time.perf_counter() - start
     assert status == 200, body
     (choice,) = body["choices"]
     assert choice["finish_reason"] == "length", choice
     assert body["usage"]["completion_tokens"] == 50
-    assert elapsed < SECONDS
     await assert_ready_and_healthy(gateway)
     await _plain_chat_completes(gateway)
 
