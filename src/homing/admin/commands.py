@@ -20,72 +20,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf.message import Message
+from homing.admin.cli_support import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Output,
+    Verb,
+    message_dict,
+)
+from homing.admin.rollout_commands import add_rollout_commands
 
 if TYPE_CHECKING:
     from homing.v1 import admin_pb2 as pb
-
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-
-Verb = Callable[[Any, argparse.Namespace, "Output"], Awaitable[int]]
-
-
-def message_dict(message: Message) -> dict[str, Any]:
-    """`message` as JSON-ready data under its proto field names: every field present,
-    unset optional scalars as None, 64-bit integers as numbers (protobuf's own JSON mapping
-    would write them as strings)."""
-    out: dict[str, Any] = {}
-    for field in message.DESCRIPTOR.fields:
-        value = getattr(message, field.name)
-        is_message = field.type == field.TYPE_MESSAGE
-        if field.is_repeated:
-            out[field.name] = [message_dict(v) if is_message else v for v in value]
-        elif is_message:
-            out[field.name] = message_dict(value)
-        elif field.has_presence and not message.HasField(field.name):
-            out[field.name] = None
-        else:
-            out[field.name] = value
-    return out
-
-
-class Output:
-    """Where a verb's result goes: JSON or rich tables on stdout."""
-
-    def __init__(self, mode: str) -> None:
-        from rich.console import Console
-
-        self.mode = mode
-        console = Console()
-        # Not a terminal (a pipe, a file): wide enough that tables are not wrapped to 80.
-        self.console = console if console.is_terminal else Console(width=200)
-
-    def json(self, data: Any) -> None:
-        """Print `data` as indented JSON."""
-        print(json.dumps(data, indent=2))
-
-    def line(self, text: str) -> None:
-        """Print `text` as it is: one line, never wrapped, no markup read from it."""
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-    def table(self, headers: list[str], rows: list[list[str]], title: str | None = None) -> None:
-        """Print a table of `rows` under `headers`."""
-        from rich.table import Table
-
-        # Plain columns, as kubectl and docker print them: easy to read and to grep.
-        table = Table(*headers, title=title, box=None, pad_edge=False, title_justify="left")
-        for row in rows:
-            table.add_row(*row)
-        self.console.print(table)
 
 
 def _opt(value: Any, fmt: str = "{}") -> str:
@@ -475,8 +426,6 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         ssub, "advise", _scaler_advise, "what the autoscaler would decide now (changes nothing)"
     )
     p.add_argument("--model", help="only this model's pool")
-
-    from homing.admin.rollout_commands import add_rollout_commands
 
     add_rollout_commands(sub, verb)
 

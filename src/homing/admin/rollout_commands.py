@@ -15,24 +15,17 @@ import argparse
 import datetime
 import math
 import re
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from homing.admin.commands import EXIT_OK, Output, Verb, message_dict
+from homing.admin.cli_support import EXIT_OK, Output, Verb, VerbMaker, message_dict
+from homing.config.rules import MAX_BAKE_S, check_steps
 
 if TYPE_CHECKING:
     from homing.v1 import admin_pb2 as pb
 
-VerbMaker = Callable[
-    ["argparse._SubParsersAction[argparse.ArgumentParser]", str, Verb, str],
-    argparse.ArgumentParser,
-]
-
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|m|h)?\s*$", re.ASCII)
 _NUMBER = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*$", re.ASCII)
 
-#: The longest bake a step may have (seconds): a week, as `[rollout] bake_s` allows.
-MAX_BAKE_S = 7 * 86400.0
 _UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -49,8 +42,6 @@ def duration(value: str) -> float:
 
 def steps(value: str) -> list[float]:
     """Canary weights "5,25,50,100" (percent; increasing, the last 100)."""
-    from homing.rollout.plan import check_steps
-
     try:
         parts = value.split(",")
         if not all(_NUMBER.match(part) for part in parts):

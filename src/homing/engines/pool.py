@@ -59,7 +59,6 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
-import re
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +70,7 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from homing.clock import Clock, SystemClock, TimerHandle
+from homing.config.rules import check_worker_url
 from homing.engines import breaker as brk
 from homing.engines.breaker import Breaker, BreakerConfig, BreakerState
 from homing.engines.client import EngineClient, EngineError
@@ -312,39 +312,6 @@ class WorkerSpec:
     url: str
     version: str = ""
     warm: bool = False
-
-
-#: Longest worker URL accepted (characters); a host name is at most 253 (RFC 1035).
-MAX_WORKER_URL = 300
-_HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
-_IPV6 = re.compile(r"^\[[0-9A-Fa-f:.]+\]$")
-
-
-def check_worker_url(url: str) -> str:
-    """The canonical form of a worker URL `grpc://host:port`: host lower-cased, `localhost`
-    as 127.0.0.1, the port without leading zeros (so one engine has one URL). The host is a
-    DNS name, an IPv4 address or a bracketed IPv6 address; the port ASCII digits in
-    1..65535. ValueError saying what is wrong otherwise (the URL shown cut to 64 chars)."""
-    shown = url if len(url) <= 64 else url[:64] + "..."
-    if len(url) > MAX_WORKER_URL:
-        raise ValueError(f"worker URL {shown!r} is longer than {MAX_WORKER_URL} characters")
-    rest = url.removeprefix("grpc://")
-    host, _, port = rest.rpartition(":")
-    if not url.startswith("grpc://") or not host or not port:
-        raise ValueError(f"worker URL {shown!r} must look like grpc://host:port")
-    if "/" in port:
-        raise ValueError(f"worker URL {shown!r} must end at its port (grpc://host:port, no path)")
-    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise ValueError(f"worker URL {shown!r} needs a port in 1-65535")
-    if not (_HOST_NAME.fullmatch(host) or _IPV6.fullmatch(host)):
-        raise ValueError(
-            f"worker URL {shown!r} has an invalid host (a DNS name, an IPv4 address or "
-            "[IPv6] expected)"
-        )
-    host = host.lower()
-    if host == "localhost":
-        host = "127.0.0.1"
-    return f"grpc://{host}:{int(port)}"
 
 
 #: Called after each lifecycle transition: (worker, phase before, action).

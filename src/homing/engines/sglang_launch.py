@@ -261,18 +261,6 @@ _PROBE = (
 )
 
 
-def check_model_dir(path: str) -> None:
-    """Raise ValueError unless `path` is a directory holding a `config.json` (a model SGLang
-    can load)."""
-    model = Path(path)
-    if not model.exists():
-        raise ValueError(f"model directory {path} does not exist")
-    if not model.is_dir():
-        raise ValueError(f"model path {path} is not a directory")
-    if not (model / "config.json").is_file():
-        raise ValueError(f"model directory {path} has no config.json")
-
-
 def check_sglang(python: str, timeout_s: float = 60.0) -> str:
     """sglang's version as installed for `python`; raises ValueError saying why when
     there is none (a missing interpreter, no sglang, no answer within `timeout_s`).

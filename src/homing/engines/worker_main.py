@@ -24,10 +24,10 @@ import signal
 import sys
 import time
 
+from homing.config.rules import check_model_dir
 from homing.engines.sglang_launch import (
     SglangLaunch,
     SglangProcess,
-    check_model_dir,
     check_sglang,
     default_python,
     resolve_device,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import structlog
 
+from homing.config.rules import MAX_VERSION_LABEL, is_version_label
 from homing.engines.lifecycle import IllegalTransition, Phase
 from homing.engines.pool import WorkerRefused, WorkerSpec, WorkerState, check_worker_url
 from homing.fleet.dispatch import ModelDispatch
@@ -121,8 +122,10 @@ class Fleet:
             url = check_worker_url(url)  # canonical: one engine has one URL
         except ValueError as err:
             raise InvalidWorker(str(err)) from None
-        if len(version) > 128 or not all(" " <= c <= "~" for c in version):
-            raise InvalidWorker("version must be at most 128 printable ASCII characters")
+        if not is_version_label(version):
+            raise InvalidWorker(
+                f"version must be at most {MAX_VERSION_LABEL} printable ASCII characters"
+            )
         for m, w in self.workers():
             if w.url == url:
                 raise DuplicateWorker(

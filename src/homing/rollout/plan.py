@@ -17,47 +17,18 @@ pause holds the plan, not the safety net). The verdict is the caller's
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from homing.config.rules import MAX_BAKE_S, check_steps, is_version_label
 
 Phase = Literal["running", "paused", "promoted", "rolled_back"]
 PHASES: tuple[Phase, ...] = ("running", "paused", "promoted", "rolled_back")
 
 #: Events kept in a rollout's history (the newest; older ones are dropped).
 HISTORY_KEPT = 50
-
-#: Most steps a plan may have.
-MAX_STEPS = 100
-
-#: The longest bake of a step (seconds): a week (`[rollout] bake_s` has the same bound).
-MAX_BAKE_S = 7 * 86400.0
-
-
-def check_steps(steps: Iterable[float], *, need_baseline: bool = True) -> list[float]:
-    """`steps` as floats if they are a rollout's canary weights: percents in (0, 100],
-    strictly increasing, the last 100 with (when `need_baseline`: a new plan) at least one
-    before it, at most MAX_STEPS; ValueError saying what is wrong."""
-    out = [float(s) for s in steps]
-    if not out:
-        raise ValueError("a rollout needs at least one step (the last is 100)")
-    if len(out) > MAX_STEPS:
-        raise ValueError(f"a rollout has at most {MAX_STEPS} steps, got {len(out)}")
-    for s in out:
-        if not math.isfinite(s) or not 0 < s <= 100:
-            raise ValueError(f"each step is a percent in (0, 100], got {s:g}")
-    if any(b <= a for a, b in itertools.pairwise(out)):
-        raise ValueError("the steps must increase (e.g. 5,25,50,100)")
-    if out[-1] != 100:
-        raise ValueError(f"the last step must be 100 (it promotes the canary), got {out[-1]:g}")
-    if need_baseline and len(out) < 2:
-        raise ValueError(
-            "a rollout needs a step below 100 (at 100 no baseline traffic is left to compare "
-            "with; use homing rollout promote to skip the comparison)"
-        )
-    return out
 
 
 class RolloutError(Exception):
@@ -271,6 +242,6 @@ def _finite(value: Any, name: str) -> float:
 
 def _label(value: Any) -> str:
     """`value` if it is a version label as stored (at most 128 printable ASCII characters)."""
-    if not isinstance(value, str) or len(value) > 128 or not all(" " <= c <= "~" for c in value):
+    if not is_version_label(value):
         raise ValueError(f"{value!r:.60} is not a version label")
     return value

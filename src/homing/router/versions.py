@@ -22,42 +22,23 @@ from collections.abc import Collection, Mapping
 
 import xxhash
 
+from homing.config.rules import check_version_weights
+
 _SCALE = 1.0 / 2.0**64
-
-#: The largest and the smallest non-zero weight one version may be given (weights are
-#: relative, percent in practice; below MIN_WEIGHT the score -ln(u)/w overflows to inf).
-MAX_WEIGHT = 1_000_000.0
-MIN_WEIGHT = 1e-6
-
-#: The most versions one split may name.
-MAX_VERSIONS = 64
 
 
 class VersionSplit:
     """Weights of a model's versions: `weights` maps a version label to a weight >= 0 (relative:
     percent in practice); at least one must be positive. ValueError otherwise, for a
     weight that is not finite, under MIN_WEIGHT but not 0, or over MAX_WEIGHT, or for more
-    than MAX_VERSIONS versions."""
+    than MAX_VERSIONS versions (`homing.config.rules.check_version_weights`)."""
 
     __slots__ = ("_order", "weights")
 
     def __init__(self, weights: Mapping[str, float]) -> None:
-        if len(weights) > MAX_VERSIONS:
-            raise ValueError(f"a split names at most {MAX_VERSIONS} versions, got {len(weights)}")
-        checked: dict[str, float] = {}
-        for version, weight in weights.items():
-            w = float(weight)
-            if not math.isfinite(w) or w < 0 or w > MAX_WEIGHT or 0 < w < MIN_WEIGHT:
-                raise ValueError(
-                    f"the weight of version {version!r} must be 0 or in [{MIN_WEIGHT:g}, "
-                    f"{MAX_WEIGHT:g}], got {weight!r}"
-                )
-            checked[version] = w
-        if not any(w > 0 for w in checked.values()):
-            raise ValueError("at least one version needs a weight above 0")
-        self.weights: dict[str, float] = checked
+        self.weights: dict[str, float] = check_version_weights(weights)
         # Ties (equal scores) go to the first version in sorted order, whatever the mapping's.
-        self._order = sorted(v for v, w in checked.items() if w > 0)
+        self._order = sorted(v for v, w in self.weights.items() if w > 0)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, VersionSplit) and self.weights == other.weights

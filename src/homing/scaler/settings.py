@@ -13,6 +13,7 @@ faster meets a TPOT target with the batch that meets `speedup` x that target, an
 from __future__ import annotations
 
 from homing.config import ScalerSettings, SimSettings
+from homing.config import gpus_per_replica as gpus_per_replica  # a config rule, kept here
 from homing.obs.slo import Slo
 from homing.plan.chain import Assumptions
 from homing.plan.measure import measure
@@ -59,20 +60,6 @@ def seed_capacity(
         prefill if prefill is not None else FALLBACK_PREFILL_TOKENS_PER_S,
         source,
     )
-
-
-def gpus_per_replica(settings: ScalerSettings, sim: SimSettings | None) -> int:
-    """GPUs one replica holds: the section's figure, else the sim preset's TP, else 1."""
-    if settings.gpus_per_replica is not None:
-        return settings.gpus_per_replica
-    if sim is not None:
-        if sim.tp is not None:
-            return sim.tp
-        try:
-            return model_spec(sim.model).default_tp
-        except ValueError:
-            return 1
-    return 1
 
 
 def scaler_config(settings: ScalerSettings, *, gpus: int) -> ScalerConfig:

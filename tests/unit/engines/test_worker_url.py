@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from homing.engines.pool import MAX_WORKER_URL, check_worker_url
+from homing.config.rules import MAX_WORKER_URL, check_worker_url
 
 
 @pytest.mark.parametrize(

@@ -10,14 +10,8 @@ from typing import Any
 
 import pytest
 
-from homing.rollout.plan import (
-    HISTORY_KEPT,
-    MAX_STEPS,
-    Event,
-    Rollout,
-    RolloutError,
-    check_steps,
-)
+from homing.config.rules import MAX_STEPS, check_steps
+from homing.rollout.plan import HISTORY_KEPT, Event, Rollout, RolloutError
 
 T0 = 1_700_000_000.0
 BAKE = 600.0

@@ -10,7 +10,8 @@ from collections.abc import Collection
 
 import pytest
 
-from homing.router.versions import MAX_VERSIONS, MAX_WEIGHT, MIN_WEIGHT, VersionSplit
+from homing.config.rules import MAX_VERSIONS, MAX_WEIGHT, MIN_WEIGHT
+from homing.router.versions import VersionSplit
 
 N_KEYS = 100_000
 

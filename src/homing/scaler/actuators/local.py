@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import socket
-import string
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -34,6 +33,7 @@ import structlog
 
 from homing.clock import Clock, SystemClock
 from homing.config import SglangSettings, SimSettings
+from homing.config.rules import check_command_template
 from homing.embedded import SglangLauncher, SimLauncher
 from homing.engines.client import EngineClient
 from homing.engines.sglang_launch import kill_group
@@ -57,8 +57,6 @@ HEALTH_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 5
 #: Bytes read from the end of a failed replica's log for those lines.
 LOG_TAIL_BYTES = 4096
-#: Placeholders a `CommandTemplate` may use.
-PLACEHOLDERS = frozenset({"port", "host", "model", "index"})
 #: Replica processes one local actuator starts at once (the CPUs of a small host).
 MAX_CONCURRENT_STARTS = 4
 #: The loopback address command-template replicas are told to bind and are reached on.
@@ -78,26 +76,7 @@ class CommandTemplate:
     env: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
-        if not self.argv or not self.argv[0]:
-            raise ValueError("command template: argv is empty (it needs a program to run)")
-        for where, text in [
-            *(("argv", a) for a in self.argv),
-            *((f"env {k}", v) for k, v in (self.env or {}).items()),
-        ]:
-            try:
-                fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
-            except ValueError as err:
-                raise ValueError(f"command template: {where} {text!r}: {err}") from None
-            for name in fields:
-                if name not in PLACEHOLDERS:
-                    raise ValueError(
-                        f"command template: {where} {text!r} has unknown placeholder "
-                        f"{{{name}}}; known: {', '.join(sorted(PLACEHOLDERS))}"
-                    )
-        try:  # a format spec or conversion (`{port:zz}`, `{port!z}`) fails only on filling in
-            self.render(port=1, model="model", index=0)
-        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as err:
-            raise ValueError(f"command template: cannot be filled in: {err}") from None
+        check_command_template(self.argv, self.env)
 
     def render(
         self, *, port: int, model: str, index: int, host: str = HOST
