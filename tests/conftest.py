@@ -8,10 +8,10 @@ gateway's):
   imported, so every fixture and every child process sees it; removed at the end);
 - each test gets a directory of its own below it (`_state_dir_per_test`), which the
   `homing serve` processes a test starts inherit;
-- each `App` built in this process whose config leaves the socket at its default gets a
-  state directory of its own (`_socket_per_app`), so module-scoped Apps and several Apps
-  at once in one test never share a socket. A config that names `admin.socket` or
-  `admin.state_dir` is left as it is (the admin tests use that to share one on purpose).
+- each `App` a test builds in this process comes from `helpers.own_app`, which gives it a
+  state directory of its own (`App(state_dir=...)`), so module-scoped Apps and several
+  Apps at once in one test never share a socket. A config that names `admin.state_dir`
+  keeps it (the admin tests use that to share one on purpose).
 """
 
 from __future__ import annotations
@@ -37,28 +37,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def _state_dir_per_test(monkeypatch: pytest.MonkeyPatch) -> None:
     """`HOMING_STATE_DIR` is a fresh directory for each test (inherited by its children)."""
     monkeypatch.setenv("HOMING_STATE_DIR", tempfile.mkdtemp(prefix="t-", dir=SESSION_STATE_DIR))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _socket_per_app() -> Iterator[None]:
-    """Each in-process `App` with the default admin socket gets a state dir of its own."""
-    from homing.app import App
-    from homing.config import HomingConfig
-
-    build = App.__init__
-
-    def init(self: App, config: HomingConfig, **kwargs: object) -> None:
-        admin = config.admin
-        if admin.enabled and admin.socket is None and admin.state_dir is None:
-            own = tempfile.mkdtemp(prefix="app-", dir=SESSION_STATE_DIR)
-            config = config.model_copy(
-                update={"admin": admin.model_copy(update={"state_dir": own})}
-            )
-        build(self, config, **kwargs)  # type: ignore[arg-type]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(App, "__init__", init)
-        yield
 
 
 @pytest.fixture(scope="session")

@@ -5,16 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
+import tempfile
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from homing.app import App
+    from homing.clock import Clock, ManualClock
     from homing.config import HomingConfig
+
+
+def own_app(config: HomingConfig, **kwargs: Any) -> App:
+    """An `App` of `config` (with `kwargs`) whose admin socket and rollout store, when the
+    config names no place for them, get a directory of their own below the test's
+    `$HOMING_STATE_DIR`: several Apps may run in one test or module."""
+    from homing.app import App
+
+    own = tempfile.mkdtemp(prefix="app-", dir=os.environ.get("HOMING_STATE_DIR"))
+    return App(config, state_dir=own, **kwargs)
 
 
 def free_port() -> int:
@@ -43,15 +56,52 @@ async def post_fault(worker_url: str, body: dict[str, object]) -> None:
             assert resp.status in (200, 202), await resp.text()
 
 
-async def eventually(check: Callable[[], bool], within_s: float) -> bool:
-    """Poll `check` every 10 ms until it holds or `within_s` passes; its last value."""
+async def eventually(
+    check: Callable[[], bool],
+    within_s: float,
+    *,
+    clock: ManualClock | None = None,
+    step_s: float = 0.1,
+) -> bool:
+    """Poll `check` every 10 ms until it holds or `within_s` of real time passes (a hang
+    guard); its last value. With a `clock`, virtual time moves `step_s` a round, so the
+    loops on it (health probes, backoffs) run meanwhile."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_s
     while loop.time() < deadline:
         if check():
             return True
         await asyncio.sleep(0.01)
+        if clock is not None:
+            clock.advance(step_s)
     return check()
+
+
+async def stop_through_the_drain(app: App, drain_s: float) -> None:
+    """Stop `app`, which runs on a `ManualClock` with requests in flight, moving virtual time
+    through its drain: asserts the requests stay open while the clock is short of `drain_s`
+    past the drain's start, then moves it there, where the drain cuts them, and on until
+    the stop is done (hang guard: about 30 s of real time)."""
+    from homing.clock import ManualClock
+
+    clock, service = app.clock, app.service
+    assert isinstance(clock, ManualClock) and service is not None and service.in_flight
+    in_flight = service.in_flight
+    stopping = asyncio.ensure_future(app.stop())
+    cut_at = clock.now() + drain_s
+    assert await eventually(lambda: cut_at in clock.deadlines(), within_s=10.0)
+    clock.advance(drain_s * 0.999)
+    await clock.settle()
+    assert service.in_flight == in_flight and not stopping.done()  # still draining
+    clock.advance(drain_s * 0.001)
+    # The cut requests get the clock's cut grace to send their error and end; the clock
+    # moves on 0.1 s a round until the stop is done.
+    for _ in range(3000):
+        if stopping.done():
+            break
+        await asyncio.sleep(0.01)
+        clock.advance(0.1)
+    await stopping
 
 
 async def assert_ready_and_healthy(app: App) -> None:
@@ -185,16 +235,16 @@ async def greedy_ids(app: App, worker_id: str, input_ids: Sequence[int], tokens:
 
 @contextlib.asynccontextmanager
 async def app_factory(
-    config: Callable[..., HomingConfig],
+    config: Callable[..., HomingConfig], *, clock: Callable[[], Clock] | None = None
 ) -> AsyncIterator[Callable[..., Awaitable[App]]]:
     """`async with app_factory(config) as make:` then `await make(*args, **kwargs)`: a
-    started `App` of `config(*args, **kwargs)`; every one made is stopped on the way out."""
-    from homing.app import App
+    started `App` of `config(*args, **kwargs)`, on a clock of its own from `clock()` (None:
+    the system's); every one made is stopped on the way out."""
 
     started: list[App] = []
 
     async def make(*args: object, **kwargs: object) -> App:
-        app = App(config(*args, **kwargs))
+        app = own_app(config(*args, **kwargs), clock=clock() if clock is not None else None)
         await app.start()
         started.append(app)
         return app

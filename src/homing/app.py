@@ -20,7 +20,6 @@ import hashlib
 import os
 import secrets
 import socket
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, get_args
 
@@ -31,6 +30,7 @@ from homing.admin.server import AdminServer, prepare_socket
 from homing.aio import gather_or_cancel
 from homing.clock import Clock, SystemClock
 from homing.config import (
+    AdminSettings,
     HomingConfig,
     ModelSettings,
     RouterModelSettings,
@@ -110,13 +110,22 @@ class App:
 
     `listen_sockets`: listening sockets handed over by socket activation, by name; "http"
     is served instead of binding `gateway.host:port` (gRPC binds its own port: grpcio
-    cannot adopt a listening descriptor).
+    cannot adopt a listening descriptor). `clock`: the one clock every component reads and
+    waits on (default `SystemClock`; a `ManualClock` runs the gateway on virtual time, its
+    workers' own processes on theirs). `state_dir`: where the admin socket and the rollout
+    file store live when `admin` names neither (default `default_state_dir()`).
     """
 
     def __init__(
-        self, config: HomingConfig, *, listen_sockets: Mapping[str, socket.socket] | None = None
+        self,
+        config: HomingConfig,
+        *,
+        listen_sockets: Mapping[str, socket.socket] | None = None,
+        clock: Clock | None = None,
+        state_dir: str | None = None,
     ) -> None:
         self.config = config
+        self.state_dir = state_dir
         self.listen_sockets = dict(listen_sockets or {})
         self.keyring: KeyRing | None = None
         self.launchers: list[SimLauncher | SglangLauncher] = []
@@ -133,7 +142,8 @@ class App:
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.admin: AdminServer | None = None
-        self._started_at = time.monotonic()
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._started_at = self.clock.now()
         self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
         self._ids = WorkerIds()
@@ -150,14 +160,13 @@ class App:
         self._rollout_redis: Any = None  # the Redis client of the rollout store
         # Each autoscaled model's demand as the gateway sees it (homing.obs.demand).
         self.demand: dict[str, DemandMeter] = {}
-        self._clock: Clock = SystemClock()
         # The loop's busy share, sampled once a second: the gauge, and auto stream intervals.
-        self.loop_busy = LoopBusySampler(self._clock, [self.gateway_metrics.loop_busy.set])
+        self.loop_busy = LoopBusySampler(self.clock, [self.gateway_metrics.loop_busy.set])
         registry = self.gateway_metrics.registry
         obs = config.obs
         # Every request's end: its log line, metrics, SLO verdict and worker records.
         self.recorder = RequestRecorder(
-            now=self._clock.now,
+            now=self.clock.now,
             metrics=(
                 RequestMetrics(registry, tenant_labels=obs.tenant_labels)
                 if obs.request_metrics
@@ -210,12 +219,12 @@ class App:
             listeners.insert(0, (gw.host, gw.port))
         for host, port in listeners:
             _ensure_bindable(host, port)  # fail fast, before any worker is started
-        admin_socket = cfg.admin.socket_path()
+        admin_socket = self._admin_settings().socket_path()
         if admin_socket is not None:
             prepare_socket(admin_socket)  # another live gateway on it: fail fast too
         if cfg.admin.enabled and cfg.admin.port is not None:
             _ensure_bindable(cfg.admin.host, cfg.admin.port)
-        self._started_at = time.monotonic()
+        self._started_at = self.clock.now()
         self.loop_busy.start()
         try:
             specs = cfg.served_models()
@@ -246,6 +255,13 @@ class App:
             admin=self.admin.addresses if self.admin is not None else None,
         )
 
+    def _admin_settings(self) -> AdminSettings:
+        """`config.admin`, with `state_dir` as its directory when it names none."""
+        admin = self.config.admin
+        if self.state_dir is None or admin.state_dir is not None:
+            return admin
+        return admin.model_copy(update={"state_dir": self.state_dir})
+
     def _http_host(self) -> str:
         """The HTTP listener's host: the handed-over socket's, else the configured one."""
         inherited = self.listen_sockets.get("http")
@@ -267,11 +283,11 @@ class App:
         if scaler.enabled:
             if not workers and cfg.engines.launch == "sglang":
                 health_timeout_s = cfg.sglang.health_timeout_s
-            actuator = build_actuator(cfg, spec, scaler, clock=self._clock)
+            actuator = build_actuator(cfg, spec, scaler, clock=self.clock)
             self._actuators[index] = actuator
             count = 0 if workers else max(1, scaler.min_replicas)
             urls = await start_members(
-                actuator, count, scaler.startup_timeout_s + 30.0, clock=self._clock
+                actuator, count, scaler.startup_timeout_s + 30.0, clock=self.clock
             )
             known = {w.url for w in workers if isinstance(w, WorkerSpec)}
             workers += [WorkerSpec(u, spec.version) for u in urls if u not in known]
@@ -302,7 +318,7 @@ class App:
         starts it, its tokenizer, admission and metrics."""
         cfg = self.config
         router_settings = _model_router_settings(cfg.router, spec)
-        router = router_from_settings(router_settings)
+        router = router_from_settings(router_settings, clock=self.clock)
         holder: list[str] = []  # the model's name, once known, for the metrics
 
         def on_transition(w: WorkerState, before: Phase, action: Action) -> None:
@@ -320,6 +336,7 @@ class App:
             new_id=self._ids,
             on_health_change=self._on_health_change,
             on_transition=on_transition,
+            clock=self.clock,
             config=PoolConfig(
                 health_interval_s=cfg.engines.health_interval_s,
                 health_timeout_s=health_timeout_s,
@@ -353,7 +370,7 @@ class App:
         holder.append(model_id)
         apply_model_settings(router, router_settings, model_id)
         intervals = StreamIntervalPolicy(
-            spec.stream_interval, clock=self._clock, maximum=spec.max_stream_interval
+            spec.stream_interval, clock=self.clock, maximum=spec.max_stream_interval
         )
         if intervals.auto:
             self.loop_busy.add_sink(intervals.observe)
@@ -369,10 +386,11 @@ class App:
                 spec.reasoning_parser, detect_reasoning_parser, tokenizer
             ),
             system_fingerprint=served_fingerprint(spec, tokenizer),
+            created=int(self.clock.wall()),
         )
         dispatch.admission = self._admission(dispatch, router_settings)
         if cfg.scaler_of(spec).enabled:
-            meter = self.demand[model_id] = DemandMeter(now=self._clock.now)
+            meter = self.demand[model_id] = DemandMeter(now=self.clock.now)
             dispatch.demand = meter
             self.recorder.meter_demand(model_id, meter)
         self.router_metrics[model_id] = RouterMetrics(
@@ -398,7 +416,7 @@ class App:
                     for w in pool.workers()
                 ],
                 config=OutlierConfig(**outliers.model_dump(exclude={"enabled"})),
-                clock=self._clock,
+                clock=self.clock,
                 metrics=engine_metrics,
             )
             pool.run_beside(ejector.run(), name=f"outliers-{model_id}")
@@ -414,6 +432,7 @@ class App:
             # The router's own overload thresholds: admission queues exactly when the router
             # would find no replica it is willing to load further.
             thresholds=policy_configs(router, model.model_id)[1].overload,
+            clock=self.clock,
         )
         self.admissions.append(admission)
         return admission
@@ -426,7 +445,9 @@ class App:
         metrics.start_at_zero((t.name for t in cfg.tenants), get_args(QuotaKind))
         keyring = self.keyring = KeyRing(cfg.tenants, metrics)
         if cfg.tenants:
-            self.quotas = QuotaGuard(build_store(cfg.quotas), settings=cfg.quotas, metrics=metrics)
+            self.quotas = QuotaGuard(
+                build_store(cfg.quotas), settings=cfg.quotas, metrics=metrics, clock=self.clock
+            )
             self.quotas.start()
             await self._check_quota_store()
         self.service = InferenceService(
@@ -439,7 +460,7 @@ class App:
             retry=RetryPolicy.from_router(cfg.router),
             migrate_streams=cfg.router.migrate_streams,
             metrics=metrics,
-            clock=self._clock,
+            clock=self.clock,
         )
         self.http = HttpApi(
             self.service,
@@ -490,9 +511,11 @@ class App:
         """Each model's version split and rollout, restored from the store (RuntimeError
         "rollouts: ..." when it cannot be read: a restart must not forget a rollback), and
         the task that takes their verdicts."""
-        store, self._rollout_redis = build_rollout_store(self.config)
+        store, self._rollout_redis = build_rollout_store(
+            self.config, state_dir=self._admin_settings().state_dir
+        )
         controller = build_controller(
-            self.config, fleet, self.recorder, self.gateway_metrics.registry, store
+            self.config, fleet, self.recorder, self.gateway_metrics.registry, store, self.clock
         )
         try:
             await controller.restore()
@@ -538,7 +561,7 @@ class App:
                         SCALER_BURN_WINDOW_S
                     ),
                     ttft_slo_s=slo.rule_ttft_s,
-                    clock=self._clock,
+                    clock=self.clock,
                     advisory=settings.mode == "advisory",
                     drain_timeout_s=cfg.gateway.request_timeout_s + CUT_GRACE_S,
                     version=spec.version,
@@ -561,7 +584,7 @@ class App:
             return
         scaler = self.scaler = Scaler(
             pools,
-            clock=self._clock,
+            clock=self.clock,
             tick_s=min(p.config.tick_s for p in pools),
             gpu_budget=cfg.scaler.gpu_budget,
         )
@@ -593,7 +616,7 @@ class App:
                 self._leader_redis,
                 name=model_id,
                 identity=identity,
-                clock=self._clock,
+                clock=self.clock,
                 lease_s=settings.leader_lease_s,
                 key_prefix=self.config.quotas.key_prefix,
             )
@@ -604,7 +627,7 @@ class App:
                 namespace=namespace,
                 name=lease_name(model_id),
                 identity=identity,
-                clock=self._clock,
+                clock=self.clock,
                 lease_s=settings.leader_lease_s,
                 kubeconfig=k.kubeconfig if k else None,
             )
@@ -633,11 +656,12 @@ class App:
         service = self.service
         self.admin = AdminServer(
             fleet,
-            self.config.admin,
+            self._admin_settings(),
             tenants=self.config.tenants,
             quotas=self.quotas,
             in_flight=lambda: service.in_flight if service is not None else 0,
             started_at=self._started_at,
+            clock=self.clock,
             scaler=lambda: self.scaler,  # it starts after the admin API
             rollouts=self.rollouts,
         )
@@ -763,7 +787,7 @@ class App:
 
         unsubscribe = [m.pool.subscribe(changed.set) for m in models]
         try:
-            async with self._clock.timeout(timeout_s):
+            async with self.clock.timeout(timeout_s):
                 while short():
                     changed.clear()
                     await changed.wait()

@@ -32,6 +32,11 @@ class Clock(Protocol):
         """Current time in seconds (monotonic, arbitrary origin)."""
         ...
 
+    def wall(self) -> float:
+        """Unix time in seconds, for timestamps shown to people and clients (never for
+        measuring a span: use `now`)."""
+        ...
+
     async def sleep(self, seconds: float) -> None:
         """Return after `seconds` of this clock's time."""
         ...
@@ -52,6 +57,10 @@ class SystemClock:
     def now(self) -> float:
         """Seconds from `time.monotonic()`."""
         return time.monotonic()
+
+    def wall(self) -> float:
+        """Seconds from `time.time()`."""
+        return time.time()
 
     async def sleep(self, seconds: float) -> None:
         """`asyncio.sleep(seconds)`."""
@@ -74,6 +83,10 @@ class _ManualTimer:
         self.callback = None
 
 
+#: A `ManualClock`'s Unix time at virtual time 0 (2026-01-01T00:00:00Z): fixed, so runs repeat.
+EPOCH = 1_767_225_600.0
+
+
 class ManualClock:
     """A clock that moves only when told to; for tests and virtual-time runs.
 
@@ -83,14 +96,19 @@ class ManualClock:
     loop next runs them (`await clock.settle()` lets them).
     """
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = 0.0, *, epoch: float = EPOCH) -> None:
         self._now = start
+        self._epoch = epoch
         self._timers: list[tuple[float, int, _ManualTimer]] = []
         self._seq = itertools.count()
 
     def now(self) -> float:
         """The current virtual time in seconds."""
         return self._now
+
+    def wall(self) -> float:
+        """`epoch` (the Unix time at virtual time 0) plus the virtual time."""
+        return self._epoch + self._now
 
     def advance(self, seconds: float) -> None:
         """Move time forward by `seconds` (>= 0), firing what falls due on the way; raises
@@ -113,10 +131,12 @@ class ManualClock:
 
     def next_deadline(self) -> float | None:
         """The earliest pending deadline (None when nothing waits)."""
-        for when, _, timer in sorted(self._timers):
-            if timer.callback is not None:
-                return when
-        return None
+        pending = self.deadlines()
+        return pending[0] if pending else None
+
+    def deadlines(self) -> list[float]:
+        """Every pending deadline, earliest first (a test's gate: "the wait has begun")."""
+        return sorted(when for when, _, timer in self._timers if timer.callback is not None)
 
     def call_later(self, seconds: float, callback: Callable[[], object]) -> TimerHandle:
         """Run `callback()` when the clock reaches now + `seconds`."""

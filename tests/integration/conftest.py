@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
+from helpers import own_app
 from k8s_api import api, kube_api
 
 from homing.app import App
@@ -32,7 +33,7 @@ async def gateway() -> AsyncIterator[App]:
         gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=2.0),
         sim=SimSettings(workers=2, speedup=10.0),
     )
-    async with App(config) as app:
+    async with own_app(config) as app:
         yield app
 
 

@@ -19,7 +19,7 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
-from helpers import eventually
+from helpers import eventually, own_app
 
 from homing.admin.client import AdminClient, AdminError
 from homing.admin.server import UNAUTHENTICATED_MESSAGE, AdminServer
@@ -94,7 +94,7 @@ def config(state_dir: str) -> HomingConfig:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def app(state_dir: str) -> AsyncIterator[App]:
-    async with App(config(state_dir)) as running:
+    async with own_app(config(state_dir)) as running:
         yield running
 
 
@@ -224,7 +224,7 @@ async def test_second_server_on_a_live_socket_is_refused(app: App) -> None:
         "its own (admin.socket, admin.state_dir or HOMING_STATE_DIR)"
     )
     assert caught.value.strerror == message
-    other = App(
+    other = own_app(
         HomingConfig(gateway=GatewaySettings(port=0, grpc_port=0), admin=AdminSettings(socket=path))
     )
     with pytest.raises(OSError, match="another homing serve answers"):

@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
-from helpers import app_factory
+from helpers import app_factory, own_app
 
 from homing.admin.client import AdminClient, AdminError
 from homing.admin.commands import ADVISE_UNCHANGED
@@ -97,7 +97,7 @@ def _config(state: str, scaler: bool = True, **settings: Any) -> HomingConfig:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def advisory(state_dir: str) -> AsyncIterator[App]:
     """An App whose scaler decides and never acts (its counts stay as they are)."""
-    async with App(_config(state_dir, mode="advisory")) as app:
+    async with own_app(_config(state_dir, mode="advisory")) as app:
         yield app
 
 

@@ -14,7 +14,7 @@ import grpc
 import openai
 import pytest
 import pytest_asyncio
-from helpers import eventually
+from helpers import eventually, own_app
 from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
@@ -64,7 +64,7 @@ async def app() -> AsyncIterator[App]:
         sim=SimSettings(workers=1, speedup=10.0),
         tenants=TENANTS,
     )
-    async with App(config) as running:
+    async with own_app(config) as running:
         assert running.service is not None and running.model.model_id == MODEL
         yield running
 

@@ -16,11 +16,10 @@ import grpc
 import pytest
 import pytest_asyncio
 from engine_fleet import Fleet as ProcessFleet
-from helpers import eventually, post_fault
+from helpers import eventually, own_app, post_fault
 from stream_load import StreamLoad
 from structlog.testing import capture_logs
 
-from homing.app import App
 from homing.clock import ManualClock
 from homing.config import (
     BreakerSettings,
@@ -201,7 +200,7 @@ async def test_the_breaker_opens_on_a_worker_that_refuses_connections_and_closes
     """Killed with 4 streams in flight on it, w1's requests fail at once: its breaker opens.
     Restarted on its port, w1 is probed healthy, its half-open trial succeeds, and the
     breaker closes; w1 serves again."""
-    async with App(served(workers.urls)) as app:
+    async with own_app(served(workers.urls)) as app:
         assert app.pool is not None
         w0, w1 = app.pool.workers()
         with capture_logs() as logs:
@@ -242,7 +241,7 @@ async def test_a_worker_refusing_every_generate_but_passing_probes_stays_out() -
         engines=EngineSettings(health_interval_s=0.2, breaker=BreakerSettings(consecutive=3)),
         sim=SimSettings(workers=2, speedup=10.0),
     )
-    async with App(config) as app:
+    async with own_app(config) as app:
         assert app.pool is not None
         w0, w1 = app.pool.workers()
         async with StreamLoad(app.http_port or 0, model=MODEL, concurrency=4) as load:

@@ -14,17 +14,18 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_without_reading
+from helpers import eventually, own_app, post_without_reading, stop_through_the_drain
 from structlog.testing import capture_logs
 
 from homing.app import App
+from homing.clock import ManualClock
 from homing.config import GatewaySettings, HomingConfig, SimSettings
 from homing.gateway.errors import drained
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
 
 MODEL = "llama-3.1-8b"
-DRAIN_S = 0.5
+DRAIN_S = 30.0  # virtual seconds: the gateway runs on a `ManualClock`
 LONG = {"max_tokens": 100_000, "ignore_eos": True}  # far longer than any test runs
 
 
@@ -37,8 +38,9 @@ def _config(workers: int = 1) -> HomingConfig:
 
 @pytest_asyncio.fixture
 async def app() -> AsyncIterator[App]:
-    """A fresh gateway over one simulated worker at real speed, drain timeout 0.5 s."""
-    running = App(_config())
+    """A fresh gateway on a `ManualClock` over one simulated worker at real speed, drain
+    timeout `DRAIN_S` of virtual time."""
+    running = own_app(_config(), clock=ManualClock())
     await running.start()
     try:
         yield running
@@ -90,7 +92,7 @@ async def test_drain_timeout_ends_open_requests_with_a_drained_error(app: App) -
             call = _long_grpc_stream(channel)
             await call.read()  # the first chunk: the call is under way
             assert await eventually(lambda: app.service.in_flight == 3, within_s=5.0)
-            await app.stop()
+            await stop_through_the_drain(app, DRAIN_S)
             text = (await stream.read()).decode()
             answer = await plain
             status, body = answer.status, await answer.json()
@@ -206,7 +208,7 @@ async def test_cut_stream_whose_client_stopped_reading_is_logged_drained(app: Ap
 
         with capture_logs() as logs:
             assert await eventually(piling_up, within_s=30.0)
-            await app.stop()
+            await stop_through_the_drain(app, DRAIN_S)
     finally:
         writer.close()
     assert [e["outcome"] for e in _done_lines(logs)] == ["drained"]
@@ -259,7 +261,7 @@ async def test_request_queued_for_admission_when_the_drain_begins_is_refused() -
 
     config = _config()
     config.admission = AdmissionSettings(max_in_flight_per_replica=1, queue_timeout_s=30.0)
-    running = App(config)
+    running = own_app(config)
     await running.start()
     try:
         assert running.admission is not None

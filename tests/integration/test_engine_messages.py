@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from helpers import own_app
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -38,7 +39,7 @@ async def gateway() -> AsyncIterator[App]:
             ModelSettings(name="by-four", sim=sim, stream_interval=4),
         ],
     )
-    async with App(config) as app:
+    async with own_app(config) as app:
         yield app
 
 

@@ -17,7 +17,7 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
-from helpers import eventually
+from helpers import eventually, own_app
 
 from homing.app import App
 from homing.config import (
@@ -53,7 +53,7 @@ def config() -> HomingConfig:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def app() -> AsyncIterator[App]:
-    async with App(config()) as running:
+    async with own_app(config()) as running:
         yield running
 
 

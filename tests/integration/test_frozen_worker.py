@@ -18,10 +18,9 @@ import aiohttp
 import grpc
 import pytest
 from engine_fleet import Fleet
-from helpers import eventually, post_fault
+from helpers import eventually, own_app, post_fault
 from structlog.testing import capture_logs
 
-from homing.app import App
 from homing.config import (
     EngineSettings,
     GatewaySettings,
@@ -205,7 +204,7 @@ async def test_a_stream_on_a_frozen_worker_migrates_and_completes_within_seconds
         ),
         router=RouterSettings(policy="consistent_hash", migrate_streams=True),
     )
-    async with App(config) as app:
+    async with own_app(config) as app:
         assert app.pool is not None and app.model is not None
         body = {
             "model": MODEL,

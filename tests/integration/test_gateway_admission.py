@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually
+from helpers import eventually, own_app
 
 from homing.app import App
 from homing.config import (
@@ -66,7 +66,7 @@ async def app() -> AsyncIterator[App]:
             retry_after_s=2,
         ),
     )
-    async with App(config) as running:
+    async with own_app(config) as running:
         yield running
 
 

@@ -12,9 +12,10 @@ import grpc
 import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import eventually
+from helpers import eventually, own_app
 
 from homing.app import App
+from homing.clock import ManualClock
 from homing.config import EngineSettings, GatewaySettings, HomingConfig, SimSettings
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
@@ -30,8 +31,9 @@ def _config(port: int = 0) -> HomingConfig:
 
 @pytest_asyncio.fixture
 async def app() -> AsyncIterator[App]:
-    """A fresh App over one simulated worker, with fast health probes."""
-    app = App(_config())
+    """A fresh App on a `ManualClock` over one simulated worker, with health probes every
+    0.1 s of its time."""
+    app = own_app(_config(), clock=ManualClock())
     await app.start()
     try:
         yield app
@@ -73,7 +75,10 @@ async def test_grpc_health_follows_worker_health(app: App) -> None:
     assert app.sims is not None
     with capture_logs() as logs:
         app.sims.children[0].process.kill()
-        assert await eventually(lambda: not app.pool.healthy_workers(), within_s=5.0)
+        assert isinstance(app.clock, ManualClock)  # its health probes run as it moves
+        assert await eventually(
+            lambda: not app.pool.healthy_workers(), within_s=5.0, clock=app.clock
+        )
         assert await eventually(
             lambda: any(e["event"] == "sim_worker_exited" for e in logs), within_s=5.0
         )
@@ -100,7 +105,7 @@ async def test_busy_port_fails_before_starting_workers() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        app = App(_config(port=port))
+        app = own_app(_config(port=port))
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
             await app.start()
         assert app.sims is None

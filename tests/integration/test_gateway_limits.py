@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
-from helpers import send_raw
+from helpers import own_app, send_raw
 
 from homing.app import App
 from homing.config import GatewaySettings, HomingConfig, SimSettings
@@ -41,7 +41,7 @@ async def app() -> AsyncIterator[App]:
         ),
         sim=SimSettings(workers=1, speedup=10.0),
     )
-    async with App(config) as running:
+    async with own_app(config) as running:
         yield running
 
 

@@ -17,6 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from helpers import own_app
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from homing.app import App
@@ -76,7 +77,7 @@ async def tls_app(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tup
         ),
         sim=SimSettings(workers=1, speedup=10.0),
     )
-    async with App(config) as app:
+    async with own_app(config) as app:
         yield app, cert_file
 
 

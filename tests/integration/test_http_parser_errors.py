@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from helpers import assert_ready_and_healthy, send_raw
+from helpers import assert_ready_and_healthy, own_app, send_raw
 
 from homing.app import App
 from homing.config import GatewaySettings, HomingConfig, SimSettings
@@ -48,7 +48,7 @@ async def app() -> AsyncIterator[App]:
         ),
         sim=SimSettings(workers=1, speedup=10.0),
     )
-    async with App(config) as running:
+    async with own_app(config) as running:
         yield running
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
-from helpers import assert_ready_and_healthy
+from helpers import assert_ready_and_healthy, own_app
 
 from homing.app import App
 from homing.config import GatewaySettings, HomingConfig, SimSettings, TenantSettings
@@ -44,7 +44,7 @@ async def app() -> AsyncIterator[App]:
         sim=SimSettings(workers=1, speedup=10.0),
         tenants=[tenant],
     )
-    async with App(config) as running:
+    async with own_app(config) as running:
         yield running
 
 

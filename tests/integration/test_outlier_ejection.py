@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from helpers import eventually, post_fault
+from helpers import eventually, own_app, post_fault
 from stream_load import StreamLoad
 from structlog.testing import capture_logs
 
@@ -53,7 +53,7 @@ def sample(app: App, name: str, **labels: str) -> float:
 async def test_a_worker_slowed_10x_is_ejected_and_returns_once_fast_again() -> None:
     """Slowed 10x under 6 streams: ejected within 30 s; back within 60 s of `slowdown 1`.
     No client request fails throughout."""
-    async with App(config()) as app:
+    async with own_app(config()) as app:
         assert app.pool is not None and app.model is not None
         pool = app.pool
         w0, w1 = pool.workers()
@@ -91,7 +91,7 @@ async def test_a_slowed_worker_that_is_the_last_ready_one_is_never_ejected() -> 
     """Both serve, then w1 is cordoned and w0 slowed 10x: w0 is an outlier against w1's
     recent requests, but the pool's only ready worker, so it is kept (and says so), and
     every request is served."""
-    async with App(config(window_s=20.0)) as app:
+    async with own_app(config(window_s=20.0)) as app:
         assert app.pool is not None and app.fleet is not None
         pool = app.pool
         w0, w1 = pool.workers()

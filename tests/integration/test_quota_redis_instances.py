@@ -16,6 +16,7 @@ import aiohttp
 import openai
 import pytest
 import pytest_asyncio
+from helpers import own_app
 from openai import AsyncOpenAI
 from redis_server import RedisServer
 
@@ -77,7 +78,7 @@ async def workers() -> AsyncIterator[list[str]]:
 async def pair(workers: list[str], redis_server: RedisServer) -> AsyncIterator[tuple[App, App]]:
     """Two instances with one config (same key prefix) over the session's redis-server."""
     config = _config(workers, redis_server.url, f"pair-{uuid.uuid4().hex}")
-    async with App(config) as first, App(config.model_copy(deep=True)) as second:
+    async with own_app(config) as first, own_app(config.model_copy(deep=True)) as second:
         yield first, second
 
 
@@ -227,7 +228,7 @@ async def test_redis_down_fails_closed_then_recovers(workers: list[str]) -> None
     redis = RedisServer()
     redis.start()
     try:
-        async with App(_config(workers, redis.url, f"outage-{uuid.uuid4().hex}")) as app:
+        async with own_app(_config(workers, redis.url, f"outage-{uuid.uuid4().hex}")) as app:
             assert (await _status(app, "outage"))[0] == 200
             redis.stop()
             status, body, headers = await _status(app, "outage")
@@ -266,7 +267,7 @@ async def test_redis_down_fails_open_when_configured(workers: list[str]) -> None
     in the error metric with action fail_open, as `GET /metrics` shows."""
     redis = RedisServer()  # never started: nothing listens on its port
     config = _config(workers, redis.url, "open", on_store_error="fail_open")
-    async with App(config) as app:
+    async with own_app(config) as app:
         for _ in range(3):
             assert (await _status(app, "rpm10"))[0] == 200
         async with aiohttp.ClientSession() as session:

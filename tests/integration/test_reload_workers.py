@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, free_port
+from helpers import eventually, free_port, own_app
 from structlog.testing import capture_logs
 
 from homing.app import App, ReloadRefused
@@ -110,7 +110,7 @@ async def test_a_worker_its_pool_refuses_is_named_and_an_unreachable_one_joins_l
     reachable yet (kept `joining`, as at startup), which joins once a worker answers on its
     URL."""
     a, large = sims["a"].url, sims["large"].url
-    async with App(_config(a)) as app:
+    async with own_app(_config(a)) as app:
         port = free_port()
         dead = f"grpc://127.0.0.1:{port}"
         daemon = Daemon(_config(a), load=lambda: _config(a, large, dead), environ={})
@@ -160,7 +160,7 @@ async def test_a_url_listed_again_while_it_drains_serves_again_as_the_same_worke
     """Removed with a stream open, the worker drains; listed again, its drain is called off:
     same id, `ready`, it stays when the stream ends and takes new requests."""
     a, b = sims["a"].url, sims["b"].url
-    async with App(_config(a, b)) as app, aiohttp.ClientSession() as http:
+    async with own_app(_config(a, b)) as app, aiohttp.ClientSession() as http:
         resp, worker = await _open_stream(http, app)
         url = next(u for u, (i, _) in _by_url(app).items() if i == worker)
         other = a if url == b else b
@@ -197,7 +197,7 @@ async def test_a_relisted_draining_worker_keeps_a_cordon_and_an_ejected_one_is_r
     not `ready`: the operator's cordon holds. One drained while outlier detection held it
     out is refused (it returns only through a readmission probe), nothing applied."""
     a, b = sims["a"].url, sims["b"].url
-    async with App(_config(a, b)) as app, aiohttp.ClientSession() as http:
+    async with own_app(_config(a, b)) as app, aiohttp.ClientSession() as http:
         resp, worker = await _open_stream(http, app)
         url = next(u for u, (i, _) in _by_url(app).items() if i == worker)
         other = a if url == b else b
@@ -230,7 +230,7 @@ async def test_a_reload_leaving_a_model_short_of_min_ready_workers_is_refused_wh
     a, b, c = sims["a"].url, sims["b"].url, sims["c"].url
     dead = _dead_url()
     old = _config(a, b, dead, min_ready=2)
-    async with App(old) as app:
+    async with own_app(old) as app:
         before = _by_url(app)
         with pytest.raises(ReloadRefused) as refused:
             await app.reload(_config(a, dead, min_ready=2, policy="least_load"))
@@ -262,7 +262,7 @@ async def test_a_url_of_another_model_or_version_is_refused_and_one_added_by_han
     this one; listed with its own version, it is kept as it is (no second worker)."""
     a, large = sims["a"].url, sims["large"].url
     theirs, mine = _dead_url(), sims["b"].url
-    async with App(_config(a, large=[large])) as app:
+    async with own_app(_config(a, large=[large])) as app:
         fleet = _fleet(app)
         other = await fleet.add_worker(LARGE, theirs)
         by_hand = await fleet.add_worker(SMALL, mine, "v1")
@@ -287,7 +287,7 @@ async def test_authentication_stays_as_it_started_across_reloads(sims: dict[str,
     tenants = [
         TenantSettings.model_validate({"name": "acme", "keys": [{"id": "k", "sha256": sha}]})
     ]
-    async with App(_config(sims["a"].url, tenants=tenants)) as app:
+    async with own_app(_config(sims["a"].url, tenants=tenants)) as app:
         with pytest.raises(ReloadRefused) as refused:
             await app.reload(_config(sims["a"].url))
         assert str(refused.value) == (
@@ -307,7 +307,7 @@ async def test_wait_min_ready_wakes_when_a_worker_joins_and_names_the_short_mode
     port = int(second.url.rsplit(":", 1)[1])
     restarted: list[Sim] = []
     try:
-        async with App(_config(first.url, second.url)) as app:
+        async with own_app(_config(first.url, second.url)) as app:
             await app.wait_min_ready(2, 30)
             await terminate([second.process], 2.0)
             assert app.model is not None

@@ -10,10 +10,9 @@ import time
 
 import aiohttp
 import pytest
-from helpers import eventually, post_fault
+from helpers import eventually, own_app, post_fault
 from structlog.testing import capture_logs
 
-from homing.app import App
 from homing.config import (
     BreakerSettings,
     EngineSettings,
@@ -51,7 +50,7 @@ async def test_a_retry_is_an_error_of_the_failed_worker_and_times_only_the_serve
     (aborting it) and the request is retried on the other. The client's TTFT counts the wait;
     the stalled worker's stats hold one error besides the probe request, and the serving
     worker's one request is timed from its own attempt: its TTFT is below `HELD_S`."""
-    async with App(_config()) as app:
+    async with own_app(_config()) as app:
         assert app.pool is not None
         url = f"http://127.0.0.1:{app.http_port}/v1/completions"
         headers = {"x-session-id": SESSION}

@@ -19,7 +19,7 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
-from helpers import post_fault
+from helpers import own_app, post_fault
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -50,7 +50,7 @@ async def app() -> AsyncIterator[App]:
         sim=SimSettings(workers=2, speedup=10.0),
         models=[ModelSettings(version=VERSION, slo=SloSettings(objective=0.9))],
     )
-    async with App(config) as running:
+    async with own_app(config) as running:
         yield running
 
 

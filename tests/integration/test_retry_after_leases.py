@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from helpers import own_app
 from redis.asyncio import Redis
 from redis_server import RedisServer
 
@@ -46,7 +47,7 @@ async def app(redis_server: RedisServer) -> AsyncIterator[App]:
             stream_lease_s=LEASE_S,
         ),
     )
-    async with App(config) as running:
+    async with own_app(config, clock=ManualClock()) as running:
         yield running
 
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import aiohttp
 import pytest
-from helpers import post_fault
+from helpers import own_app, post_fault
 
-from homing.app import App
+from homing.clock import ManualClock
 from homing.config import HomingConfig, RouterSettings
 
 pytestmark = pytest.mark.asyncio
@@ -26,7 +26,7 @@ async def test_thirty_simultaneous_refusals_make_only_the_one_retry_the_budget_a
         retry_min_per_s=0.1,
         retry_window_s=10.0,  # a floor of 0.1/s over 10 s: exactly one retry
     )
-    async with App(retry_config(router)) as app:
+    async with own_app(retry_config(router), clock=ManualClock()) as app:
         assert app.pool is not None
         for w in app.pool.workers():
             await post_fault(w.url, {"reject": "UNAVAILABLE"})

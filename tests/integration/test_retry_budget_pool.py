@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import post_fault
+from helpers import own_app, post_fault
 from structlog.testing import capture_logs
 
 from homing.app import App
+from homing.clock import ManualClock
 from homing.config import HomingConfig, RouterSettings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -27,7 +28,9 @@ async def app(
     retry_config: Callable[[RouterSettings], HomingConfig],
 ) -> AsyncIterator[App]:
     """Two workers, default retry budget; sessions pinned by consistent hashing."""
-    async with App(retry_config(RouterSettings(policy="consistent_hash"))) as running:
+    async with own_app(
+        retry_config(RouterSettings(policy="consistent_hash")), clock=ManualClock()
+    ) as running:
         yield running
 
 
@@ -124,7 +127,7 @@ async def tight_app(
         retry_min_per_s=0.1,
         retry_window_s=10.0,
     )
-    async with App(retry_config(router)) as running:
+    async with own_app(retry_config(router), clock=ManualClock()) as running:
         yield running
 
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from helpers import post_fault
+from helpers import own_app, post_fault
 
 from homing.app import App
+from homing.clock import ManualClock
 from homing.config import (
     BreakerSettings,
     EngineSettings,
@@ -72,7 +73,7 @@ async def test_requests_a_full_worker_refuses_succeed_on_the_worker_with_room(
     `REQUESTS` concurrent requests succeed on the other (round robin sends about half to the
     full one): each refusal is one `retried`, and no refusal counts as the full worker's error
     (a full worker is not a failing one, so outlier ejection never acts on it)."""
-    async with App(_config()) as app:
+    async with own_app(_config(), clock=ManualClock()) as app:
         assert app.pool is not None
         full, roomy = app.pool.workers()
         await post_fault(full.url, {"reject": "RESOURCE_EXHAUSTED"})
@@ -98,7 +99,7 @@ async def test_when_every_worker_is_full_the_client_gets_the_worker_429_unchange
     """With both workers answering RESOURCE_EXHAUSTED, the request is tried on each (one
     `retried`, then `no_other_worker`) and the client gets 429 `rate_limit_error` with
     `Retry-After: 1` and the body a single refusal gives."""
-    async with App(_config()) as app:
+    async with own_app(_config(), clock=ManualClock()) as app:
         assert app.pool is not None
         for w in app.pool.workers():
             await post_fault(w.url, {"reject": "RESOURCE_EXHAUSTED"})

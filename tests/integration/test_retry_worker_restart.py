@@ -12,10 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_fault, worker_of_session
+from helpers import eventually, own_app, post_fault, worker_of_session
 from structlog.testing import capture_logs
 
 from homing.app import App
+from homing.clock import ManualClock
 from homing.config import EngineSettings, GatewaySettings, HomingConfig, RouterSettings, SimSettings
 from homing.engines.pool import WorkerState
 from homing.sim.metrics import scrape_total
@@ -34,7 +35,7 @@ async def app() -> AsyncIterator[App]:
         router=RouterSettings(policy="consistent_hash"),
         sim=SimSettings(workers=2, speedup=10.0),
     )
-    async with App(config) as running:
+    async with own_app(config, clock=ManualClock()) as running:
         yield running
 
 
@@ -72,12 +73,12 @@ async def _generates(worker: WorkerState, beyond: float) -> bool:
 
 async def _settled(app: App) -> bool:
     """Both workers healthy, answering the pool's client and feeding it KV events again
-    (a restarted worker's channel and event stream take a moment to come back)."""
-    assert app.pool is not None
-    pool = app.pool
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10.0
-    while loop.time() < deadline:
+    (a restarted worker's channel and event stream take a moment to come back: the app's
+    virtual clock moves 0.1 s a round, for its health probes and reconnection backoff)."""
+    assert app.pool is not None and isinstance(app.clock, ManualClock)
+    pool, clock = app.pool, app.clock
+    for _ in range(200):  # at most ~10 s of real time
+        clock.advance(0.1)
         workers = pool.workers()
         if (
             len(workers) == 2

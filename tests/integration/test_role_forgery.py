@@ -18,6 +18,7 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
+from helpers import own_app
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -316,7 +317,7 @@ async def unigram(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[App
         engines=EngineSettings(tokenizer_path=str(directory)),
         sim=SimSettings(workers=1, speedup=10.0),
     )
-    async with App(settings) as app:
+    async with own_app(settings) as app:
         yield app
 
 

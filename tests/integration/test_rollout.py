@@ -28,7 +28,7 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_fault
+from helpers import eventually, own_app, post_fault
 from prometheus_client.parser import text_string_to_metric_families
 from redis_server import RedisServer
 
@@ -117,7 +117,7 @@ def config(
 
 @asynccontextmanager
 async def gateway(cfg: HomingConfig) -> AsyncIterator[tuple[App, AdminClient]]:
-    async with App(cfg) as app:
+    async with own_app(cfg) as app:
         assert app.admin is not None and app.admin.socket_path is not None
         async with AdminClient("unix:" + app.admin.socket_path) as admin:
             yield app, admin
@@ -573,7 +573,7 @@ async def test_a_stored_rollout_that_cannot_be_read_stops_the_start(
     doc = {"format": 1, "rollouts": {MODEL: entry}}
     await asyncio.to_thread(path.write_text, json.dumps(doc))
     with pytest.raises(RuntimeError) as err:
-        async with App(config(sims, state_dir)):
+        async with own_app(config(sims, state_dir)):
             pass
     assert str(err.value) == (
         f"rollouts: {path}: the stored state of '{MODEL}' cannot be read (not a stored "

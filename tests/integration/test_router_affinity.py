@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually
+from helpers import eventually, own_app
 
 from homing.app import App
 from homing.config import EngineSettings, GatewaySettings, HomingConfig, SimSettings
@@ -37,7 +37,7 @@ async def app4() -> AsyncIterator[App]:
     prompts; a restarted worker comes back; the kill test runs last). One App per module
     also keeps process forks away from a live App's gRPC threads, which can abort a child
     sim at fork (see the report of issue 4)."""
-    async with App(config(4)) as app:
+    async with own_app(config(4)) as app:
         yield app
 
 

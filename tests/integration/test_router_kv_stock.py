@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_fault
+from helpers import eventually, own_app, post_fault
 
 from homing.app import App
 from homing.config import (
@@ -37,7 +37,7 @@ async def app() -> AsyncIterator[App]:
         sim=SimSettings(workers=2, speedup=10.0),
         admission=AdmissionSettings(queue_timeout_s=1.0),
     )
-    async with App(config) as running:
+    async with own_app(config) as running:
         yield running
 
 

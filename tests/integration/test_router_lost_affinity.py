@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_fault
+from helpers import eventually, own_app, post_fault
 from prometheus_client.parser import text_string_to_metric_families
 
 from homing.app import App
@@ -40,7 +40,7 @@ async def app() -> AsyncIterator[App]:
         engines=EngineSettings(health_interval_s=0.1, unhealthy_threshold=2),
         sim=SimSettings(workers=2, speedup=20.0),
     )
-    async with App(config) as running:
+    async with own_app(config) as running:
         yield running
 
 

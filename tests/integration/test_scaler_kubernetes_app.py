@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 import pytest_asyncio
-from helpers import eventually, post_fault
+from helpers import eventually, own_app, post_fault
 from k8s_api import (
     NAME,
     SELECTOR,
@@ -101,7 +101,7 @@ async def cluster_app(
     async def make(pods: int, **scaler: Any) -> tuple[FakeCluster, App]:
         cluster = await deployment(api, pods, SIM_ARGS)
         made.append((cluster, None))
-        app = App(_config(kube_api, api[1], **scaler))
+        app = own_app(_config(kube_api, api[1], **scaler))
         made[-1] = (cluster, app)
         await app.start()
         return cluster, app

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from helpers import eventually
+from helpers import eventually, own_app
 from structlog.testing import capture_logs
 
 from homing.app import App
@@ -250,7 +250,7 @@ async def rig() -> AsyncIterator[Callable[..., Any]]:
 
     async def make(models: list[str] | None = None, **scaler: Any) -> Rig:
         cfg = _config(models, **scaler)
-        app = App(cfg)
+        app = own_app(cfg)
         await app.start()
         assert app.scaler is not None
         sims = {(m.name or MODEL): m.sim for m in cfg.served_models()}

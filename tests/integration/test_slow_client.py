@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from helpers import eventually, post_without_reading
+from helpers import eventually, own_app, post_without_reading
 
 from homing.app import App
 from homing.config import GatewaySettings, HomingConfig, SimSettings
@@ -25,7 +25,7 @@ async def app() -> AsyncIterator[App]:
         gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=1.0),
         sim=SimSettings(workers=1, speedup=10.0),
     )
-    async with App(config) as running:
+    async with own_app(config) as running:
         yield running
 
 

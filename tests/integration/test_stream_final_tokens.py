@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from helpers import own_app
 from openai import AsyncOpenAI
 
 from homing.app import App
@@ -32,7 +33,10 @@ def _config(final_tokens: str) -> HomingConfig:
 async def apps() -> AsyncIterator[dict[str, App]]:
     """One gateway over a worker that repeats the final tokens, one over a worker that sends
     them only in the complete."""
-    async with App(_config("chunk_and_complete")) as new, App(_config("complete_only")) as old:
+    async with (
+        own_app(_config("chunk_and_complete")) as new,
+        own_app(_config("complete_only")) as old,
+    ):
         yield {"chunk_and_complete": new, "complete_only": old}
 
 

@@ -16,6 +16,7 @@ from helpers import app_factory, eventually, greedy_ids, post_fault, worker_of_s
 from structlog.testing import capture_logs
 
 from homing.app import App
+from homing.clock import ManualClock
 from homing.config import EngineSettings, GatewaySettings, HomingConfig, RouterSettings, SimSettings
 from homing.engines.pool import WorkerState
 
@@ -39,7 +40,7 @@ def _config(*, migrate: bool, final_tokens: str = "chunk_and_complete") -> Homin
 async def make_app() -> AsyncIterator[Any]:
     """`await make_app(...)`: a started App over two fresh workers (one is crashed by each
     test), stopped at the end."""
-    async with app_factory(_config) as make:
+    async with app_factory(_config, clock=ManualClock) as make:
         yield make
 
 

@@ -17,6 +17,7 @@ from helpers import app_factory, eventually, greedy_ids, post_fault, worker_of_s
 from structlog.testing import capture_logs
 
 from homing.app import App
+from homing.clock import ManualClock
 from homing.config import (
     BreakerSettings,
     EngineSettings,
@@ -53,7 +54,7 @@ def _config(workers: int, *extra_args: str) -> HomingConfig:
 @pytest_asyncio.fixture
 async def make_app() -> AsyncIterator[Any]:
     """`await make_app(workers, *sim_args)`: a started App, stopped at the end."""
-    async with app_factory(_config) as make:
+    async with app_factory(_config, clock=ManualClock) as make:
         yield make
 
 

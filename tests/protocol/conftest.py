@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 from engine_fleet import ENGINES, Fleet
+from helpers import own_app
 from sglang_env import require_sglang
 
 from homing.app import App
@@ -62,5 +63,5 @@ def gateway_config(fleet: Fleet, policy: str = "cache_aware") -> HomingConfig:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gateway(fleet: Fleet) -> AsyncIterator[App]:
     """A running `App` on free ports over `fleet` (cache-aware routing)."""
-    async with App(gateway_config(fleet)) as app:
+    async with own_app(gateway_config(fleet)) as app:
         yield app

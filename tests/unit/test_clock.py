@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from homing.clock import ManualClock, SystemClock
+from homing.clock import EPOCH, ManualClock, SystemClock
 
 
 async def test_sleep_returns_only_once_advanced_past_its_deadline() -> None:
@@ -80,3 +80,25 @@ async def test_system_clock_waits_in_real_time() -> None:
     with pytest.raises(TimeoutError):
         async with clock.timeout(0.01):
             await asyncio.Event().wait()
+
+
+def test_manual_wall_time_is_its_epoch_plus_virtual_time() -> None:
+    """A `ManualClock`'s Unix time starts at its epoch and moves with `advance`."""
+    clock = ManualClock(epoch=1_000.0)
+    assert clock.wall() == 1_000.0
+    clock.advance(2.5)
+    assert clock.wall() == 1_002.5
+    assert ManualClock().wall() == EPOCH
+
+
+def test_deadlines_list_the_pending_timers_earliest_first() -> None:
+    """`deadlines` shows every pending wait, and forgets the fired and cancelled ones."""
+    clock = ManualClock()
+    clock.call_later(3.0, lambda: None)
+    cancelled = clock.call_later(2.0, lambda: None)
+    clock.call_later(1.0, lambda: None)
+    assert clock.deadlines() == [1.0, 2.0, 3.0]
+    cancelled.cancel()
+    clock.advance(1.0)
+    assert clock.deadlines() == [3.0]
+    assert clock.next_deadline() == 3.0

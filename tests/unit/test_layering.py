@@ -110,6 +110,127 @@ def test_decision_modules_import_no_io(module: str) -> None:
     assert [n for n in names if _violates(n, IO_MODULES)] == []
 
 
+#: Packages (and modules) that read time and wait only through an injected `homing.clock.Clock`.
+ON_THE_CLOCK = (
+    "homing.gateway",
+    "homing.fleet",
+    "homing.router",
+    "homing.scaler",
+    "homing.rollout",
+)
+ON_THE_CLOCK_MODULES = ("homing.app",)
+
+#: I/O edges inside them that keep real time, and why.
+REAL_TIME_EDGES = {
+    # Redis calls time out on the event loop's own clock: a network wait, not a policy one.
+    "homing.rollout.store",
+    # Compares the Kubernetes API server's creationTimestamps, which are real Unix seconds.
+    "homing.scaler.actuators.kubernetes",
+}
+
+_ASYNCIO_WAITS = {"sleep", "timeout", "timeout_at", "wait_for"}
+_LOOP_TIME = {"time", "call_at", "call_later"}
+
+
+def time_reads(path: Path) -> list[str]:
+    """`line: what` for every direct read of time or wait on it in the file at `path`: an
+    import of `time`, `asyncio.sleep`/`timeout`/`timeout_at`/`wait_for` (attribute or
+    imported name), and an event loop's `time`, `call_at` or `call_later`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"{node.lineno}: import time" for a in node.names if a.name == "time"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.module == "time":
+                found.append(f"{node.lineno}: from time import")
+            elif node.module == "asyncio":
+                found += [
+                    f"{node.lineno}: from asyncio import {a.name}"
+                    for a in node.names
+                    if a.name in _ASYNCIO_WAITS
+                ]
+        elif isinstance(node, ast.Attribute):
+            owner = node.value
+            if (
+                isinstance(owner, ast.Name)
+                and owner.id == "asyncio"
+                and node.attr in _ASYNCIO_WAITS
+            ):
+                found.append(f"{node.lineno}: asyncio.{node.attr}")
+            elif node.attr in _LOOP_TIME and _is_loop(owner):
+                found.append(f"{node.lineno}: loop.{node.attr}")
+    return found
+
+
+def _is_loop(node: ast.expr) -> bool:
+    """Whether `node` reads as an event loop: a name or attribute ending in `loop`, or a
+    call of `get_running_loop` / `get_event_loop`."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name in ("get_running_loop", "get_event_loop")
+    if isinstance(node, ast.Name):
+        return node.id.endswith("loop")
+    if isinstance(node, ast.Attribute):
+        return node.attr.endswith("loop")
+    return False
+
+
+def _modules_on_the_clock(src: Path = SRC) -> list[tuple[str, Path]]:
+    out = []
+    for package in ON_THE_CLOCK:
+        for path in sorted(src.joinpath(*package.split(".")).rglob("*.py")):
+            out.append((_module_name(path, src), path))
+    for module in ON_THE_CLOCK_MODULES:
+        out.append((module, src.joinpath(*module.split(".")).with_suffix(".py")))
+    return out
+
+
+def test_the_request_path_and_the_control_loops_read_time_only_through_the_clock() -> None:
+    """Nothing in the gateway, fleet, router, scaler, rollout or `App` reads time or waits
+    on it except through its `Clock`, apart from the named real-time I/O edges."""
+    modules = _modules_on_the_clock()
+    assert len(modules) > 40
+    assert REAL_TIME_EDGES <= {name for name, _ in modules}
+    found = {
+        name: reads
+        for name, path in modules
+        if name not in REAL_TIME_EDGES and (reads := time_reads(path))
+    }
+    assert found == {}
+
+
+def test_the_time_walk_sees_every_kind_of_direct_time_read(tmp_path: Path) -> None:
+    """The walk catches each way of reading time or waiting on it directly."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import asyncio\n"
+        "import time\n"
+        "from asyncio import sleep\n"
+        "async def f(loop):\n"
+        "    await asyncio.sleep(1)\n"
+        "    async with asyncio.timeout(1):\n"
+        "        pass\n"
+        "    asyncio.get_running_loop().time()\n"
+        "    loop.call_later(1, print)\n"
+        "    self.loop.call_at(1, print)\n"
+        "    clock.call_later(1, print)\n"
+    )
+    reads = [r.split(": ", 1)[1] for r in time_reads(probe)]
+    assert sorted(reads) == sorted(
+        [
+            "import time",
+            "from asyncio import sleep",
+            "asyncio.sleep",
+            "asyncio.timeout",
+            "loop.time",
+            "loop.call_later",
+            "loop.call_at",
+        ]
+    )
+
+
 #: Import cycles allowed for now: each a set of modules (see `import_cycles`).
 KNOWN_CYCLES: list[frozenset[str]] = [
     # removed in the same change

@@ -34,7 +34,6 @@ import os
 import socket
 import stat
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,6 +43,7 @@ from grpc_reflection.v1alpha import reflection
 
 from homing import __version__
 from homing.admin.rollouts import status_message, weights_of
+from homing.clock import Clock, SystemClock
 from homing.config import AdminKeySettings, AdminSettings, QuotaLimits, TenantSettings
 from homing.engines.pool import WorkerState
 from homing.fleet import Fleet, FleetError, ModelDispatch
@@ -351,11 +351,13 @@ class AdminServicer(pb_grpc.AdminServicer):
         tenants: Sequence[TenantSettings],
         quotas: QuotaGuard | None,
         in_flight: Callable[[], int],
+        clock: Clock,
         started_at: float,
         scaler: Callable[[], Scaler | None] = lambda: None,
         rollouts: RolloutController | None = None,
     ) -> None:
         self.fleet = fleet
+        self.clock = clock
         self.rollouts = rollouts
         self.keys = list(keys)
         self.tenants = list(tenants)
@@ -525,7 +527,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.Stats:
         return pb.Stats(
-            uptime_s=time.monotonic() - self.started_at,
+            uptime_s=self.clock.now() - self.started_at,
             in_flight=self.in_flight(),
             version=__version__,
             models=[
@@ -626,7 +628,8 @@ class AdminServer:
 
     `tenants`: the configured tenants (`HomingConfig.tenants`); `quotas`: their quota guard
     (None without tenants); `in_flight`: the gateway's requests in flight now;
-    `started_at`: `time.monotonic()` when the process started serving (default: now);
+    `clock`: what uptime is measured on (default `SystemClock`); `started_at`: its time
+    when the process started serving (default: now);
     `scaler`: the running autoscaler, asked at each `GetScaler` (None: none enabled).
     `rollouts`: the version splits and rollouts (None: the rollout calls are UNAVAILABLE).
     After `start`: `socket_path` (None without a socket), `tcp_port` (None without TCP)
@@ -641,18 +644,21 @@ class AdminServer:
         tenants: Sequence[TenantSettings] = (),
         quotas: QuotaGuard | None = None,
         in_flight: Callable[[], int] = lambda: 0,
+        clock: Clock | None = None,
         started_at: float | None = None,
         scaler: Callable[[], Scaler | None] = lambda: None,
         rollouts: RolloutController | None = None,
     ) -> None:
         self.settings = settings
+        clock = clock if clock is not None else SystemClock()
         self.servicer = AdminServicer(
             fleet,
             keys=[bytes.fromhex(k.sha256) for k in settings.keys],
             tenants=tenants,
             quotas=quotas,
             in_flight=in_flight,
-            started_at=time.monotonic() if started_at is None else started_at,
+            clock=clock,
+            started_at=clock.now() if started_at is None else started_at,
             scaler=scaler,
             rollouts=rollouts,
         )

@@ -22,7 +22,6 @@ trial slot it held (`WorkerPool.close_lease`).
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -144,7 +143,8 @@ class ModelDispatch:
 
     `intervals`: how many tokens the engine packs per streamed chunk (None: the worker's).
     `max_context_length` / `max_prompt_tokens` (tokens) come from the pool's discovery and
-    stay known after the last worker leaves; `created`: Unix seconds, for `/v1/models`.
+    stay known after the last worker leaves; `created`: Unix seconds, for `/v1/models`
+    (from its builder's clock; 0 when not given).
     `demand`: gets each routing decision's uncached prompt tokens (None: not metered).
     `scales_from_zero`: its autoscaler starts a replica for a request that arrives at none
     (the request waits in admission), so the model can serve with no replica running.
@@ -166,7 +166,7 @@ class ModelDispatch:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     system_fingerprint: str = ""
-    created: int = field(default_factory=lambda: int(time.time()))
+    created: int = field(default=0, kw_only=True)
     _leases: dict[str, set[Lease]] = field(default_factory=dict)
 
     @property

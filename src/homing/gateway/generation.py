@@ -49,7 +49,6 @@ the gateway's own, a 500).
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -154,7 +153,7 @@ class Usage:
 
 @dataclass
 class _Attempt:
-    """One lease's part of a request: the replica, when it started (monotonic s), the input
+    """One lease's part of a request: the replica, when it started (clock s), the input
     tokens each choice gave it, and what it sent back (tokens over its choices, the first
     and last token's times, its own cached-token count)."""
 
@@ -271,7 +270,8 @@ class Generation:
         self._migrations = 0
         self._migrated_from: str | None = None
         self._interrupt: _Interrupt | None = None
-        self._started_at = time.monotonic()
+        self._clock = service.clock
+        self._started_at = self._clock.now()
         self._routed_at: float | None = None
         self._refusal: APIError | None = None  # the error the client got, if any
         self._first_token_at: float | None = None
@@ -378,7 +378,7 @@ class Generation:
             raise self._interrupt.error
         lease = self._take_lease(self.prepared.n)
         if self._routed_at is None:
-            self._routed_at = time.monotonic()
+            self._routed_at = self._clock.now()
         for index in range(self.prepared.n):
             self._launch(index, lease, resume=False)
 
@@ -398,7 +398,7 @@ class Generation:
             )
         self._attempt = _Attempt(
             worker_id=lease.worker_id,
-            started_at=time.monotonic(),
+            started_at=self._clock.now(),
             prompt_tokens=len(self.prepared.prompt_ids) if prompt_tokens is None else prompt_tokens,
             choices=slots,
         )
@@ -728,7 +728,7 @@ class Generation:
             stream_interval=p.model.stream_interval() if p.stream and not p.stop_set else None,
         )
         # The whole request (admission wait included) stays within the timeout.
-        waited_s = time.monotonic() - self._started_at
+        waited_s = self._clock.now() - self._started_at
         remaining_s = max(0.001, self.service.request_timeout_s - waited_s)
         trace = p.trace.header if p.trace is not None else None
         stream = lease.client.generate(params, timeout_s=remaining_s, traceparent=trace)
@@ -750,7 +750,7 @@ class Generation:
                     if aborted:  # the stream may resume: the decoder keeps what it holds
                         item = _as_chunk(new_ids, item)
                 step = decoder.push(item)
-                attempt.note(step.new_tokens, attempt_cached, time.monotonic())
+                attempt.note(step.new_tokens, attempt_cached, self._clock.now())
                 if step.new_tokens:
                     self._note_tokens()
                 if detailed:
@@ -817,7 +817,7 @@ class Generation:
         return None
 
     def _note_tokens(self) -> None:
-        now = time.monotonic()
+        now = self._clock.now()
         if self._first_token_at is None:
             self._first_token_at = now
         self._last_token_at = now
@@ -916,7 +916,7 @@ class Generation:
     def _log(self) -> None:
         usage = self.finalize_usage()
         p = self.prepared
-        now = time.monotonic()
+        now = self._clock.now()
         reasons = [self.finish_reasons.get(i) for i in range(p.n)]
         refused = self._refusal if self.outcome.startswith("error_") else None
         ttft, tpot = self.ttft_ms, self.tpot_ms

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -241,7 +240,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     ) -> None:
         request_id = _request_id(context)
         request_log = self.service.request_log
-        arrived_at = time.monotonic()
+        arrived_at = self.service.clock.now()
         try:
             prepared = await prepare(request_id, self._principal(context))
         except APIError as err:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +37,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from homing.aio import off_loop_if
+from homing.clock import Clock
 from homing.gateway.auth import KeyRing, Principal
 from homing.gateway.decoding import LoggedToken
 from homing.gateway.errors import APIError, internal_error
@@ -75,7 +75,7 @@ log = structlog.get_logger("homing.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REQUEST_ID = web.RequestKey("request_id", str)
-ARRIVED_AT = web.RequestKey("arrived_at", float)  # time.monotonic() when the handler began
+ARRIVED_AT = web.RequestKey("arrived_at", float)  # the clock's time when the handler began
 # Set once a request reaches a Generation, which writes its request_done line itself.
 SERVED = web.RequestKey("served", bool)
 LINGERING_S = 1.0
@@ -94,7 +94,7 @@ def _errors_middleware(
     async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         request_id = new_request_id(request.headers.get("x-request-id"))
         request[REQUEST_ID] = request_id
-        request[ARRIVED_AT] = arrived_at = time.monotonic()
+        request[ARRIVED_AT] = arrived_at = request_log.clock.now()
         try:
             response = await handler(request)
         except asyncio.CancelledError:  # the client went away (handler_cancellation)
@@ -158,6 +158,7 @@ def _request_limits(limits: HttpLimits) -> Callable[[web.Request, Handler], Awai
 async def _read_json(
     request: web.Request,
     limits: HttpLimits,
+    clock: Clock,
     timeout_s: float | None = None,
     parse: Callable[[Any], Any] = lambda body: body,
 ) -> Any:
@@ -169,7 +170,7 @@ async def _read_json(
     the chunk-framing errors of `http_server.body_error`. Returns `parse(body)`, run with the
     decoding in a thread for a body over `THREADED_BODY_BYTES`."""
     try:
-        async with asyncio.timeout(timeout_s):
+        async with clock.timeout(timeout_s):
             raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
     except TimeoutError:
         raise APIError(
@@ -293,7 +294,7 @@ class HttpApi:
         self.app.router.add_get("/ready", self.ready)
         # Prometheus exposition of this registry (set by the App; 404 while None).
         self.metrics_registry: CollectorRegistry | None = None
-        # (time.monotonic() of each of the last fresh expositions, the latest body)
+        # (the clock's time of each of the last fresh expositions, the latest body)
         self._expositions: deque[float] = deque(maxlen=METRICS_PER_SECOND)
         self._exposition = b""
         self.app.router.add_get("/metrics", self.metrics)
@@ -347,7 +348,7 @@ class HttpApi:
         the latest one (the endpoint is open, and building one costs the event loop ms)."""
         if self.metrics_registry is None:
             raise web.HTTPNotFound()
-        now = time.monotonic()
+        now = self.service.clock.now()
         done = self._expositions
         if len(done) < METRICS_PER_SECOND or now - done[0] >= 1.0:
             self._exposition = generate_latest(self.metrics_registry)
@@ -377,7 +378,9 @@ class HttpApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/chat/completions`."""
         principal = self._principal(request)
-        req = await _read_json(request, self.limits, self.body_timeout_s, parse_chat)
+        req = await _read_json(
+            request, self.limits, self.service.clock, self.body_timeout_s, parse_chat
+        )
         prepared = await self.service.prepare.chat(
             req,
             request_id=request[REQUEST_ID],
@@ -392,7 +395,9 @@ class HttpApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/completions` (prompt as a string or a list of token ids)."""
         principal = self._principal(request)
-        req = await _read_json(request, self.limits, self.body_timeout_s, parse_completion)
+        req = await _read_json(
+            request, self.limits, self.service.clock, self.body_timeout_s, parse_completion
+        )
         prepared = await self.service.prepare.completion(
             req,
             request_id=request[REQUEST_ID],

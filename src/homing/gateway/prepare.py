@@ -8,11 +8,11 @@ Rule of the file: pure validation and tokenization of one request against one se
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
+from homing.clock import Clock
 from homing.fleet import Fleet, ModelDispatch, UnknownModel
 from homing.gateway.auth import Principal, check_model
 from homing.gateway.errors import APIError, invalid, model_not_found
@@ -66,9 +66,10 @@ class PreparedRequest:
     session_key: str | None
     tenant: str | None = None
     principal: Principal | None = None
-    created: int = field(default_factory=lambda: int(time.time()))
-    # `time.monotonic()` when the request arrived (TTFT and end-to-end time count from it).
-    arrived_at: float = field(default_factory=time.monotonic)
+    created: int = field(kw_only=True)  # Unix seconds (the gateway clock's `wall`)
+    # The gateway clock's `now` when the request arrived (TTFT and end-to-end time count
+    # from it).
+    arrived_at: float = field(kw_only=True)
     trace: TraceContext | None = None  # the client's W3C traceparent
     version_pin: str | None = None  # the version the client asked for (`pin_version`)
     # What the version split hashes (`ModelDispatch.choose_version`); None: the session key,
@@ -109,11 +110,13 @@ class Preparer:
     """Validates and tokenizes requests for the fleet's served models (each request against
     the model it names).
 
-    `max_messages`: chat messages per request (400 past it; None = no limit).
+    `max_messages`: chat messages per request (400 past it; None = no limit). `clock`: the
+    arrival time and `created` stamp of requests that bring none.
     """
 
-    def __init__(self, fleet: Fleet, *, max_messages: int | None = None) -> None:
+    def __init__(self, fleet: Fleet, *, clock: Clock, max_messages: int | None = None) -> None:
         self.fleet = fleet
+        self.clock = clock
         self.max_messages = max_messages
 
     def _model(self, name: str, principal: Principal | None) -> ModelDispatch:
@@ -304,7 +307,8 @@ class Preparer:
             session_key=session_key or req.session_key,
             tenant=principal.tenant if principal is not None else None,
             principal=principal,
-            arrived_at=time.monotonic() if arrived_at is None else arrived_at,
+            created=int(self.clock.wall()),
+            arrived_at=self.clock.now() if arrived_at is None else arrived_at,
             trace=trace,
         )
 

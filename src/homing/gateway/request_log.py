@@ -9,10 +9,10 @@ through `RequestLog.rejected` or `RequestLog.cancelled`.
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from dataclasses import dataclass
 
+from homing.clock import Clock
 from homing.gateway.errors import APIError
 from homing.obs.requests import RequestDone, RequestRecorder
 
@@ -54,10 +54,12 @@ def parse_traceparent(value: str | None) -> TraceContext | None:
 
 
 class RequestLog:
-    """Reports the requests that never reached a `Generation` to `recorder`."""
+    """Reports the requests that never reached a `Generation` to `recorder`, timed on
+    `clock`."""
 
-    def __init__(self, recorder: RequestRecorder) -> None:
+    def __init__(self, recorder: RequestRecorder, *, clock: Clock) -> None:
         self.recorder = recorder
+        self.clock = clock
 
     def rejected(
         self,
@@ -71,7 +73,7 @@ class RequestLog:
     ) -> None:
         """The one report of a request refused before it reached a worker. `model`: the
         served model it named, when it named one ("" otherwise: never a client's string);
-        `started_at`: `time.monotonic()` at its arrival, for its end-to-end time."""
+        `started_at`: the clock's time at its arrival, for its end-to-end time."""
         self.recorder.done(
             RequestDone(
                 request_id=request_id,
@@ -80,7 +82,7 @@ class RequestLog:
                 tenant=tenant,
                 status=err.status,
                 error_code=err.code,
-                e2e_s=None if started_at is None else time.monotonic() - started_at,
+                e2e_s=None if started_at is None else self.clock.now() - started_at,
                 fields=dict(fields),
             )
         )

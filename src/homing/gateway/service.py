@@ -19,7 +19,6 @@ per model, by its `RetryBudget` (`homing.gateway.retry_budget`), which stream mi
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 
 from homing.clock import Clock, SystemClock
@@ -63,10 +62,11 @@ class InferenceService:
         clock: Clock | None = None,
     ) -> None:
         self.fleet = fleet
-        self.recorder = recorder or RequestRecorder(now=time.monotonic, metrics=None)
-        self.request_log = RequestLog(self.recorder)
+        self.clock: Clock = clock or SystemClock()
+        self.recorder = recorder or RequestRecorder(now=self.clock.now, metrics=None)
+        self.request_log = RequestLog(self.recorder, clock=self.clock)
         self.request_timeout_s = request_timeout_s
-        self.prepare = Preparer(fleet, max_messages=max_messages)
+        self.prepare = Preparer(fleet, max_messages=max_messages, clock=self.clock)
         # Quotas are charged and admission waited for when a Generation is entered.
         self.quotas = quotas
         self.admissions = list(admissions)
@@ -79,7 +79,6 @@ class InferenceService:
         self.retry = retry or RetryPolicy()
         self.migrate_streams = migrate_streams
         self.metrics = metrics
-        self._clock = clock or SystemClock()
         self._budgets: dict[str, RetryBudget] = {}
         for model_id in fleet.models:
             self.retry_budget(model_id)
@@ -115,7 +114,7 @@ class InferenceService:
         """The retry budget of `model_id` (made on first use, its metrics at 0)."""
         budget = self._budgets.get(model_id)
         if budget is None:
-            budget = self._budgets[model_id] = RetryBudget(self.retry, now=self._clock.now)
+            budget = self._budgets[model_id] = RetryBudget(self.retry, now=self.clock.now)
             if self.metrics is not None:
                 self.metrics.start_model_at_zero(model_id)
         return budget
@@ -141,7 +140,7 @@ class InferenceService:
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no request is in flight, at most `timeout_s`; True when drained."""
         try:
-            async with asyncio.timeout(timeout_s):
+            async with self.clock.timeout(timeout_s):
                 await self._idle.wait()
         except TimeoutError:
             return False

@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from homing.clock import Clock
 from homing.config import HomingConfig, default_state_dir
 from homing.fleet import Fleet
 from homing.obs.requests import RequestRecorder
@@ -19,16 +20,17 @@ from homing.rollout.metrics import RolloutMetrics
 from homing.rollout.store import FileStore, RedisStore, RolloutStore
 
 
-def build_store(cfg: HomingConfig) -> tuple[RolloutStore, Any]:
+def build_store(cfg: HomingConfig, *, state_dir: str | None = None) -> tuple[RolloutStore, Any]:
     """The store the config names, and the Redis client it made (None for the file; the
-    caller closes it with `aclose`)."""
+    caller closes it with `aclose`). The file store lives in `state_dir` (default
+    `default_state_dir(admin.state_dir)`)."""
     q = cfg.quotas
     if q.backend == "redis":
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(q.redis_url)
         return RedisStore(client, q.key_prefix), client
-    return FileStore(default_state_dir(cfg.admin.state_dir)), None
+    return FileStore(state_dir or default_state_dir(cfg.admin.state_dir)), None
 
 
 def build_controller(
@@ -37,9 +39,11 @@ def build_controller(
     recorder: RequestRecorder,
     registry: CollectorRegistry,
     store: RolloutStore,
+    clock: Clock | None = None,
 ) -> RolloutController:
     """A controller over `fleet` with each model's configured split, fed by `recorder`'s
-    ended requests and failed attempts, exporting on `registry`."""
+    ended requests and failed attempts, exporting on `registry`, on `clock` (default
+    `SystemClock`)."""
     # The fleet holds the served models in config order.
     splits = {
         model_id: spec.versions
@@ -51,6 +55,7 @@ def build_controller(
         store,
         config_splits=splits,
         metrics=RolloutMetrics(registry),
+        clock=clock,
     )
     recorder.on_done.append(controller.record)
     recorder.on_failed_attempt.append(controller.record_failed_attempt)

@@ -25,7 +25,6 @@ failed, and the change was not applied here).
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -116,8 +115,9 @@ class RolloutController:
     """Version splits and rollouts of `fleet`'s models (module docstring).
 
     `config_splits`: each model's split from the config (None: unsplit). `store`: where
-    splits and rollouts outlive the process. `wall`: Unix seconds (rollouts and samples are
-    timed on it); `clock`: what `run` sleeps on. `metrics`: None exports nothing.
+    splits and rollouts outlive the process. `clock`: what `run` sleeps on; rollouts and
+    samples are timed on its `wall` (Unix seconds: they outlive the process). `metrics`:
+    None exports nothing.
     """
 
     def __init__(
@@ -127,15 +127,14 @@ class RolloutController:
         store: RolloutStore,
         *,
         config_splits: Mapping[str, Mapping[str, float] | None] | None = None,
-        wall: Callable[[], float] = time.time,
         clock: Clock | None = None,
         metrics: RolloutMetrics | None = None,
     ) -> None:
         self.fleet = fleet
         self.config = config
         self.store = store
-        self._wall = wall
         self._clock = clock or SystemClock()
+        self._wall = self._clock.wall
         self.metrics = metrics
         self._config_splits = {k: dict(v) if v else None for k, v in (config_splits or {}).items()}
         self.rollouts: dict[str, Rollout] = {}
