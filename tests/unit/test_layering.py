@@ -1,6 +1,6 @@
-"""Packages depend downwards (DESIGN.md, "Layout"): the simulator imports no benchmark, gateway
-or composition root, and the benchmarks reach the gateway only as a client (`homing.app.App`
-or a `homing serve` process), never through `homing.gateway`.
+"""Packages depend downwards (docs/architecture.md, "Layers"): the simulator imports no
+benchmark, gateway or composition root, and the benchmarks reach the gateway only as a client
+(`homing.app.App` or a `homing serve` process), never through `homing.gateway`.
 
 Every `import` and `from ... import` is collected with `ast`, including ones inside functions
 and `if TYPE_CHECKING:` blocks; relative imports are resolved against the module's package.
@@ -90,7 +90,8 @@ def test_the_import_walk_sees_imports_inside_functions_and_relative_ones(tmp_pat
     assert {"homing.gateway.auth", "homing.bench.traces", "homing.app"} <= names
 
 
-#: Decision modules: pure over plain data (DESIGN.md, "Principles" 1), so no I/O module.
+#: Decision modules: pure over plain data (docs/architecture.md, "Principles" 1), so no I/O
+#: module.
 PURE = (
     "homing.scaler.policy",
     "homing.scaler.capacity",
@@ -98,6 +99,8 @@ PURE = (
     "homing.scaler.victim",
     "homing.obs.demand",
     "homing.engines.outliers",
+    "homing.gateway.failover",
+    "homing.gateway.accounting",
 )
 IO_MODULES = ("asyncio", "socket", "grpc", "aiohttp", "subprocess", "time", "redis", "os")
 
@@ -231,13 +234,6 @@ def test_the_time_walk_sees_every_kind_of_direct_time_read(tmp_path: Path) -> No
     )
 
 
-#: Import cycles allowed for now: each a set of modules (see `import_cycles`).
-KNOWN_CYCLES: list[frozenset[str]] = [
-    # removed in the same change
-    frozenset({"homing.gateway.generation", "homing.gateway.service"}),
-]
-
-
 def import_graph(src: Path = SRC) -> dict[str, set[str]]:
     """Module -> the homing modules it imports (anywhere in the file), each import resolved
     to the longest module name it starts with; edges to the module itself and to its own
@@ -301,9 +297,8 @@ def import_cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 def test_no_module_takes_part_in_an_import_cycle() -> None:
     """No homing module imports, directly or through others, a module that imports it back
-    (imports inside functions and `TYPE_CHECKING` blocks count), except KNOWN_CYCLES."""
-    cycles = import_cycles(import_graph())
-    assert [sorted(c) for c in cycles if c not in KNOWN_CYCLES] == []
+    (imports inside functions and `TYPE_CHECKING` blocks count)."""
+    assert [sorted(c) for c in import_cycles(import_graph())] == []
 
 
 def test_the_cycle_search_finds_a_cycle_through_a_function_local_import(tmp_path: Path) -> None:

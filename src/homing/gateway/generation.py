@@ -8,34 +8,19 @@ order per choice. Leaving the block by any path (normal end, client disconnect, 
 cancellation) cancels the engine streams, which send `Abort`, releases the in-flight counts
 and the quota ticket exactly once and writes the request's log line.
 
-A worker failure that another replica may not share (transport errors, a restarting worker
-that cancels or aborts its streams, a full worker that refuses it with RESOURCE_EXHAUSTED)
-is retried on another replica while nothing has reached the client: before the first event
-of a streamed request, at any point of a non-streamed one; at most `RetryPolicy.max_retries`
-times (default twice), each on a replica not tried yet, and only while the model's retry
-budget allows (`homing.gateway.retry_budget`). A retry refused, or no other replica, gives
-the client the last failure's error (a 429 for a worker's RESOURCE_EXHAUSTED). Transport
-failures are reported to the pool's health accounting; a client's mistake never counts
-against a worker.
-
-A stream whose worker fails that way after the client got its first byte ends with an error
-event, unless the service migrates streams (`router.migrate_streams`): then, once per
-request and within the same budget, every unfinished choice resumes on another replica with
-the prompt plus the tokens it already produced as input and `max_new_tokens` less those; the
-choice's decoder keeps its state, so the text goes on without a repeated or lost token and
-stop strings and detokenization continue across the boundary. The new replica's lease
-replaces the old one. Usage stays the client's: prompt tokens of the original prompt,
-completion tokens of every token delivered, cached tokens of the first attempt. A
-constrained stream (`response_format`) never migrates (outcome "constrained"): the new
-worker's grammar would start from its initial state, not where the choice is. Nor does a
-stream that asked for log probabilities (outcome "logprobs"): its client gets the error. When the
-replica a stream migrated to fails before its first token, that is one more retry (within
-`max_retries` and the budget, on a replica not tried yet), not the end of the stream.
-
-Each attempt (one lease on one replica) is that replica's own record in the per-replica
-stats (`homing.obs.replica`): an attempt that failed and was retried or migrated is counted
-as the failed replica's error at once; the attempt that ends the request carries its own
-TTFT (from its own start), TPOT and tokens, so no replica is timed for another's failure.
+A worker failure is retried on another replica while nothing has reached the client, and a
+stream whose worker fails after its first byte migrates, by the rules of
+`homing.gateway.failover` (this file carries them out: it spends the model's retry budget,
+`homing.gateway.retry_budget`, and counts each outcome). A retry refused, or no other
+replica, gives the client the last failure's error (a 429 for a worker's
+RESOURCE_EXHAUSTED). Transport failures are reported to the pool's health accounting; a
+client's mistake never counts against a worker. A migrating stream's unfinished choices
+resume on another replica with the prompt plus the tokens they already produced as input
+and `max_new_tokens` less those; each choice's decoder keeps its state, so the text goes on
+without a repeated or lost token and stop strings and detokenization continue across the
+boundary. Usage stays the client's: prompt tokens of the original prompt, completion tokens
+of every token delivered, cached tokens of the first attempt (`homing.gateway.accounting`
+keeps the usage, the attempts' records and the request's record).
 
 A request the gateway itself ends (`interrupt`: the drain timeout at shutdown) gets that
 error, a stream as its last event.
@@ -51,14 +36,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 import structlog
 
+from homing.clock import Clock
 from homing.engines.client import (
     EngineError,
     GenerateDone,
@@ -66,6 +52,15 @@ from homing.engines.client import (
     TokenChunk,
 )
 from homing.fleet import Lease
+from homing.gateway import failover
+from homing.gateway.accounting import (
+    Attempt,
+    Outcome,
+    Timeline,
+    Usage,
+    request_record,
+    settle_quota,
+)
 from homing.gateway.decoding import ChoiceDecoder, DetailedDecoder, DetailedStep, LoggedToken
 from homing.gateway.errors import (
     APIError,
@@ -75,38 +70,16 @@ from homing.gateway.errors import (
     shutting_down,
 )
 from homing.gateway.prepare import PreparedRequest
-from homing.gateway.quotas.guard import QuotaTicket
-from homing.obs.replica import AttemptRecord
-from homing.obs.requests import RequestDone
-
-if TYPE_CHECKING:
-    from homing.gateway.service import InferenceService
+from homing.gateway.quotas.guard import QuotaGuard, QuotaTicket
+from homing.gateway.retry_budget import RetryBudget, RetryPolicy
+from homing.obs.requests import RequestRecorder
 
 log = structlog.get_logger("homing.request")
-
-#: Stream migrations per request (`router.migrate_streams`): the second failure is the
-#: client's, as Dynamo's request migration limit of 1 by default.
-MAX_MIGRATIONS = 1
 
 # Events a request holds for a consumer that has not taken them (a client slower than its
 # engine): past this the choice tasks stop reading their engine streams, so gRPC flow control
 # holds the rest back at the worker, and the gateway's memory per request stays bounded.
 MAX_PENDING_EVENTS = 256
-
-#: Engine statuses that say the worker went away, not that the request failed there:
-#: UNAVAILABLE (it is unreachable), CANCELLED (a worker shutting down cancels its calls; our
-#: own cancellations never surface as a status) and ABORTED (the worker ended the request
-#: itself, e.g. on restart). INTERNAL and the like are not retried: a request that makes
-#: one worker fail would make the next fail too, and count against its health as well.
-#: RESOURCE_EXHAUSTED (its queue or KV pool is full, SGLang's 429) is that worker's state too.
-RETRYABLE_CODES: frozenset[grpc.StatusCode] = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -137,66 +110,6 @@ class LogprobDelta(TextDelta):
 Event = TextDelta | ChoiceFinished
 
 
-@dataclass
-class Usage:
-    """Token counts of a request: prompt counted once, completion summed over choices."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        """prompt + completion tokens."""
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass
-class _Attempt:
-    """One lease's part of a request: the replica, when it started (clock s), the input
-    tokens each choice gave it, and what it sent back (tokens over its choices, the first
-    and last token's times, its own cached-token count)."""
-
-    worker_id: str
-    started_at: float
-    prompt_tokens: int
-    choices: int
-    tokens: int = 0
-    cached_tokens: int = 0
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    failed: bool = False
-    refused: bool = False  # it answered RESOURCE_EXHAUSTED: full, not failing
-
-    def note(self, tokens: int, cached_tokens: int, now: float) -> None:
-        """`tokens` more arrived at `now`; the worker reported `cached_tokens`."""
-        self.cached_tokens = max(self.cached_tokens, cached_tokens)
-        if tokens:
-            self.tokens += tokens
-            if self.first_token_at is None:
-                self.first_token_at = now
-            self.last_token_at = now
-
-    def record(self, *, failed: bool, timed: bool) -> AttemptRecord:
-        """Its replica-stats record; `timed`: the engine streamed, so token times mean
-        something."""
-        first, last = self.first_token_at, self.last_token_at
-        ttft = first - self.started_at if timed and first is not None else None
-        per_choice = self.tokens / max(1, self.choices)
-        tpot = None
-        if timed and first is not None and last is not None and per_choice >= 2:
-            tpot = (last - first) / (per_choice - 1)
-        return AttemptRecord(
-            worker_id=self.worker_id,
-            failed=failed or self.failed,
-            prompt_tokens=self.prompt_tokens,
-            cached_tokens=min(self.cached_tokens, self.prompt_tokens),
-            ttft_s=ttft,
-            tpot_s=tpot,
-            completion_tokens=self.tokens,
-        )
-
-
 class _Retry(Exception):
     """A worker failed in a way another replica may not: route again if nothing was sent."""
 
@@ -219,6 +132,41 @@ class _Restarted:
     """A non-streamed request was routed again: what came before is void."""
 
 
+class GenerationHost(Protocol):
+    """What a `Generation` needs from the gateway that opened it (`InferenceService`), read
+    when used: settings a reload changes take effect for the next decision."""
+
+    clock: Clock
+    accepting: bool  # False once the gateway drains
+    quotas: QuotaGuard | None
+    recorder: RequestRecorder
+    request_timeout_s: float
+    migrate_streams: bool
+    retry: RetryPolicy
+
+    def lease(
+        self, prepared: PreparedRequest, exclude: Sequence[str] = (), slots: int | None = None
+    ) -> Lease:
+        """A lease on a replica not in `exclude` (`APIError` 503 when none can serve)."""
+        ...
+
+    def retry_budget(self, model_id: str) -> RetryBudget:
+        """The model's retry budget."""
+        ...
+
+    def count_retry(self, model_id: str, outcome: str) -> None:
+        """Count a retryable failure's outcome."""
+        ...
+
+    def count_migration(self, model_id: str, outcome: str) -> None:
+        """Count a stream migration's outcome."""
+        ...
+
+    def track(self, generation: Generation) -> Callable[[], None]:
+        """Count `generation` in flight from now; the callable, called once, stops."""
+        ...
+
+
 class Generation:
     """One routed request with `n` choices; an async context manager and event iterator.
 
@@ -228,8 +176,8 @@ class Generation:
     messages received from workers, every choice and attempt together).
     """
 
-    def __init__(self, service: InferenceService, prepared: PreparedRequest) -> None:
-        self.service = service
+    def __init__(self, host: GenerationHost, prepared: PreparedRequest) -> None:
+        self.host = host
         self.prepared = prepared
         self.worker_id: str | None = None
         self.version = ""
@@ -263,31 +211,29 @@ class Generation:
         self._decoders: dict[int, ChoiceDecoder] = {}
         # Streams resume elsewhere when their worker fails mid-way (`_migrate`): per choice,
         # the token ids taken from its engine streams, and the choices that have ended.
-        self._migrates = service.migrate_streams and prepared.stream
+        self._migrates = host.migrate_streams and prepared.stream
         self._produced: dict[int, list[int]] = {}
         self._ended: set[int] = set()
         self._retries = 0
         self._migrations = 0
         self._migrated_from: str | None = None
         self._interrupt: _Interrupt | None = None
-        self._clock = service.clock
-        self._started_at = self._clock.now()
-        self._routed_at: float | None = None
+        self._clock = host.clock
+        self._timeline = Timeline(opened_at=self._clock.now())
         self._refusal: APIError | None = None  # the error the client got, if any
-        self._first_token_at: float | None = None
-        self._last_token_at: float | None = None
         self._open_choices = prepared.n
         self._lease: Lease | None = None
-        self._attempt: _Attempt | None = None  # the current lease's
+        self._attempt: Attempt | None = None  # the current lease's
         self._failure: str | None = None
         self._ticket: QuotaTicket | None = None
+        self._untrack: Callable[[], None] | None = None
         # Engine-side ids are ours alone: a client's x-request-id may repeat across requests.
         self._engine_id = uuid.uuid4().hex
 
     # -- lifecycle --
 
     async def __aenter__(self) -> Generation:
-        self.service._enter(self)
+        self._untrack = self.host.track(self)
         try:
             await self._start()
         except BaseException as err:
@@ -328,24 +274,24 @@ class Generation:
         """Charge the quota, wait for admission, then route, start the engine streams and
         wait for the first event (routing again once after a retryable failure)."""
         p = self.prepared
-        service = self.service
-        if not service.accepting:
+        host = self.host
+        if not host.accepting:
             raise shutting_down()
-        if service.quotas is not None:
+        if host.quotas is not None:
             completion = p.max_new_tokens
             if not p.max_tokens_given:  # the whole context would starve low-TPM tenants
-                completion = min(completion, service.quotas.settings.default_completion_reservation)
-            self._ticket = await service.quotas.reserve(
+                completion = min(completion, host.quotas.settings.default_completion_reservation)
+            self._ticket = await host.quotas.reserve(
                 p.principal,
                 tokens=len(p.prompt_ids) + p.n * completion,
                 request_id=p.request_id,
             )
         priority = p.principal.priority if p.principal is not None else 0
         await p.model.admit(p.tenant, priority, p.request_id)
-        if not service.accepting:  # the drain began while it waited
+        if not host.accepting:  # the drain began while it waited
             raise shutting_down()
         self._route_and_launch()
-        self.service.retry_budget(p.model.model_id).record_request()
+        host.retry_budget(p.model.model_id).record_request()
         while True:
             first = await self._next_item()
             if isinstance(first, _Retry) and self._may_retry():
@@ -358,17 +304,28 @@ class Generation:
             return
 
     def _may_retry(self) -> bool:
-        """Whether a retryable failure may be retried now (its refusal counted if not);
-        whether another replica is left is found when routing (`_relaunch`)."""
-        if self._interrupt is not None:
+        """Whether a retryable failure may be retried now (`failover.before_first_byte`, its
+        refusal counted if not); whether another replica is left is found when routing
+        (`_relaunch`)."""
+        decision = failover.before_first_byte(
+            interrupted=self._interrupt is not None,
+            retries=self._retries,
+            max_retries=self.host.retry.max_retries,
+        )
+        return self._granted(decision)
+
+    def _granted(self, decision: failover.Decision) -> bool:
+        """Whether `decision` lets the request go on: a retry or migration whose budget unit
+        is reserved now, before any await (failures that arrive together cannot all pass);
+        a refusal, or a budget that refuses, is counted on its counter."""
+        host, model = self.host, self.prepared.model.model_id
+        count = host.count_retry if decision.counter == "retry" else host.count_migration
+        if decision.action == "fail":
+            if decision.outcome is not None:
+                count(model, decision.outcome)
             return False
-        service, model = self.service, self.prepared.model.model_id
-        if self._retries >= service.retry.max_retries:
-            service.count_retry(model, "max_retries")
-            return False
-        # Reserved now, before any await: failures that arrive together cannot all pass.
-        if not service.retry_budget(model).try_spend():
-            service.count_retry(model, "budget_exhausted")
+        if not host.retry_budget(model).try_spend():
+            count(model, "budget_exhausted")
             return False
         return True
 
@@ -377,8 +334,7 @@ class Generation:
             self._failure = self._interrupt.outcome
             raise self._interrupt.error
         lease = self._take_lease(self.prepared.n)
-        if self._routed_at is None:
-            self._routed_at = self._clock.now()
+        self._timeline.routed(self._clock.now())
         for index in range(self.prepared.n):
             self._launch(index, lease, resume=False)
 
@@ -389,14 +345,14 @@ class Generation:
         as its replica's error, unless that replica only refused it as full."""
         # The lease counts the choices in flight on the worker before any await, so the next
         # routing decision (even within the same burst) already sees them.
-        lease = self.service.lease(self.prepared, exclude=self._tried, slots=slots)
+        lease = self.host.lease(self.prepared, exclude=self._tried, slots=slots)
         lease.on_cut = self._on_cut
         if self._attempt is not None and not self._attempt.refused:
-            self.service.recorder.attempt_failed(
+            self.host.recorder.attempt_failed(
                 self.prepared.model.model_id,
                 self._attempt.record(failed=True, timed=self._engine_streams),
             )
-        self._attempt = _Attempt(
+        self._attempt = Attempt(
             worker_id=lease.worker_id,
             started_at=self._clock.now(),
             prompt_tokens=len(self.prepared.prompt_ids) if prompt_tokens is None else prompt_tokens,
@@ -435,9 +391,9 @@ class Generation:
         self._ended.clear()
         self.finish_reasons.clear()
         self._open_choices = self.prepared.n
-        self._first_token_at = self._last_token_at = None
+        self._timeline.restart()
         model = self.prepared.model.model_id
-        budget = self.service.retry_budget(model)  # `_may_retry` reserved this retry
+        budget = self.host.retry_budget(model)  # `_may_retry` reserved this retry
         if self._interrupt is not None:
             budget.refund()
             self._failure = self._interrupt.outcome
@@ -446,47 +402,44 @@ class Generation:
             self._route_and_launch()
         except APIError:  # no other replica: the client learns what failed the first
             budget.refund()
-            self.service.count_retry(model, "no_other_worker")
+            self.host.count_retry(model, "no_other_worker")
             self._failure = "engine_error"
             raise self._api_error(retry) from None
         self._retries += 1
-        self.service.count_retry(model, "retried")
+        self.host.count_retry(model, "retried")
 
     async def _migrate(self, retry: _Retry) -> bool:
         """Resume every unfinished choice of a stream whose worker failed mid-way on another
-        replica, with one lease for them all (module docstring); a choice that needs no
-        engine to end (`_ended_locally`) ends here. When the replica it migrated to failed
-        before its first token, this is a retry of that migration (`_may_retry`, counted
-        as a retry). False when it may not, its outcome counted, so the client gets
-        `retry`'s error."""
-        p, service = self.prepared, self.service
+        replica, with one lease for them all, when `failover.mid_stream` says so; a choice
+        that needs no engine to end (`_ended_locally`) ends here. When the replica it
+        migrated to failed before its first token, this is a retry of that migration
+        (counted as a retry). False when it may not, its outcome counted, so the client
+        gets `retry`'s error."""
+        p, host = self.prepared, self.host
         model = p.model.model_id
-        if not self._migrates or self._interrupt is not None:
-            return False
-        if p.json_schema is not None or p.structural_tag is not None:  # a new grammar
-            service.count_migration(model, "constrained")
-            return False
-        if p.logprobs:  # kept simple: the resumed stream's entries are not rebased
-            service.count_migration(model, "logprobs")
-            return False
         open_choices = [i for i in range(p.n) if i not in self._ended]
         longest = max((len(self._produced.get(i, ())) for i in open_choices), default=0)
         attempt = self._attempt
-        again = self._migrations > 0 and attempt is not None and attempt.first_token_at is None
-        if again:
-            if not self._may_retry():  # spends the budget when it may
-                return False
-        else:
-            if self._migrations >= MAX_MIGRATIONS:
-                service.count_migration(model, "max_migrations")
-                return False
-            if len(p.prompt_ids) + longest > p.model.max_prompt_tokens:
-                service.count_migration(model, "too_long")
-                return False
-            if not service.retry_budget(model).try_spend():  # reserved before any await
-                service.count_migration(model, "budget_exhausted")
-                return False
-        budget = service.retry_budget(model)
+        decision = failover.mid_stream(
+            failover.StreamState(
+                migrates=self._migrates,
+                interrupted=self._interrupt is not None,
+                constrained=p.constrained,
+                logprobs=p.logprobs,
+                migrations=self._migrations,
+                retries=self._retries,
+                max_retries=host.retry.max_retries,
+                silent_since_migration=(
+                    self._migrations > 0 and attempt is not None and attempt.first_token_at is None
+                ),
+                resume_tokens=len(p.prompt_ids) + longest,
+                max_prompt_tokens=p.model.max_prompt_tokens,
+            )
+        )
+        if not self._granted(decision):  # spends the budget when it may
+            return False
+        again = decision.action == "retry"
+        budget = host.retry_budget(model)
         # The failed worker's other streams fail with it (or are cut here): every open choice
         # moves. What they queued stays valid (each decoder holds exactly what was queued);
         # only the old attempt's retryable failures are dropped.
@@ -514,19 +467,19 @@ class Generation:
             except APIError:
                 budget.refund()
                 if again:
-                    service.count_retry(model, "no_other_worker")
+                    host.count_retry(model, "no_other_worker")
                 else:
-                    service.count_migration(model, "no_other_worker")
+                    host.count_migration(model, "no_other_worker")
                 return False
         else:
             budget.refund()  # every choice ended here: no worker was asked
         if again:
             self._retries += 1
-            service.count_retry(model, "retried")
+            host.count_retry(model, "retried")
         else:
             self._migrations += 1
             self._migrated_from = retry.worker_id
-            service.count_migration(model, "migrated")
+            host.count_migration(model, "migrated")
         log.info(
             "request_retried" if again else "request_migrated",
             request_id=p.request_id,
@@ -596,17 +549,16 @@ class Generation:
             await self._cancel_tasks()
         finally:
             try:
-                if self.service.quotas is not None:
-                    # Tokens charged by one rule on every path: what the engine was given and
-                    # produced (prompt + completion). A request that never reached a worker
-                    # (a 503 from admission or routing, a client gone while queued) is
-                    # refunded whole: it uses up no requests, tokens or stream slot.
-                    used = self.finalize_usage().total_tokens if self.worker_id else 0
-                    await self.service.quotas.settle(
-                        self._ticket, used, refund=self.worker_id is None
+                if self.host.quotas is not None:
+                    await settle_quota(
+                        self.host.quotas,
+                        self._ticket,
+                        self.finalize_usage(),
+                        routed=self.worker_id is not None,
                     )
             finally:
-                self.service._leave(self)
+                if self._untrack is not None:
+                    self._untrack()
                 self._log()
 
     # -- iteration --
@@ -665,7 +617,7 @@ class Generation:
     # -- the choices' engine streams --
 
     async def _run_choice(
-        self, index: int, lease: Lease, attempt: _Attempt, *, resume: bool = False
+        self, index: int, lease: Lease, attempt: Attempt, *, resume: bool = False
     ) -> None:
         """Task body of choice `index`: its engine stream's events into the shared queue,
         then its `ChoiceFinished` or the failure (`EngineError`, `_Retry`, or an unexpected
@@ -728,8 +680,8 @@ class Generation:
             stream_interval=p.model.stream_interval() if p.stream and not p.stop_set else None,
         )
         # The whole request (admission wait included) stays within the timeout.
-        waited_s = self._clock.now() - self._started_at
-        remaining_s = max(0.001, self.service.request_timeout_s - waited_s)
+        waited_s = self._clock.now() - self._timeline.opened_at
+        remaining_s = max(0.001, self.host.request_timeout_s - waited_s)
         trace = p.trace.header if p.trace is not None else None
         stream = lease.client.generate(params, timeout_s=remaining_s, traceparent=trace)
         try:
@@ -779,15 +731,14 @@ class Generation:
                 transport=True,
             )
         except EngineError as err:
-            # Our own whole-request deadline says nothing about the worker's health.
-            if err.transport and err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+            failure = failover.classify(err.code.name, transport=err.transport)
+            if failure.reported:
                 p.model.report_failure(worker_id, err)
-            retryable = err.code in RETRYABLE_CODES
-            if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            if failure.refused:
                 attempt.refused = True  # a full worker is no failing one: no error counted
-            elif retryable:
+            elif failure.retryable:
                 attempt.failed = True  # its worker's failure, whatever the request does next
-            self._queue.put_nowait(_Retry(worker_id, err) if retryable else err)
+            self._queue.put_nowait(_Retry(worker_id, err) if failure.retryable else err)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
@@ -817,10 +768,7 @@ class Generation:
         return None
 
     def _note_tokens(self) -> None:
-        now = self._clock.now()
-        if self._first_token_at is None:
-            self._first_token_at = now
-        self._last_token_at = now
+        self._timeline.tokens_at(self._clock.now())
 
     def _refuse(self, item: BaseException) -> APIError:
         """`_api_error(item)`, kept as the error the client got."""
@@ -893,79 +841,40 @@ class Generation:
     @property
     def ttft_ms(self) -> float | None:
         """Time to first token in ms, from the request's arrival to the first token of any
-        choice; None when none came, or when the engine sent each answer whole
-        (`stream=false`: its first token's time is not known)."""
-        if self._first_token_at is None or not self._engine_streams:
-            return None
-        return (self._first_token_at - self.prepared.arrived_at) * 1000.0
+        choice (`accounting.Timeline.ttft_ms`)."""
+        return self._timeline.ttft_ms(self.prepared.arrived_at, streamed=self._engine_streams)
 
     @property
     def tpot_ms(self) -> float | None:
-        """Mean time per output token after the first, in ms (choice-summed tokens); None
-        when the tokens did not arrive over time (fewer than 2, or each choice's in one
-        message: the engine did not stream)."""
+        """Mean time per output token after the first, in ms (`accounting.Timeline.tpot_ms`)."""
         tokens = sum(d.completion_tokens for d in self._decoders.values())
-        first, last = self._first_token_at, self._last_token_at
-        if not self._engine_streams or first is None or last is None or tokens < 2:
-            return None
-        per_choice = tokens / max(1, self.prepared.n)
-        if per_choice < 2:
-            return None
-        return (last - first) * 1000.0 / (per_choice - 1)
+        return self._timeline.tpot_ms(tokens, self.prepared.n, streamed=self._engine_streams)
 
     def _log(self) -> None:
-        usage = self.finalize_usage()
-        p = self.prepared
-        now = self._clock.now()
-        reasons = [self.finish_reasons.get(i) for i in range(p.n)]
-        refused = self._refusal if self.outcome.startswith("error_") else None
-        ttft, tpot = self.ttft_ms, self.tpot_ms
-        part = None
-        if self._attempt is not None:
-            part = self._attempt.record(
-                failed=self.outcome == "engine_error", timed=self._engine_streams
-            )
         fields: dict[str, object] = {
-            "api_key": p.principal.key_id if p.principal is not None else None,
-            "kind": p.kind,
-            "n": p.n,
-            "finish_reasons": reasons,
             "engine_messages": self.engine_messages,
             "engine_request_id": self._engine_id if self.worker_id else None,
         }
         if self._migrated_from is not None:
             fields["migrated_from"] = self._migrated_from
-        if p.version_pin is not None:
-            fields["version_pinned"] = True
-        if p.trace is not None:
-            fields["trace_id"] = p.trace.trace_id
-            fields["parent_span_id"] = p.trace.span_id
-        self.slo = self.service.recorder.done(
-            RequestDone(
-                request_id=p.request_id,
-                outcome=self.outcome,
-                model=p.model.model_id,
-                version=self.version,
-                pinned=p.version_pin is not None,
-                worker=self.worker_id or "",
-                tenant=p.tenant,
-                status=refused.status if refused is not None else None,
-                error_code=refused.code if refused is not None else None,
-                ttft_s=None if ttft is None else ttft / 1000.0,
-                tpot_s=None if tpot is None else tpot / 1000.0,
-                e2e_s=now - p.arrived_at,
-                queue_s=None if self._routed_at is None else self._routed_at - self._started_at,
-                routed_ttft_s=part.ttft_s if part is not None else None,
-                choices=p.n,
-                streamed=self._engine_streams,
-                prompt_tokens=usage.prompt_tokens,
-                cached_tokens=usage.cached_tokens,
-                completion_tokens=usage.completion_tokens,
-                finish_reason="length" if "length" in reasons else "stop",
-                fields=fields,
-                worker_part=part,
-            )
+        ended = Outcome(
+            outcome=self.outcome,
+            refusal=self._refusal,
+            finish_reasons=self.finish_reasons,
+            worker_id=self.worker_id or "",
+            version=self.version,
+            streamed=self._engine_streams,
+            fields=fields,
         )
+        record = request_record(
+            self.prepared,
+            ended,
+            self.finalize_usage(),
+            self._timeline,
+            self._attempt,
+            now=self._clock.now(),
+        )
+        self.slo = self.host.recorder.done(record)
 
 
 def _rebased(

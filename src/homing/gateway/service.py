@@ -162,16 +162,26 @@ class InferenceService:
             generation.interrupt(error(), outcome)
         return len(self._open)
 
-    def _enter(self, generation: Generation) -> None:
-        self.recorder.started(generation.prepared.model.model_id)
+    def track(self, generation: Generation) -> Callable[[], None]:
+        """Count `generation` in flight (`in_flight`, the recorder's per-model gauge) until the
+        returned callable is called; calls after the first do nothing."""
+        model = generation.prepared.model
+        self.recorder.started(model.model_id)
         self.in_flight += 1
         self._open.add(generation)
         self._idle.clear()
+        left = False
 
-    def _leave(self, generation: Generation) -> None:
-        self.recorder.ended(generation.prepared.model.model_id)
-        self.in_flight -= 1
-        self._open.discard(generation)
-        if self.in_flight == 0:
-            self._idle.set()
-        generation.prepared.model.wake()  # a replica may have room now
+        def leave() -> None:
+            nonlocal left
+            if left:
+                return
+            left = True
+            self.recorder.ended(model.model_id)
+            self.in_flight -= 1
+            self._open.discard(generation)
+            if self.in_flight == 0:
+                self._idle.set()
+            model.wake()  # a replica may have room now
+
+        return leave
