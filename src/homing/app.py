@@ -49,7 +49,7 @@ from homing.engines.metrics import EngineMetrics
 from homing.engines.outliers import OutlierConfig
 from homing.engines.pool import PoolConfig, WorkerPool, WorkerSpec, WorkerState
 from homing.fleet import Fleet, ModelDispatch
-from homing.fleet.fleet import FleetError, WorkerIds
+from homing.fleet.fleet import CUT_GRACE_S, FleetError, WorkerIds
 from homing.fleet.stream_interval import StreamIntervalPolicy
 from homing.gateway.admission import AdmissionController
 from homing.gateway.auth import KeyRing
@@ -91,9 +91,6 @@ from homing.text.parsers import detect_reasoning_parser, detect_tool_parser
 from homing.text.tokenizer import TextTokenizer
 
 log = structlog.get_logger("homing.app")
-
-#: Seconds the requests cut at the drain timeout get to send their error and end.
-CUT_GRACE_S = 2.0
 
 #: The SLO burn-rate window the autoscaler's fast path reads (seconds): the shortest of
 #: `homing.obs.slo.BURN_WINDOWS`, the one a traffic step moves first.

@@ -81,8 +81,8 @@ def test_the_service_is_hardened_and_outlasts_the_drain(tmp_path: Path) -> None:
     for key in ("NoNewPrivileges", "PrivateTmp", "ProtectHome", "PrivateDevices"):
         assert unit[key] == ["yes"], key
     assert unit["ProtectSystem"] == ["strict"]
-    from homing.app import CUT_GRACE_S
     from homing.config import GatewaySettings
+    from homing.fleet.fleet import CUT_GRACE_S
 
     drain = GatewaySettings().drain_timeout_s + CUT_GRACE_S
     assert float(unit["TimeoutStopSec"][0].removesuffix("s")) > drain

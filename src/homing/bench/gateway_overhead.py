@@ -55,6 +55,7 @@ import redis.asyncio as aioredis
 import uvloop
 
 from homing.app import App
+from homing.bench.report import percentile
 from homing.config import (
     AdminSettings,
     EngineSettings,
@@ -84,17 +85,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
-
-
 def _summary(values_ms: Sequence[float]) -> dict[str, float]:
     return {
         "n": len(values_ms),
-        "p50_ms": round(_percentile(values_ms, 0.50), 3),
-        "p99_ms": round(_percentile(values_ms, 0.99), 3),
+        "p50_ms": round(percentile(values_ms, 50) or 0.0, 3),
+        "p99_ms": round(percentile(values_ms, 99) or 0.0, 3),
         "mean_ms": round(statistics.fmean(values_ms), 3),
     }
 

@@ -26,7 +26,8 @@ from homing.fleet.dispatch import ModelDispatch
 
 log = structlog.get_logger("homing.fleet")
 
-#: Seconds cut requests get to send their error and end before their worker is removed.
+#: Seconds cut requests get to send their error and end: after a drain timeout, before the
+#: gateway stops or their worker is removed.
 CUT_GRACE_S = 2.0
 
 
