@@ -1,7 +1,7 @@
 """Benchmark summary: records in, a JSON-ready dict and a plain-text table out.
 
 Rule of this file: pure arithmetic over `RequestRecord`s; no clock, no files. Definitions (names
-from DESIGN.md's terms):
+from docs/architecture.md, "Terms"):
 
 - TTFT = first chunk with text - send time (queueing for a concurrency slot excluded; it is
   reported separately as `queue_delay_ms`). TPOT = (last token - first token) /
@@ -36,7 +36,8 @@ DEFAULT_SLO_TTFT_MS = 2000.0
 """Default TTFT SLO (ms): interactive chat tolerance, the seed's chat answers use 2 s."""
 
 DEFAULT_SLO_TPOT_MS = 50.0
-"""Default TPOT SLO (ms): 20 tokens/s per stream, the p95 TPOT target in DESIGN.md's sizing."""
+"""Default TPOT SLO (ms): 20 tokens/s per stream, the p95 TPOT target of the sizing chain
+(docs/architecture.md, "The sizing chain")."""
 
 ERROR_SAMPLES = 5
 """How many failed requests the summary lists verbatim."""

@@ -3,9 +3,10 @@
 Every error a client can cause is an `APIError` with the body OpenAI sends:
 `{"error": {"message", "type", "param", "code"}}`. Client mistakes are 4xx and are never
 counted against a worker's health; capacity problems are 503 with `Retry-After`.
-The gRPC mapping follows SGLang's servicer (DESIGN.md, "Protocol facts"): 400 INVALID_ARGUMENT,
-429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 408/504 DEADLINE_EXCEEDED, else INTERNAL; plus the
-standard 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND, 413 INVALID_ARGUMENT.
+The gRPC mapping follows SGLang's servicer (docs/architecture.md, "Protocol facts"):
+400 INVALID_ARGUMENT, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 408/504 DEADLINE_EXCEEDED,
+else INTERNAL; plus the standard 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND,
+413 INVALID_ARGUMENT.
 """
 
 from __future__ import annotations

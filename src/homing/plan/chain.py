@@ -1,7 +1,8 @@
 """The seed's sizing chain: demand in tokens/s / goodput per replica, adjusted for prefill's
 share of GPU time, plus headroom, then GPUs and cost. Pure arithmetic, no I/O.
 
-With the defaults (`Assumptions()`, the seed's numbers, DESIGN.md "sizing") the chain gives:
+With the defaults (`Assumptions()`, the seed's numbers, docs/architecture.md, "The sizing
+chain") the chain gives:
 
     decode demand   = 10,000 users x 0.25 mid-generation x 20 tok/s       = 50,000 tok/s
     request rate    = 50,000 tok/s / 300 answer tokens                   = 166.7 req/s
@@ -95,7 +96,8 @@ def _finite(step: str, value: float) -> float:
 
 @dataclass(frozen=True)
 class Assumptions:
-    """What the chain is computed from. Defaults are the seed's (DESIGN.md "sizing").
+    """What the chain is computed from. Defaults are the seed's (docs/architecture.md, "The
+    sizing chain").
 
     users: concurrent users (count, >= 0).
     mid_generation: share of users mid-answer at any moment (0..1); ignored when think_s is

@@ -51,9 +51,10 @@ Why a pure roofline is not enough (calibration, see `TimingParams` for each cons
   `seq_layer_overhead_s` charges).
   `seq_layer_overhead_s` is fitted so the 70B TP8 H100 step at batch 80 x 1,800 tokens is
   ~43 ms and a chat workload's p95 TPOT crosses 50 ms at a running batch of ~85, the seed's
-  planning figure for 8x H100 (p95 TPOT 50 ms at a running batch of 64-96, DESIGN.md sizing
-  chain); with it the two vLLM H200 points above come out at +9% (7.1 ms) and +15%
-  (18.6 ms), and the 8B TP1 H100 step at batch 8 x 2,000 tokens at ~11 ms.
+  planning figure for 8x H100 (p95 TPOT 50 ms at a running batch of 64-96;
+  docs/architecture.md, "The sizing chain"); with it the two vLLM H200 points above come out
+  at +9% (7.1 ms) and +15% (18.6 ms), and the 8B TP1 H100 step at batch 8 x 2,000 tokens at
+  ~11 ms.
 
 KV pool capacity follows SGLang's memory split: GPU memory x tp x mem_fraction_static, minus
 the weights, divided by KV bytes per token.
