@@ -442,8 +442,14 @@ class App:
         metrics.start_at_zero((t.name for t in cfg.tenants), get_args(QuotaKind))
         keyring = self.keyring = KeyRing(cfg.tenants, metrics)
         if cfg.tenants:
+            # The in-process store keeps its windows on the App's clock; Redis on its own
+            # server's TIME, shared by every gateway instance.
+            store_clock = self.clock if cfg.quotas.backend == "memory" else None
             self.quotas = QuotaGuard(
-                build_store(cfg.quotas), settings=cfg.quotas, metrics=metrics, clock=self.clock
+                build_store(cfg.quotas, clock=store_clock),
+                settings=cfg.quotas,
+                metrics=metrics,
+                clock=self.clock,
             )
             self.quotas.start()
             await self._check_quota_store()

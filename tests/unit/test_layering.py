@@ -129,17 +129,32 @@ REAL_TIME_EDGES = {
     "homing.rollout.store",
     # Compares the Kubernetes API server's creationTimestamps, which are real Unix seconds.
     "homing.scaler.actuators.kubernetes",
+    # Writes and reads the Kubernetes Lease's renewTime, which other instances compare with
+    # their own real time.
+    "homing.scaler.leader",
+    # Polls a child process's output pipe while waiting for it to exit.
+    "homing.scaler.actuators.exec",
 }
 
 _ASYNCIO_WAITS = {"sleep", "timeout", "timeout_at", "wait_for"}
 _LOOP_TIME = {"time", "call_at", "call_later"}
+_WALL_CLOCKS = {"now", "utcnow", "today"}
 
 
 def time_reads(path: Path) -> list[str]:
     """`line: what` for every direct read of time or wait on it in the file at `path`: an
-    import of `time`, `asyncio.sleep`/`timeout`/`timeout_at`/`wait_for` (attribute or
-    imported name), and an event loop's `time`, `call_at` or `call_later`."""
+    import of `time`, `asyncio.sleep`/`timeout`/`timeout_at`/`wait_for` (attribute, under
+    any alias of `asyncio`, or imported name), a `timeout=` given to any asyncio call, an
+    event loop's `time`, `call_at` or `call_later`, and `datetime`'s or `date`'s `now`,
+    `utcnow` or `today`."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    asyncio_names = {"asyncio"} | {
+        a.asname
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for a in node.names
+        if a.name == "asyncio" and a.asname
+    }
     found: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -155,15 +170,30 @@ def time_reads(path: Path) -> list[str]:
                 ]
         elif isinstance(node, ast.Attribute):
             owner = node.value
-            if (
-                isinstance(owner, ast.Name)
-                and owner.id == "asyncio"
-                and node.attr in _ASYNCIO_WAITS
-            ):
+            on_asyncio = isinstance(owner, ast.Name) and owner.id in asyncio_names
+            if on_asyncio and node.attr in _ASYNCIO_WAITS:
                 found.append(f"{node.lineno}: asyncio.{node.attr}")
             elif node.attr in _LOOP_TIME and _is_loop(owner):
                 found.append(f"{node.lineno}: loop.{node.attr}")
+            elif node.attr in _WALL_CLOCKS and _names(owner, ("datetime", "date")):
+                found.append(f"{node.lineno}: datetime.{node.attr}")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            on_asyncio = (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and func.value.id in asyncio_names
+            )
+            if on_asyncio and any(k.arg == "timeout" for k in node.keywords):
+                found.append(f"{node.lineno}: asyncio call with timeout=")
     return found
+
+
+def _names(node: ast.expr, names: tuple[str, ...]) -> bool:
+    """Whether `node` is one of `names`, bare or as an attribute (`datetime.datetime`)."""
+    if isinstance(node, ast.Name):
+        return node.id in names
+    return isinstance(node, ast.Attribute) and node.attr in names
 
 
 def _is_loop(node: ast.expr) -> bool:
@@ -209,16 +239,23 @@ def test_the_time_walk_sees_every_kind_of_direct_time_read(tmp_path: Path) -> No
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import asyncio\n"
+        "import asyncio as aio\n"
         "import time\n"
         "from asyncio import sleep\n"
+        "from datetime import UTC, datetime\n"
         "async def f(loop):\n"
         "    await asyncio.sleep(1)\n"
+        "    await aio.sleep(1)\n"
         "    async with asyncio.timeout(1):\n"
         "        pass\n"
+        "    await asyncio.wait(tasks, timeout=1)\n"
+        "    await asyncio.wait(tasks)\n"
         "    asyncio.get_running_loop().time()\n"
         "    loop.call_later(1, print)\n"
         "    self.loop.call_at(1, print)\n"
         "    clock.call_later(1, print)\n"
+        "    datetime.now(UTC)\n"
+        "    clock.now()\n"
     )
     reads = [r.split(": ", 1)[1] for r in time_reads(probe)]
     assert sorted(reads) == sorted(
@@ -226,10 +263,13 @@ def test_the_time_walk_sees_every_kind_of_direct_time_read(tmp_path: Path) -> No
             "import time",
             "from asyncio import sleep",
             "asyncio.sleep",
+            "asyncio.sleep",
             "asyncio.timeout",
+            "asyncio call with timeout=",
             "loop.time",
             "loop.call_later",
             "loop.call_at",
+            "datetime.now",
         ]
     )
 

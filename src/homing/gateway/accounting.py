@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from homing.gateway.errors import APIError
 from homing.gateway.prepare import PreparedRequest
-from homing.gateway.quotas.guard import QuotaGuard, QuotaTicket
 from homing.obs.replica import AttemptRecord
 from homing.obs.requests import RequestDone
 
@@ -124,15 +123,12 @@ class Timeline:
         return (last - first) * 1000.0 / (per_choice - 1)
 
 
-async def settle_quota(
-    quotas: QuotaGuard, ticket: QuotaTicket | None, usage: Usage, *, routed: bool
-) -> None:
-    """Settle the request's quota reservation by one rule on every path: the tokens the
-    engine was given and produced (prompt + completion). A request that never reached a
-    worker (a 503 from admission or routing, a client gone while queued) is refunded whole:
-    it uses up no requests, tokens or stream slot."""
-    used = usage.total_tokens if routed else 0
-    await quotas.settle(ticket, used, refund=not routed)
+def quota_tokens(usage: Usage, *, routed: bool) -> int:
+    """The tokens a request's quota reservation settles at, by one rule on every path: what
+    the engine was given and produced (prompt + completion). A request that never reached a
+    worker (a 503 from admission or routing, a client gone while queued) uses none: its
+    reservation is refunded whole (no requests, tokens or stream slot)."""
+    return usage.total_tokens if routed else 0
 
 
 @dataclass

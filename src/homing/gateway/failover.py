@@ -21,7 +21,8 @@ from typing import Literal
 #: client's, as Dynamo's request migration limit of 1 by default.
 MAX_MIGRATIONS = 1
 
-#: Engine statuses (gRPC status code names) that say the worker went away, not that the request failed there:
+#: Engine statuses (gRPC status code names) that say the worker went away, not that the
+#: request failed there:
 #: UNAVAILABLE (it is unreachable), CANCELLED (a worker shutting down cancels its calls; our
 #: own cancellations never surface as a status) and ABORTED (the worker ended the request
 #: itself, e.g. on restart). INTERNAL and the like are not retried: a request that makes

@@ -58,8 +58,8 @@ from homing.gateway.accounting import (
     Outcome,
     Timeline,
     Usage,
+    quota_tokens,
     request_record,
-    settle_quota,
 )
 from homing.gateway.decoding import ChoiceDecoder, DetailedDecoder, DetailedStep, LoggedToken
 from homing.gateway.errors import (
@@ -550,12 +550,9 @@ class Generation:
         finally:
             try:
                 if self.host.quotas is not None:
-                    await settle_quota(
-                        self.host.quotas,
-                        self._ticket,
-                        self.finalize_usage(),
-                        routed=self.worker_id is not None,
-                    )
+                    routed = self.worker_id is not None
+                    used = quota_tokens(self.finalize_usage(), routed=routed)
+                    await self.host.quotas.settle(self._ticket, used, refund=not routed)
             finally:
                 if self._untrack is not None:
                     self._untrack()

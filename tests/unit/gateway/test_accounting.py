@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from homing.gateway.accounting import Attempt, Timeline, Usage
+from homing.gateway.accounting import Attempt, Timeline, Usage, quota_tokens
 
 
 def test_an_attempt_is_timed_from_its_own_start_and_per_choice() -> None:
@@ -19,7 +19,7 @@ def test_an_attempt_is_timed_from_its_own_start_and_per_choice() -> None:
     assert (record.completion_tokens, record.cached_tokens, record.failed) == (6, 8, False)
 
 
-def test_an_untimed_or_refused_attempt_has_no_times_and_a_failed_one_counts() -> None:
+def test_an_untimed_attempt_has_no_times_and_a_failed_one_counts() -> None:
     """An engine that sent each answer whole gives no TTFT or TPOT; a failed attempt is the
     replica's error whatever the request did next."""
     attempt = Attempt(worker_id="w1", started_at=0.0, prompt_tokens=4, choices=1, failed=True)
@@ -68,3 +68,13 @@ def test_a_restart_voids_the_token_times_but_not_the_routing() -> None:
 
 def test_usage_totals_prompt_and_completion() -> None:
     assert Usage(prompt_tokens=3, completion_tokens=4, cached_tokens=2).total_tokens == 7
+
+
+@pytest.mark.parametrize(("routed", "tokens"), [(True, 7), (False, 0)])
+def test_a_quota_settles_at_what_the_engine_was_given_and_made_or_nothing(
+    routed: bool, tokens: int
+) -> None:
+    """A routed request is charged prompt + completion tokens; one that never reached a
+    worker is charged nothing (its reservation is refunded whole)."""
+    usage = Usage(prompt_tokens=3, completion_tokens=4, cached_tokens=3)
+    assert quota_tokens(usage, routed=routed) == tokens

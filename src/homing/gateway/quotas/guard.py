@@ -23,6 +23,7 @@ Redis); this file does I/O and policy around them:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import uuid
 from dataclasses import dataclass
@@ -284,5 +285,7 @@ class QuotaGuard:
             await cancel_and_wait(self._renewer)
             self._renewer = None
         if self._pending:
-            await asyncio.wait(list(self._pending), timeout=2 * self.settings.store_timeout_s)
+            with contextlib.suppress(TimeoutError):
+                async with self.clock.timeout(2 * self.settings.store_timeout_s):
+                    await asyncio.wait(list(self._pending))
         await self.store.close()
