@@ -38,6 +38,7 @@ from homing.config import (
     ScalerSettings,
     SloSettings,
     TenantSettings,
+    gpus_per_replica,
 )
 from homing.daemon.reload import ReloadPlan, plan_reload
 from homing.daemon.reload import refusal as reload_refusal
@@ -86,7 +87,7 @@ from homing.scaler.leader import (
 )
 from homing.scaler.loop import PoolScaler, Scaler
 from homing.scaler.metrics import ScalerMetrics
-from homing.scaler.settings import gpus_per_replica, scaler_config, seed_capacity
+from homing.scaler.settings import scaler_config, seed_capacity
 from homing.text.parsers import detect_reasoning_parser, detect_tool_parser
 from homing.text.tokenizer import TextTokenizer
 

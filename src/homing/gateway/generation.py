@@ -699,9 +699,10 @@ class Generation:
                     if aborted:  # the stream may resume: the decoder keeps what it holds
                         item = _as_chunk(new_ids, item)
                 step = decoder.push(item)
-                attempt.note(step.new_tokens, attempt_cached, self._clock.now())
+                now = self._clock.now()
+                attempt.note(step.new_tokens, attempt_cached, now)
                 if step.new_tokens:
-                    self._note_tokens()
+                    self._timeline.tokens_at(now)
                 if detailed:
                     assert isinstance(step, DetailedStep)
                     if step.texts or step.logprobs:
@@ -763,9 +764,6 @@ class Generation:
                 self._room.set()
             return item
         return None
-
-    def _note_tokens(self) -> None:
-        self._timeline.tokens_at(self._clock.now())
 
     def _refuse(self, item: BaseException) -> APIError:
         """`_api_error(item)`, kept as the error the client got."""

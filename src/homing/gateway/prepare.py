@@ -110,8 +110,8 @@ class Preparer:
     """Validates and tokenizes requests for the fleet's served models (each request against
     the model it names).
 
-    `max_messages`: chat messages per request (400 past it; None = no limit). `clock`: the
-    arrival time and `created` stamp of requests that bring none.
+    `max_messages`: chat messages per request (400 past it; None = no limit). `clock`: each
+    request's `created` stamp, and its arrival time when the caller gives none.
     """
 
     def __init__(self, fleet: Fleet, *, clock: Clock, max_messages: int | None = None) -> None:

@@ -13,7 +13,6 @@ faster meets a TPOT target with the batch that meets `speedup` x that target, an
 from __future__ import annotations
 
 from homing.config import ScalerSettings, SimSettings
-from homing.config import gpus_per_replica as gpus_per_replica  # a config rule, kept here
 from homing.obs.slo import Slo
 from homing.plan.chain import Assumptions
 from homing.plan.measure import measure

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from homing.config import ConfigError, SimSettings, load_config
+from homing.config import ConfigError, SimSettings, gpus_per_replica, load_config
 from homing.obs.slo import Slo
 from homing.scaler.policy import ScalerConfig
 from homing.scaler.settings import (
     FALLBACK_DECODE_STREAMS,
-    gpus_per_replica,
     scaler_config,
     seed_capacity,
 )
