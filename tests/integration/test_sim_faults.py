@@ -16,8 +16,9 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
+from homing.ports import free_port_pair
 from homing.sim.config import SimConfig
-from homing.sim.worker import SimWorker, free_port_pair
+from homing.sim.worker import SimWorker
 
 CONFIG = SimConfig(speedup=20.0, heartbeat_busy_s=0.1, heartbeat_idle_s=0.2)
 

@@ -28,9 +28,9 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from homing.ports import free_port_pair
 from homing.sim.generation import CORPUS
 from homing.sim.process import spawn_sim, terminate
-from homing.sim.worker import free_port_pair
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

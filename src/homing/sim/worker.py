@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import socket
 from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
+from homing.ports import free_port_pair
 from homing.sim.config import SimConfig
 from homing.sim.engine_loop import EngineLoop, LoopStats
 from homing.sim.faults import Fault, FaultState
@@ -66,24 +66,6 @@ def resolve_worker(config: SimConfig) -> tuple[TimingModel, EngineLimits]:
         mem_fraction_static=config.mem_fraction_static,
     )
     return timing, limits
-
-
-def free_port_pair(host: str, attempts: int = 50) -> int:
-    """A port P such that P and P + 1 are both free on `host` now (TCP). Raises RuntimeError
-    when none is found in `attempts` tries."""
-    for _ in range(attempts):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
-            first.bind((host, 0))
-            port = first.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
-                try:
-                    second.bind((host, port + 1))
-                except OSError:
-                    continue
-        return port
-    raise RuntimeError(f"no free pair of consecutive ports on {host}")
 
 
 class _Engine:

@@ -22,7 +22,6 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -38,6 +37,7 @@ from homing.embedded import SglangLauncher, SimLauncher
 from homing.engines.client import EngineClient
 from homing.engines.sglang_launch import kill_group
 from homing.lifeline import LIFELINE, child_environ
+from homing.ports import free_port_pair
 from homing.scaler.actuators.base import (
     ActuatorError,
     ColdStarts,
@@ -192,8 +192,9 @@ class CommandSpawner:
     async def spawn(
         self, member_id: str, index: int, *, clock: Clock, started: Callable[[int], None]
     ) -> Replica:
-        """Run the command on a free port and poll its engine until it answers."""
-        port = _free_port()
+        """Run the command on a free port (the next one free too, for a simulated
+        worker's sidecar) and poll its engine until it answers."""
+        port = free_port_pair(HOST)
         argv, added = self.template.render(port=port, model=self.model, index=index)
         program = _program(argv[0])
         env = child_environ()
@@ -296,13 +297,6 @@ def _program(name: str) -> str:
     if not os.access(name, os.X_OK):
         raise ActuatorError(f"{name!r} is not a program (not executable)")
     return name
-
-
-def _free_port() -> int:
-    """A loopback TCP port free now (the OS's choice)."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 class LocalActuator:
