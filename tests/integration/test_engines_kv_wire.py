@@ -16,6 +16,7 @@ from homing.engines.client import EngineClient
 from homing.engines.pool import PoolConfig, WorkerPool
 from homing.router import Router
 from homing.router.events import BatchCounts
+from homing.router.testing import RecordingObserver
 
 FAST = PoolConfig(
     health_interval_s=0.05, health_timeout_s=0.5, kv_backoff_initial_s=0.05, kv_backoff_max_s=0.2
@@ -86,21 +87,6 @@ async def servicer() -> AsyncIterator[tuple[RawKvServicer, str]]:
         await server.stop(0.1)
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.batches: list[BatchCounts] = []
-        self.flushes: list[str] = []
-
-    def on_decision(self, decision: object) -> None:
-        pass
-
-    def on_kv_batch(self, worker_id: str, counts: BatchCounts, lag_s: float | None) -> None:
-        self.batches.append(counts)
-
-    def on_flush(self, worker_id: str, reason: str) -> None:
-        self.flushes.append(reason)
-
-
 async def test_subscription_yields_the_bytes_on_the_wire(
     servicer: tuple[RawKvServicer, str],
 ) -> None:
@@ -123,7 +109,7 @@ async def test_malformed_bytes_end_the_stream_and_the_pool_resubscribes(
     """Junk on the stream: the subscription is cancelled, the worker flushed as a stream
     error and subscribed to again; the new subscription's batch is applied."""
     raw, url = servicer
-    recorder = Recorder()
+    recorder = RecordingObserver()
     router = Router(observer=recorder)
     pool = WorkerPool([url], router=router, config=FAST)
     await pool.start()
@@ -138,5 +124,5 @@ async def test_malformed_bytes_end_the_stream_and_the_pool_resubscribes(
     assert raw.subscriptions == 2
     assert router.index.match(tokens(1)) == {}  # flushed with the failed stream
     reasons = ["subscribe", "exact_mode", "stream_error", "subscribe", "exact_mode"]
-    assert recorder.flushes == reasons
-    assert recorder.batches == [BatchCounts(stored=1), BatchCounts(stored=1)]
+    assert recorder.flush_reasons() == reasons
+    assert recorder.batch_counts() == [BatchCounts(stored=1), BatchCounts(stored=1)]

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
@@ -18,6 +17,7 @@ from homing.app import App
 from homing.config import EngineSettings, GatewaySettings, HomingConfig, SimSettings
 from homing.engines.pool import WorkerPool
 from homing.router import RouteDecision, Router, RouteRequest, load_bound, snapshot_from_state
+from homing.router.testing import RecordingObserver
 
 SYSTEM = list(range(20_000, 22_000))  # a 2,000-token system prompt
 
@@ -111,32 +111,23 @@ async def test_restarted_worker_is_not_credited_with_its_old_prefixes(app4: App)
         assert "homing_router_decisions_total{" in text
 
 
-@dataclass
-class BoundRecorder:
-    """Router observer that records, per decision, the chosen worker's load and the
-    capacity that applied, computed from the pool at that moment with the router's own
-    load measure (`WorkerSnapshot.load`: the larger of the gateway's in-flight count and
-    the worker's last reported running + waiting): the ring's c = 1.25 (floor 4) for
-    placements by hashing, the affinity c_hit = 1.5 (floor 8) for prefix hits."""
+def load_and_bound(pool: WorkerPool) -> Callable[[RouteDecision], tuple[int, int]]:
+    """A `RecordingObserver` hook: per decision, the chosen worker's load and the capacity
+    that applied, computed from the pool at that moment with the router's own load measure
+    (`WorkerSnapshot.load`: the larger of the gateway's in-flight count and the worker's last
+    reported running + waiting): the ring's c = 1.25 (floor 4) for placements by hashing, the
+    affinity c_hit = 1.5 (floor 8) for prefix hits."""
 
-    pool: WorkerPool
-    router: Router
-    seen: list[tuple[RouteDecision, int, int]]
-
-    def on_decision(self, decision: RouteDecision) -> None:
-        loads = {w.worker_id: snapshot_from_state(w).load for w in self.pool.healthy_workers()}
+    def measure(decision: RouteDecision) -> tuple[int, int]:
+        loads = {w.worker_id: snapshot_from_state(w).load for w in pool.healthy_workers()}
         total, n = sum(loads.values()), len(loads)
         if decision.branch in ("ring", "overflow"):
             bound = load_bound(total, n, 1.25, 4)
         else:
             bound = load_bound(total, n, 1.5, 8)
-        self.seen.append((decision, loads[decision.worker_id], bound))
+        return loads[decision.worker_id], bound
 
-    def on_kv_batch(self, worker_id: str, counts: object, lag_s: float | None) -> None:
-        pass
-
-    def on_flush(self, worker_id: str, reason: str) -> None:
-        pass
+    return measure
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -145,7 +136,7 @@ async def test_shared_system_prompt_spreads_within_the_bound(app4: App) -> None:
     under its bound (c = 1.25 x mean in-flight when placed by the ring, 1.5 x for a prefix
     hit), the prompt collects on few workers first and then spreads; all succeed."""
     pool, router, url = parts(app4)
-    recorder = BoundRecorder(pool, router, [])
+    recorder = RecordingObserver(load_and_bound(pool))
     metrics_observer, router.observer = router.observer, recorder
     connector = aiohttp.TCPConnector(limit=200)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -157,13 +148,13 @@ async def test_shared_system_prompt_spreads_within_the_bound(app4: App) -> None:
         )
     router.observer = metrics_observer
     assert all(status == 200 for status, _, _ in results)
-    assert len(recorder.seen) == 200
-    for decision, load, bound in recorder.seen:
+    assert len(recorder.decisions) == 200
+    for decision, (load, bound) in recorder.decisions_with_extras():
         assert decision.branch != "overload"
         assert load < bound, (decision, load, bound)
     per_worker = Counter(worker for _, worker, _ in results)
     assert len(per_worker) >= 2
-    branches = Counter(decision.branch for decision, _, _ in recorder.seen)
+    branches = Counter(decision.branch for decision in recorder.decisions)
     assert branches["ring"] + branches["overflow"] > 0
     assert sum(cached for _, _, cached in results) > 0
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 import pytest_asyncio
+from kv_subscription import KvSubscription
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
@@ -60,41 +61,9 @@ async def generate(
     return [r async for r in stub.Generate(req)][-1].complete
 
 
-class Recorder:
-    """Collects a subscription's batches in the background."""
-
-    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
-        self.call = call
-        self.batches: list[common_pb2.KvEventBatch] = []
-        self.task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        async for batch in self.call:
-            self.batches.append(batch)
-
-    async def until(self, predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while not predicate(self.batches):
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"not reached; got {len(self.batches)} batches")
-            await asyncio.sleep(0.01)
-
-    def event_batches(self) -> list[common_pb2.KvEventBatch]:
-        return [b for b in self.batches if not b.load.load_only]
-
-    async def close(self) -> None:
-        self.call.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-
-
-def subscribe(stub: pb_grpc.SglangSchedulerStub, before_first: bool = True) -> Recorder:
-    return Recorder(
-        stub.SubscribeKvEvents(
-            common_pb2.SubscribeKvEventsRequest(
-                start_sequence_number=0, load_records_before_first_batch=before_first
-            )
-        )
-    )
+async def subscribe(stub: pb_grpc.SglangSchedulerStub, before_first: bool = True) -> KvSubscription:
+    """A live subscription from sequence 0 (its headers are in)."""
+    return await KvSubscription(stub, load_records_before_first_batch=before_first).open()
 
 
 class TestStoredBlocks:
@@ -105,7 +74,7 @@ class TestStoredBlocks:
         block, SGLang's hash chain, unlinked under the root, locality LOCAL) and its output
         page at the end as another, linked to the last prompt page; the repeat reports cached
         tokens and stores no prompt page."""
-        recorder = subscribe(stub)
+        recorder = await subscribe(stub)
         await generate(stub, "first")
 
         def blocks(batches: list[common_pb2.KvEventBatch]) -> int:
@@ -151,7 +120,7 @@ class TestStoredBlocks:
         async with SimWorker(config, sidecar=False) as sim:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{sim.port}") as channel:
                 stub = pb_grpc.SglangSchedulerStub(channel)
-                recorder = subscribe(stub)
+                recorder = await subscribe(stub)
                 await recorder.until(bool)  # the subscription is live
                 for i, prompt in enumerate(prompts):
                     request = pb.GenerateRequest(
@@ -185,7 +154,7 @@ class TestNumbering:
         """A subscriber asking for load records first gets load_only records numbered 0, then
         event batches 1, 2, 3, ... each with an EngineLoad; load_only records repeat the last
         number; samples increase."""
-        recorder = subscribe(stub, before_first=True)
+        recorder = await subscribe(stub, before_first=True)
         await recorder.until(lambda bs: len(bs) >= 1)
         assert recorder.batches[0].load.load_only and recorder.batches[0].sequence_number == 0
         for i in range(3):
@@ -209,7 +178,7 @@ class TestNumbering:
     ) -> None:
         """A subscriber that did not ask for early load records gets the first event batch
         first."""
-        recorder = subscribe(stub, before_first=False)
+        recorder = await subscribe(stub, before_first=False)
         await asyncio.sleep(0.3)  # longer than the idle heartbeat
         assert recorder.batches == []
         await generate(stub, "x")
@@ -220,8 +189,8 @@ class TestNumbering:
 
     async def test_idle_heartbeats_carry_the_load(self, stub: pb_grpc.SglangSchedulerStub) -> None:
         """An idle worker sends load_only heartbeats at its idle period, with telemetry."""
-        recorder = subscribe(stub)
-        await recorder.until(lambda bs: len(bs) >= 3, timeout_s=2.0)
+        recorder = await subscribe(stub)
+        await recorder.until(lambda bs: len(bs) >= 3, within_s=2.0)
         beat = recorder.batches[-1]
         assert beat.load.load_only and beat.load.running_requests == 0
         assert beat.load.max_total_num_tokens > 0 and beat.load.max_running_requests > 0
@@ -243,7 +212,7 @@ class TestFlush:
     ) -> None:
         """FlushCache on an idle worker emits a cleared event; the next repeat is a miss."""
         await generate(stub, "warm")
-        recorder = subscribe(stub)
+        recorder = await subscribe(stub)
         await recorder.until(bool)  # the subscription is live (its first load record is in)
         assert (await stub.FlushCache(common_pb2.FlushCacheRequest())).success
         await recorder.until(lambda bs: any(e.HasField("cleared") for b in bs for e in b.events))

@@ -24,7 +24,6 @@ a worker and reduces what comes back to a nested dict of such facts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import os
@@ -38,6 +37,7 @@ import grpc
 import grpc.aio
 import pytest
 from engine_fleet import Fleet
+from kv_subscription import KvSubscription
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
@@ -417,52 +417,24 @@ async def _until(check: Callable[[], Awaitable[bool]], what: str, within_s: floa
         await asyncio.sleep(0.05)
 
 
-class _KvRecorder:
-    """Reads one SubscribeKvEvents stream into `batches`, subscribed as homing's client does
-    (from sequence 0, load records before the first batch)."""
+def _pages(batches: list[common_pb2.KvEventBatch]) -> int:
+    """Blocks stored by the stored events of `batches`."""
+    return sum(
+        len(e.stored.blocks) for b in batches for e in b.events if e.WhichOneof("data") == "stored"
+    )
 
-    def __init__(self, stub: pb_grpc.SglangSchedulerStub) -> None:
-        self.batches: list[common_pb2.KvEventBatch] = []
-        self._call = stub.SubscribeKvEvents(
-            common_pb2.SubscribeKvEventsRequest(
-                start_sequence_number=0, load_records_before_first_batch=True
-            )
-        )
-        self._task: asyncio.Task[None] | None = None
 
-    async def open(self) -> None:
-        """Subscribed once the worker has sent the call's headers (both servicers send them
-        after joining the event source); then batches are read in the background."""
-        await asyncio.wait_for(self._call.initial_metadata(), WAIT_S)
-        self._task = asyncio.ensure_future(self._read())
+def _has_event(batches: list[common_pb2.KvEventBatch], kind: str) -> bool:
+    """Whether an event of `kind` ("stored", "removed", "cleared") is in `batches`."""
+    return any(e.WhichOneof("data") == kind for b in batches for e in b.events)
 
-    async def _read(self) -> None:
-        async for batch in self._call:
-            self.batches.append(batch)
 
-    def pages(self) -> int:
-        return sum(
-            len(e.stored.blocks)
-            for b in self.batches
-            for e in b.events
-            if e.WhichOneof("data") == "stored"
-        )
-
-    def has_event(self, kind: str) -> bool:
-        return any(e.WhichOneof("data") == kind for b in self.batches for e in b.events)
-
-    def load_only_after_last_event(self) -> bool:
-        last = max((i for i, b in enumerate(self.batches) if len(b.events)), default=None)
-        return last is not None and any(
-            b.HasField("load") and b.load.load_only for b in self.batches[last + 1 :]
-        )
-
-    async def close(self) -> None:
-        self._call.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await self._task
+def _load_only_after_last_event(batches: list[common_pb2.KvEventBatch]) -> bool:
+    """Whether a load_only record follows the last batch that carries events."""
+    last = max((i for i, b in enumerate(batches) if len(b.events)), default=None)
+    return last is not None and any(
+        b.HasField("load") and b.load.load_only for b in batches[last + 1 :]
+    )
 
 
 async def _running(client: EngineClient) -> int:
@@ -473,9 +445,9 @@ async def _record_kv(
     stub: pb_grpc.SglangSchedulerStub, client: EngineClient, shapes: dict[str, Any]
 ) -> list[int]:
     """The KV phase on a fresh worker: fill, extend, flush. Returns the greedy tokens of PROMPT."""
-    kv = _KvRecorder(stub)
+    kv = KvSubscription(stub)
     try:
-        await kv.open()
+        await kv.open(WAIT_S)
         responses, status = await _call(stub, _request("kv-fill"))
         shapes["generate"]["stream"] = generate_shape(responses, status)
         tokens = [
@@ -483,25 +455,26 @@ async def _record_kv(
         ]
         fill_pages = (len(PROMPT) + MAX_NEW - 1) // PAGE_SIZE
 
-        async def filled() -> bool:  # the completion changes the load: a load_only record
-            return kv.pages() >= fill_pages and kv.load_only_after_last_event()
+        def filled(batches: list[common_pb2.KvEventBatch]) -> bool:
+            # the completion changes the load: a load_only record
+            return _pages(batches) >= fill_pages and _load_only_after_last_event(batches)
 
-        await _until(filled, "stored events for the cache fill, then a load_only record")
+        await kv.until(filled, "stored events for the cache fill, then a load_only record", WAIT_S)
         _, status = await _call(stub, _request("kv-extend", EXTENSION, 1, stream=False))
         assert status == "OK"
         extend_pages = len(EXTENSION) // PAGE_SIZE - fill_pages
 
-        async def extended() -> bool:
-            return kv.pages() >= fill_pages + extend_pages
+        def extended(batches: list[common_pb2.KvEventBatch]) -> bool:
+            return _pages(batches) >= fill_pages + extend_pages
 
-        await _until(extended, "stored events for the extension")
+        await kv.until(extended, "stored events for the extension", WAIT_S)
         flushed = await client.flush_cache(timeout_s=5.0)
         shapes["flush"] = {"success": flushed}
 
-        async def cleared() -> bool:
-            return kv.has_event("cleared")
+        def cleared(batches: list[common_pb2.KvEventBatch]) -> bool:
+            return _has_event(batches, "cleared")
 
-        await _until(cleared, "a cleared event after FlushCache")
+        await kv.until(cleared, "a cleared event after FlushCache", WAIT_S)
         shapes["kv_events"] = kv_shape(kv.batches, fill_pages, extend_pages)
     finally:
         await kv.close()

@@ -20,24 +20,7 @@ from homing.router.events import (
     StoredBlock,
     events_from_batch,
 )
-from homing.router.types import RouteDecision
-
-
-class Recorder:
-    """A `RouterObserver` that keeps what it is told."""
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[str, BatchCounts, float | None]] = []
-        self.flushes: list[tuple[str, str]] = []
-
-    def on_decision(self, decision: RouteDecision) -> None:
-        pass
-
-    def on_kv_batch(self, worker_id: str, counts: BatchCounts, lag_s: float | None) -> None:
-        self.batches.append((worker_id, counts, lag_s))
-
-    def on_flush(self, worker_id: str, reason: str) -> None:
-        self.flushes.append((worker_id, reason))
+from homing.router.testing import RecordingObserver
 
 
 def feeds() -> list[tuple[str, common_pb2.KvEventBatch]]:
@@ -91,7 +74,7 @@ def test_bytes_parsed_and_plain_events_build_the_same_router() -> None:
     events: the same matches, modes, decisions and observed counts; the bytes and the
     parsed batch leave identical index internals too."""
     routers = {name: Router(clock=ManualClock(3.0)) for name in ("bytes", "parsed", "plain")}
-    recorders = {name: Recorder() for name in routers}
+    recorders = {name: RecordingObserver() for name in routers}
     for name, router in routers.items():
         router.observer = recorders[name]
     for worker, batch in feeds():
@@ -151,7 +134,7 @@ def test_decoded_batch_carries_the_header_the_pool_reads() -> None:
 def test_malformed_bytes_raise_and_apply_nothing(raw: bytes) -> None:
     """Bytes that are not a KvEventBatch raise ValueError, and the index, the worker's
     last-event time and the observer are as before."""
-    recorder = Recorder()
+    recorder = RecordingObserver()
     router = Router(observer=recorder)
     with pytest.raises(ValueError, match=r"^malformed KvEventBatch: "):
         router.apply_kv_bytes("w0", raw)
@@ -163,7 +146,7 @@ def test_malformed_bytes_raise_and_apply_nothing(raw: bytes) -> None:
 def test_apply_events_takes_a_simulators_plain_events() -> None:
     """Plain events, no protobuf: stored blocks are matched, the worker turns exact (an
     exact_mode resync is reported), removals and a cleared cache apply in order."""
-    recorder = Recorder()
+    recorder = RecordingObserver()
     router = Router(clock=ManualClock(1.0), observer=recorder)
     tokens = list(range(300, 348))
     blocks = tuple(
