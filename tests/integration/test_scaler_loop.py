@@ -44,8 +44,8 @@ from homing.scaler.actuators.base import (
     Member,
     MemberState,
 )
-from homing.scaler.loop import PoolScaler, Scaler
-from homing.scaler.policy import Decision
+from homing.scaler.loop import PoolScaler, ReplicaCounts, Scaler
+from homing.scaler.policy import Decision, ScalerChain
 from homing.sim.process import spawn_sim, terminate
 
 pytestmark = pytest.mark.asyncio
@@ -280,7 +280,9 @@ async def rig() -> AsyncIterator[Callable[..., Any]]:
 
 
 def _decision(ready: int, warm: int = 0) -> Decision:
-    return Decision(desired_ready=ready, desired_warm=warm, reason="test", fast=False, chain={})
+    return Decision(
+        desired_ready=ready, desired_warm=warm, reason="test", fast=False, chain=ScalerChain()
+    )
 
 
 def _worker(p: PoolScaler, url: str) -> WorkerState | None:
@@ -374,7 +376,7 @@ async def test_an_operator_cordoned_worker_is_never_promoted(rig: Any) -> None:
     p.last = _decision(1, warm=1)  # w0 is ready: a new member joins warm
     second = await _start_one(r)
     warm = await _joined(r, second, Phase.CORDONED)
-    assert p.counts()["warm"] == 1 and p.counts()["ready"] == 1
+    assert p.counts().warm == 1 and p.counts().ready == 1
     act.held = True  # what it starts now stays STARTING
     d = _decision(3)
     p.last = d
@@ -387,7 +389,7 @@ async def test_an_operator_cordoned_worker_is_never_promoted(rig: Any) -> None:
     p.last = d
     await p.apply(d)
     assert pool.state(cordoned.worker_id).phase is Phase.CORDONED
-    assert p.counts()["warm"] == 0
+    assert p.counts().warm == 0
 
 
 async def test_two_members_ready_at_once_when_short_by_one_join_one_ready_one_warm(
@@ -401,12 +403,12 @@ async def test_two_members_ready_at_once_when_short_by_one_join_one_ready_one_wa
     act.held = True
     await act.start(2)
     assert await eventually(lambda: len(act.spawned()) == 2, WITHIN_S), act.members()
-    assert p.counts()["starting"] == 2
+    assert p.counts().starting == 2
     act.release()
     assert await eventually(
         lambda: _phases(p) == ["cordoned", "ready", "ready"] and _settled(p), WITHIN_S
     ), _phases(p)
-    assert p.counts() == {"ready": 2, "warm": 1, "starting": 0, "draining": 0, "ejected": 0}
+    assert p.counts() == ReplicaCounts(ready=2, warm=1, starting=0, draining=0, ejected=0)
 
 
 async def test_members_starting_for_the_warm_pool_are_warm_starting_not_starting(
@@ -424,7 +426,7 @@ async def test_members_starting_for_the_warm_pool_are_warm_starting_not_starting
     assert act.asked == [2]
     assert await eventually(lambda: len(act.spawned()) == 2, WITHIN_S), act.members()
     s = p.signals()
-    assert (p.counts()["starting"], s.starting, s.warm_starting, s.warm) == (2, 0, 2, 0)
+    assert (p.counts().starting, s.starting, s.warm_starting, s.warm) == (2, 0, 2, 0)
     p.last = _decision(1, warm=1)
     s = p.signals()
     assert (s.starting, s.warm_starting) == (1, 1)
@@ -437,7 +439,7 @@ async def test_a_stopping_member_is_not_counted_as_starting(rig: Any) -> None:
     p, act = r.p, r.act
     act.held = True
     member = await _start_one(r)
-    assert p.counts()["starting"] == 1 and p.signals().starting == 1
+    assert p.counts().starting == 1 and p.signals().starting == 1
     assert await eventually(lambda: act.spawned() == [member], WITHIN_S)
     act.stop_gate.clear()
     stopping = asyncio.create_task(act.stop(member))
@@ -446,7 +448,7 @@ async def test_a_stopping_member_is_not_counted_as_starting(rig: Any) -> None:
             lambda: (m := act.member(member)) is not None and m.state is MemberState.STOPPING,
             10.0,
         )
-        assert p.counts()["starting"] == 0
+        assert p.counts().starting == 0
         assert p.signals().starting == 0
     finally:
         act.stop_gate.set()
@@ -478,7 +480,7 @@ async def test_a_victim_whose_stop_fails_stays_retired(rig: Any) -> None:
         await scaler.step()
         assert await eventually(lambda: _settled(p), WITHIN_S)
         assert _worker(p, w.url) is None, _phases(p)
-        assert p.counts()["starting"] == 0
+        assert p.counts().starting == 0
 
 
 async def test_advisory_mode_follows_membership_and_starts_and_stops_nothing(

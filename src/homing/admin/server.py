@@ -300,7 +300,7 @@ def decision_message(d: Decision, s: PoolSignals | None) -> pb.ScalerDecision:
         desired_warm=d.desired_warm,
         reason=d.reason,
         fast=d.fast,
-        chain=[pb.ScalerChainStep(name=k, value=v) for k, v in d.chain.items()],
+        chain=[pb.ScalerChainStep(name=k, value=v) for k, v in d.chain.steps()],
     )
     if d.held_by is not None:
         message.held_by = d.held_by
@@ -317,11 +317,11 @@ def scaler_pool_message(p: PoolScaler, *, advise: bool = False) -> pb.ScalerPool
         model=p.model,
         mode=p.mode,
         actuator=p.actuator.kind,
-        ready=counts["ready"],
-        warm=counts["warm"],
-        starting=counts["starting"],
-        draining=counts["draining"],
-        ejected=counts["ejected"],
+        ready=counts.ready,
+        warm=counts.warm,
+        starting=counts.starting,
+        draining=counts.draining,
+        ejected=counts.ejected,
         min_replicas=p.config.min_replicas,
         max_replicas=p.config.max_replicas,
         default_cold_start_s=p.config.default_cold_start_s,

@@ -304,7 +304,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         pool = app.scaler.pools[0]
         seed_capacity = pool.estimator.decode_streams
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while pool.counts()["ready"] < args.initial_replicas:  # every replica serves at t=0
+        while pool.counts().ready < args.initial_replicas:  # every replica serves at t=0
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{args.initial_replicas} replicas not ready in time")
             await asyncio.sleep(0.1)
@@ -329,11 +329,11 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                         t_s=round(next_at, 3),
                         concurrency=schedule.concurrency(t),
                         open_streams=load.open_streams,
-                        ready=c["ready"],
-                        warm=c["warm"],
-                        starting=c["starting"],
-                        draining=c["draining"],
-                        ejected=c["ejected"],
+                        ready=c.ready,
+                        warm=c.warm,
+                        starting=c.starting,
+                        draining=c.draining,
+                        ejected=c.ejected,
                         desired_ready=last.desired_ready if last else -1,
                         desired_warm=last.desired_warm if last else -1,
                     )

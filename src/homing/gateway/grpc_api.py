@@ -12,7 +12,6 @@ the standard health service are enabled; health is SERVING while a worker is hea
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -30,10 +29,12 @@ from homing.gateway.errors import APIError, internal_error, invalid
 from homing.gateway.generation import ChoiceFinished, Generation, LogprobDelta, TextDelta
 from homing.gateway.logprobs import LogprobFormat
 from homing.gateway.output import finish_reason, heavy_output, parse_whole, reasoning_tokens
-from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
+from homing.gateway.prepare import VERSION_HEADER, Intake, PreparedRequest
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import (
     THREADED_BODY_BYTES,
+    ChatRequest,
+    CompletionRequest,
     loads_json,
     parse_chat,
     parse_completion,
@@ -208,41 +209,39 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def ChatCompletion(
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
-            return await self.service.prepare.chat(
-                await off_loop_if(_large(request), lambda: parse_chat(chat_body(request))),
-                request_id=request_id,
-                session_key=request.user or None,
-                principal=principal,
-            )
-
-        await self._handle(prepare, context)
+        await self._handle(request, lambda: parse_chat(chat_body(request)), request.user, context)
 
     async def Completion(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        async def prepare(request_id: str, principal: Principal | None) -> PreparedRequest:
-            return await self.service.prepare.completion(
-                await off_loop_if(
-                    _large(request), lambda: parse_completion(completion_body(request))
-                ),
-                request_id=request_id,
-                session_key=request.user or None,
-                principal=principal,
-            )
-
-        await self._handle(prepare, context)
+        await self._handle(
+            request, lambda: parse_completion(completion_body(request)), request.user, context
+        )
 
     async def _handle(
         self,
-        prepare: Callable[[str, Principal | None], Awaitable[PreparedRequest]],
+        request: Message,
+        parse: Callable[[], ChatRequest | CompletionRequest],
+        user: str,
         context: grpc.aio.ServicerContext,
     ) -> None:
+        """Authenticate, parse `request` with `parse` (in a thread when `_large`), prepare
+        its `Intake` and serve it; a refusal before serving is reported and ends the call."""
         request_id = _request_id(context)
         request_log = self.service.request_log
         arrived_at = self.service.clock.now()
         try:
-            prepared = await prepare(request_id, self._principal(context))
+            principal = self._principal(context)
+            intake = Intake(
+                request=await off_loop_if(_large(request), parse),
+                request_id=request_id,
+                session_key=user or None,
+                principal=principal,
+                arrived_at=arrived_at,
+                trace=parse_traceparent(_metadata_value(context, "traceparent")),
+                version=_metadata_value(context, VERSION_HEADER),
+            )
+            prepared = await self.service.prepare.prepare(intake)
         except APIError as err:
             request_log.rejected(request_id, err, started_at=arrived_at, api="grpc")
             await _abort(context, err, request_id)
@@ -253,14 +252,6 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         except Exception:  # a fault of ours: reported and answered like any refusal
             log.exception("internal_error", request_id=request_id)
             err = internal_error()
-            request_log.rejected(request_id, err, started_at=arrived_at, api="grpc")
-            await _abort(context, err, request_id)
-            return
-        trace = parse_traceparent(_metadata_value(context, "traceparent"))
-        prepared = dataclasses.replace(prepared, arrived_at=arrived_at, trace=trace)
-        try:
-            prepared = pin_version(prepared, _metadata_value(context, VERSION_HEADER))
-        except APIError as err:
             request_log.rejected(request_id, err, started_at=arrived_at, api="grpc")
             await _abort(context, err, request_id)
             return

@@ -59,10 +59,12 @@ from homing.gateway.output import (
     parse_whole,
     reasoning_tokens,
 )
-from homing.gateway.prepare import VERSION_HEADER, PreparedRequest, pin_version
+from homing.gateway.prepare import VERSION_HEADER, Intake, PreparedRequest
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import (
     THREADED_BODY_BYTES,
+    ChatRequest,
+    CompletionRequest,
     loads_json,
     parse_chat,
     parse_completion,
@@ -218,6 +220,22 @@ def _decode_json(raw: bytes, coding: str | None, limits: HttpLimits) -> Any:
                 code="invalid_json",
             ) from None
     return body
+
+
+def _intake(
+    request: web.Request, req: ChatRequest | CompletionRequest, principal: Principal | None
+) -> Intake:
+    """The `Intake` of `req` from `request`'s headers: `x-session-id`, `traceparent` and
+    `x-homing-version`; 400 for a session or version header that is not UTF-8."""
+    return Intake(
+        request=req,
+        request_id=request[REQUEST_ID],
+        session_key=_session_key(request),
+        principal=principal,
+        arrived_at=request[ARRIVED_AT],
+        trace=parse_traceparent(request.headers.get("traceparent")),
+        version=_text_header(request, VERSION_HEADER),
+    )
 
 
 def _session_key(request: web.Request) -> str | None:
@@ -377,36 +395,19 @@ class HttpApi:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/chat/completions`."""
-        principal = self._principal(request)
-        req = await _read_json(
-            request, self.limits, self.service.clock, self.body_timeout_s, parse_chat
-        )
-        prepared = await self.service.prepare.chat(
-            req,
-            request_id=request[REQUEST_ID],
-            session_key=_session_key(request),
-            principal=principal,
-            arrived_at=request[ARRIVED_AT],
-            trace=parse_traceparent(request.headers.get("traceparent")),
-        )
-        prepared = pin_version(prepared, _text_header(request, VERSION_HEADER))
-        return await self._serve(request, prepared)
+        return await self._complete(request, parse_chat)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/completions` (prompt as a string or a list of token ids)."""
+        return await self._complete(request, parse_completion)
+
+    async def _complete(
+        self, request: web.Request, parse: Callable[[Any], ChatRequest | CompletionRequest]
+    ) -> web.StreamResponse:
+        """Authenticate, read the body with `parse`, prepare its `Intake` and serve it."""
         principal = self._principal(request)
-        req = await _read_json(
-            request, self.limits, self.service.clock, self.body_timeout_s, parse_completion
-        )
-        prepared = await self.service.prepare.completion(
-            req,
-            request_id=request[REQUEST_ID],
-            session_key=_session_key(request),
-            principal=principal,
-            arrived_at=request[ARRIVED_AT],
-            trace=parse_traceparent(request.headers.get("traceparent")),
-        )
-        prepared = pin_version(prepared, _text_header(request, VERSION_HEADER))
+        req = await _read_json(request, self.limits, self.service.clock, self.body_timeout_s, parse)
+        prepared = await self.service.prepare.prepare(_intake(request, req, principal))
         return await self._serve(request, prepared)
 
     async def _serve(self, request: web.Request, prepared: PreparedRequest) -> web.StreamResponse:

@@ -1,4 +1,5 @@
-"""Request preparation: a validated body becomes a `PreparedRequest` ready to route.
+"""Request preparation: a front end's `Intake` (a validated body and what its transport
+carried beside it) becomes a `PreparedRequest` ready to route (`Preparer.prepare`).
 
 Rule of the file: pure validation and tokenization of one request against one served model
 (chat template, prompt token ids, context window, stop tokens); a client's mistake raises
@@ -106,6 +107,23 @@ class PreparedRequest:
         return self.json_schema is not None or self.structural_tag is not None
 
 
+@dataclass(frozen=True)
+class Intake:
+    """One chat or completions request as a front end received it: the parsed body and
+    what its transport carried beside it (HTTP headers or gRPC metadata). Both front ends
+    hand it to `Preparer.prepare`."""
+
+    request: ChatRequest | CompletionRequest
+    request_id: str
+    # The front end's session key (`x-session-id`, a gRPC call's `user`); None: the body's.
+    session_key: str | None = None
+    principal: Principal | None = None  # None: no tenants configured
+    # The gateway clock's `now` when the request arrived; None: when it is prepared.
+    arrived_at: float | None = None
+    trace: TraceContext | None = None  # the client's W3C traceparent
+    version: str | None = None  # `VERSION_HEADER`'s value; None or "": not pinned
+
+
 class Preparer:
     """Validates and tokenizes requests for the fleet's served models (each request against
     the model it names).
@@ -144,6 +162,21 @@ class Preparer:
                 f"'{param}' contains text that cannot be tokenized: {err}", param
             ) from None
 
+    async def prepare(self, intake: Intake) -> PreparedRequest:
+        """`intake`'s request validated, tokenized and pinned to `intake.version`; raises
+        `APIError`: 404/403 for the model, then the kind's own 400s (chat: too many messages,
+        a template failure, names and tools; completions: an empty or untokenizable prompt,
+        token ids past the vocabulary), then 400 for the context window, stop token ids and
+        logit bias, last 400 `unknown_version` (`pin_version`)."""
+        req = intake.request
+        model = self._model(req.model, intake.principal)
+        if isinstance(req, ChatRequest):
+            plan, prompt_ids = await self._chat_prompt(req, model)
+        else:
+            plan, prompt_ids = None, await self._text_prompt(req, model)
+        prepared = self._prepared(intake, model, prompt_ids, plan)
+        return pin_version(prepared, intake.version)
+
     async def chat(
         self,
         req: ChatRequest,
@@ -154,10 +187,33 @@ class Preparer:
         arrived_at: float | None = None,
         trace: TraceContext | None = None,
     ) -> PreparedRequest:
-        """Apply the chat template and tokenize, message content as plain text (a special
-        token's text in it never becomes that token); raises `APIError` (404/403 model, 400
-        context, template failure or too many messages)."""
-        model = self._model(req.model, principal)
+        """`prepare` of a chat request given field by field (not pinned to a version)."""
+        return await self.prepare(
+            Intake(req, request_id, session_key, principal, arrived_at, trace)
+        )
+
+    async def completion(
+        self,
+        req: CompletionRequest,
+        *,
+        request_id: str,
+        session_key: str | None = None,
+        principal: Principal | None = None,
+        arrived_at: float | None = None,
+        trace: TraceContext | None = None,
+    ) -> PreparedRequest:
+        """`prepare` of a completions request given field by field (not pinned to a
+        version)."""
+        return await self.prepare(
+            Intake(req, request_id, session_key, principal, arrived_at, trace)
+        )
+
+    async def _chat_prompt(
+        self, req: ChatRequest, model: ModelDispatch
+    ) -> tuple[ToolPlan, list[int]]:
+        """The tool plan and the prompt's ids: the chat template applied and tokenized,
+        message content as plain text (a special token's text in it never becomes that
+        token); raises `APIError` 400 (too many messages, names, tools, template failure)."""
         if self.max_messages is not None and len(req.messages) > self.max_messages:
             raise invalid(
                 f"Invalid value for 'messages': at most {self.max_messages} messages are "
@@ -178,72 +234,35 @@ class Preparer:
             messages = [_template_message(m) for m in req.messages]
             return plan, tokenizer.encode_chat(messages, True, plan.variables)
 
-        plan, prompt_ids = await self._encode(encode, cost, "messages")
-        prepared = self._prepared(
-            "chat", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal,
-            arrived_at, trace, plan,
-        )  # fmt: skip
-        if req.logprobs:
-            prepared = replace(prepared, logprobs=True, top_logprobs=req.top_logprobs or 0)
-        if prepared.session_key is None:  # the split's key: the conversation's first question
-            first = next((m for m in req.messages if m.role == "user"), None)
-            if first is not None:  # a tenant's "hi" and another's are different conversations
-                key = f"first-user:{prepared.tenant or ''}:{first.text()}"
-                prepared = replace(prepared, split_key=key)
-        return prepared
+        return await self._encode(encode, cost, "messages")
 
-    async def completion(
-        self,
-        req: CompletionRequest,
-        *,
-        request_id: str,
-        session_key: str | None = None,
-        principal: Principal | None = None,
-        arrived_at: float | None = None,
-        trace: TraceContext | None = None,
-    ) -> PreparedRequest:
-        """Tokenize a text prompt (special-token texts as plain text unless the request sets
-        `allow_special_tokens`) or check a token-id prompt; raises `APIError` 400/403/404."""
-        model = self._model(req.model, principal)
+    async def _text_prompt(self, req: CompletionRequest, model: ModelDispatch) -> list[int]:
+        """The prompt's ids: a text prompt tokenized (special-token texts as plain text
+        unless the request sets `allow_special_tokens`), a token-id prompt checked against
+        the vocabulary; raises `APIError` 400 (empty, untokenizable, ids out of range)."""
         if isinstance(req.prompt, str):
             text, tokenizer = req.prompt, model.tokenizer
             encode = tokenizer.encode if req.allow_special_tokens else tokenizer.encode_plain
             prompt_ids = await self._encode(lambda: encode(text), len(text), "prompt")
             if not prompt_ids:
                 raise invalid("The prompt must not be empty.", "prompt")
-        else:
-            prompt_ids = list(req.prompt)
-            _check_ids(prompt_ids, model.tokenizer.vocab_size, "prompt")
-        prepared = self._prepared(
-            "text", req, model, prompt_ids, req.max_new_tokens, request_id, session_key, principal,
-            arrived_at, trace,
-        )  # fmt: skip
-        if req.logprobs is None and not req.echo:
-            return prepared
-        echo = None
-        if req.echo:  # the prompt as given; a token-id prompt as its decoded text
-            echo = req.prompt if isinstance(req.prompt, str) else model.tokenizer.decode(prompt_ids)
-        return replace(
-            prepared,
-            logprobs=req.logprobs is not None,
-            top_logprobs=req.logprobs or 0,
-            echo=echo,
-        )
+            return prompt_ids
+        prompt_ids = list(req.prompt)
+        _check_ids(prompt_ids, model.tokenizer.vocab_size, "prompt")
+        return prompt_ids
 
     def _prepared(
         self,
-        kind: Kind,
-        req: ChatRequest | CompletionRequest,
+        intake: Intake,
         model: ModelDispatch,
         prompt_ids: list[int],
-        max_new_tokens: int | None,
-        request_id: str,
-        session_key: str | None,
-        principal: Principal | None = None,
-        arrived_at: float | None = None,
-        trace: TraceContext | None = None,
-        plan: ToolPlan | None = None,
+        plan: ToolPlan | None,
     ) -> PreparedRequest:
+        """The checks both kinds share (context window, stop token ids, logit bias) and the
+        record; raises `APIError` 400."""
+        req = intake.request
+        kind: Kind = "chat" if isinstance(req, ChatRequest) else "text"
+        max_new_tokens = req.max_new_tokens
         limit = model.max_context_length
         longest = model.max_prompt_tokens
         if len(prompt_ids) > longest:
@@ -277,8 +296,22 @@ class Preparer:
             ids = model.tokenizer.encode(stop)
             if len(ids) == 1 and ids[0] not in stop_token_ids:
                 stop_token_ids.append(ids[0])  # single-token stops also go to the engine
+        principal = intake.principal
+        tenant = principal.tenant if principal is not None else None
+        session_key = intake.session_key or req.session_key
+        if isinstance(req, ChatRequest):
+            logprobs, echo = bool(req.logprobs), None
+            top_logprobs = (req.top_logprobs or 0) if logprobs else 0
+            split_key = _chat_split_key(req, tenant) if session_key is None else None
+        else:
+            logprobs, top_logprobs = req.logprobs is not None, req.logprobs or 0
+            echo = None
+            if req.echo:  # the prompt as given; a token-id prompt as its decoded text
+                prompt = req.prompt
+                echo = prompt if isinstance(prompt, str) else model.tokenizer.decode(prompt_ids)
+            split_key = None
         return PreparedRequest(
-            request_id=request_id,
+            request_id=intake.request_id,
             kind=kind,
             model=model,
             prompt_ids=prompt_ids,
@@ -304,13 +337,26 @@ class Preparer:
             skip_special_tokens=req.skip_special_tokens and not (plan and plan.keeps_special),
             stream=req.stream,
             include_usage=req.include_usage,
-            session_key=session_key or req.session_key,
-            tenant=principal.tenant if principal is not None else None,
+            session_key=session_key,
+            tenant=tenant,
             principal=principal,
             created=int(self.clock.wall()),
-            arrived_at=self.clock.now() if arrived_at is None else arrived_at,
-            trace=trace,
+            arrived_at=self.clock.now() if intake.arrived_at is None else intake.arrived_at,
+            trace=intake.trace,
+            split_key=split_key,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            echo=echo,
         )
+
+
+def _chat_split_key(req: ChatRequest, tenant: str | None) -> str | None:
+    """The version split's key of a chat without a session key: its tenant and first user
+    message (a tenant's "hi" and another's are different conversations); None without one."""
+    first = next((m for m in req.messages if m.role == "user"), None)
+    if first is None:
+        return None
+    return f"first-user:{tenant or ''}:{first.text()}"
 
 
 #: The request header (HTTP) or metadata key (gRPC) that pins a model version, and the

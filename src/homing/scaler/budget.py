@@ -8,7 +8,7 @@ budget (it is never enforced by taking replicas away). The GPUs left are handed 
 replica at a time, every pool's ready replicas before any warm one, each replica to the
 pool with the largest shortfall relative to what it wants ((wanted - given) / wanted; ties:
 the pool name, in order), skipping a pool whose replica no longer fits while a smaller one
-may. A pool given less than it wanted gets `held_by` "gpu_budget" and the chain keys
+may. A pool given less than it wanted gets `held_by` "gpu_budget" and its chain's
 `budget_trimmed_ready` and `budget_trimmed_warm` (replicas cut).
 """
 
@@ -73,11 +73,9 @@ def apportion(
         if cut_ready <= 0 and cut_warm <= 0:
             out[pool] = d
             continue
-        chain = {
-            **d.chain,
-            "budget_trimmed_ready": float(cut_ready),
-            "budget_trimmed_warm": float(cut_warm),
-        }
+        chain = dataclasses.replace(
+            d.chain, budget_trimmed_ready=float(cut_ready), budget_trimmed_warm=float(cut_warm)
+        )
         out[pool] = dataclasses.replace(
             d,
             desired_ready=ready[pool],

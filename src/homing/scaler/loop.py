@@ -54,6 +54,22 @@ log = structlog.get_logger("homing.scaler")
 SAMPLE_WINDOW_S = 15.0
 
 
+@dataclass(frozen=True)
+class ReplicaCounts:
+    """One pool's replicas by state at one moment (`PoolScaler.counts`).
+
+    ready: ready and healthy. warm: cordoned by the scaler. starting: asked of the actuator
+    and not stopping, joining, or ready and not joined yet (neither retired nor refused).
+    draining: being drained. ejected: taken out by outlier ejection.
+    """
+
+    ready: int
+    warm: int
+    starting: int
+    draining: int
+    ejected: int
+
+
 @dataclass
 class PoolScaler:
     """The autoscaler of one model's pool.
@@ -187,10 +203,8 @@ class PoolScaler:
             i for i in self._warm if pool.has(i) and pool.state(i).phase is Phase.CORDONED
         }
 
-    def counts(self) -> dict[str, int]:
-        """Replicas by state: ready (ready and healthy), warm (cordoned by the scaler),
-        starting (asked for and not stopping, joining, or ready and not joined yet: neither
-        retired nor refused), draining, ejected."""
+    def counts(self) -> ReplicaCounts:
+        """The pool's replicas by state now (`ReplicaCounts`)."""
         self._prune_warm()
         workers = self.dispatch.pool.workers()
         in_pool = {w.url for w in workers}
@@ -205,13 +219,13 @@ class PoolScaler:
             )
         )
         starting += sum(1 for w in workers if w.phase is Phase.JOINING)
-        return {
-            "ready": sum(1 for w in workers if w.phase is Phase.READY and w.healthy),
-            "warm": sum(1 for w in workers if w.worker_id in self._warm),
-            "starting": starting,
-            "draining": sum(1 for w in workers if w.phase is Phase.DRAINING),
-            "ejected": sum(1 for w in workers if w.phase is Phase.EJECTED),
-        }
+        return ReplicaCounts(
+            ready=sum(1 for w in workers if w.phase is Phase.READY and w.healthy),
+            warm=sum(1 for w in workers if w.worker_id in self._warm),
+            starting=starting,
+            draining=sum(1 for w in workers if w.phase is Phase.DRAINING),
+            ejected=sum(1 for w in workers if w.phase is Phase.EJECTED),
+        )
 
     def signals(self) -> PoolSignals:
         """This tick's `PoolSignals`; feeds the capacity estimator first. `starting` leaves
@@ -234,15 +248,15 @@ class PoolScaler:
         self.estimator.observe(samples)
         demand = self.demand.snapshot()
         counts = self.counts()
-        warm_share = max(0, (self.last.desired_warm if self.last else 0) - counts["warm"])
-        warm_share = min(warm_share, counts["starting"])
+        warm_share = max(0, (self.last.desired_warm if self.last else 0) - counts.warm)
+        warm_share = min(warm_share, counts.starting)
         serving = [w for w in workers if w.phase is not Phase.JOINING]
         return PoolSignals(
             now=now,
-            ready=counts["ready"],
-            warm=counts["warm"],
-            starting=counts["starting"] - warm_share,
-            draining=counts["draining"],
+            ready=counts.ready,
+            warm=counts.warm,
+            starting=counts.starting - warm_share,
+            draining=counts.draining,
             in_flight=sum(w.in_flight for w in serving),
             queued=self.dispatch.queued,
             prefill_tokens_per_s=demand.prefill_tokens_per_s,
@@ -270,7 +284,7 @@ class PoolScaler:
         counts = self.counts()
         workers = pool.workers()
         warm = [w for w in workers if w.worker_id in self._warm]
-        need = d.desired_ready - counts["ready"]
+        need = d.desired_ready - counts.ready
         warm_left = len(warm)
         if need > 0:
             for w in warm[:need]:  # promote: ready at once
@@ -297,7 +311,7 @@ class PoolScaler:
                 self._warm.discard(w.worker_id)
                 self._drain(w.worker_id, reason="warm_surplus")
         wanted = max(0, need) + max(0, d.desired_warm - warm_left)
-        more = wanted - counts["starting"]
+        more = wanted - counts.starting
         if more > 0 and await self._fenced("start"):
             try:
                 await self.actuator.start(more)
@@ -429,7 +443,7 @@ class PoolScaler:
             draining=s.draining,
             in_flight=s.in_flight,
             queued=s.queued,
-            chain={k: round(v, 4) for k, v in d.chain.items()},
+            chain={k: round(v, 4) for k, v in d.chain.steps()},
         )
         m = self.metrics
         if m is None:
@@ -522,9 +536,9 @@ class Scaler:
         current = {}
         for p in pools:
             s, c = signals[p.model], p.counts()
-            current[p.model] = s.ready + s.warm + c["starting"] + c["draining"] + c["ejected"]
+            current[p.model] = s.ready + s.warm + c.starting + c.draining + c.ejected
         gpus = {p.model: p.config.gpus_per_replica for p in pools}
-        floors = {p.model: int(wants[p.model].chain.get("floor", 0)) for p in pools}
+        floors = {p.model: int(wants[p.model].chain.floor) for p in pools}
         decisions = apportion(wants, current, gpus, self.gpu_budget, min_ready=floors)
         for p in pools:
             p.last = decisions[p.model]

@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 #: A fraction of a replica this small is rounding, not demand (a pool's prefill term is
 #: often ~1e-8 replicas): `ceil` takes it off before rounding up.
@@ -187,25 +187,65 @@ class PoolSignals:
 
 
 @dataclass(frozen=True)
+class ScalerChain:
+    """The named steps of one decision (rules 1 to 3 of the module docstring), for logs,
+    metrics and the admin API. Replica counts unless named otherwise; 0 for a step not
+    computed.
+
+    demand_streams: in_flight + queued. prefill_demand_tok_s: prefill tokens/s.
+    decode_replicas / prefill_replicas: what each demand needs. prefill_share: prefill /
+    raw (0 when raw is 0). raw: decode + prefill. with_headroom: raw x (1 + headroom).
+    need: with_headroom rounded up, clamped to [floor, max_replicas]. floor: the least
+    target this tick (rule 4: 0 only while idle with scale_to_zero). current: ready +
+    starting. growth_per_s: replicas/s the demand grows by (>= 0). cold_start_s: the cold
+    start used (seconds). step: the fast path's step (0: none). window_max: the largest
+    need (under pressure, max(need, current)) over the scale-down window.
+    budget_trimmed_ready / budget_trimmed_warm: replicas the GPU budget cut
+    (`homing.scaler.budget`; None: not trimmed).
+    """
+
+    demand_streams: float = 0.0
+    prefill_demand_tok_s: float = 0.0
+    decode_replicas: float = 0.0
+    prefill_replicas: float = 0.0
+    prefill_share: float = 0.0
+    raw: float = 0.0
+    with_headroom: float = 0.0
+    need: float = 0.0
+    floor: float = 0.0
+    current: float = 0.0
+    growth_per_s: float = 0.0
+    cold_start_s: float = 0.0
+    step: float = 0.0
+    window_max: float = 0.0
+    budget_trimmed_ready: float | None = None
+    budget_trimmed_warm: float | None = None
+
+    def steps(self) -> tuple[tuple[str, float], ...]:
+        """(name, value) of every step in the order the policy computes them, the budget's
+        two last and only when set."""
+        return tuple(
+            (f.name, value) for f in fields(self) if (value := getattr(self, f.name)) is not None
+        )
+
+
+@dataclass(frozen=True)
 class Decision:
     """What one tick decided for one pool.
 
     desired_ready: replicas that should take requests (a total, starting ones included).
     desired_warm: replicas to keep started but idle. reason: "steady", "scale_up",
     "fast_path", "scale_down", "held", "to_zero", "from_zero" or "bounds". fast: a fast
-    step was added this tick. chain: the steps, for logs and metrics (keys: demand_streams,
-    prefill_demand_tok_s, decode_replicas, prefill_replicas, prefill_share, raw,
-    with_headroom, need, floor, current, growth_per_s, cold_start_s, step, window_max).
-    held_by: why a wanted change did not (fully) happen: "hysteresis", "window",
-    "cooldown", "starting", "max_replicas", "scale_up_rate", or the budget's "gpu_budget";
-    None: nothing held.
+    step was added this tick. chain: the named steps (`ScalerChain`). held_by: why a wanted
+    change did not (fully) happen: "hysteresis", "window", "cooldown", "starting",
+    "max_replicas", "scale_up_rate", or the budget's "gpu_budget"; None: nothing held.
     """
 
     desired_ready: int
     desired_warm: int
     reason: str
     fast: bool
-    chain: dict[str, float]
+    chain: ScalerChain
     held_by: str | None = None
 
 
@@ -410,22 +450,22 @@ class ScalingPolicy:
             warm = max(warm, min(held, kept))
         warm = max(0, min(warm, cfg.max_replicas - target))
 
-        chain = {
-            "demand_streams": streams,
-            "prefill_demand_tok_s": prefill_demand,
-            "decode_replicas": decode,
-            "prefill_replicas": prefill,
-            "prefill_share": prefill / raw if raw > 0 else 0.0,
-            "raw": raw,
-            "with_headroom": with_headroom,
-            "need": float(need),
-            "floor": float(floor),
-            "current": float(current),
-            "growth_per_s": growth,
-            "cold_start_s": cold,
-            "step": float(step),
-            "window_max": float(max(v for _, v in self._window)),
-        }
+        chain = ScalerChain(
+            demand_streams=streams,
+            prefill_demand_tok_s=prefill_demand,
+            decode_replicas=decode,
+            prefill_replicas=prefill,
+            prefill_share=prefill / raw if raw > 0 else 0.0,
+            raw=raw,
+            with_headroom=with_headroom,
+            need=float(need),
+            floor=float(floor),
+            current=float(current),
+            growth_per_s=growth,
+            cold_start_s=cold,
+            step=float(step),
+            window_max=float(max(v for _, v in self._window)),
+        )
         return Decision(target, warm, reason, fast, chain, held_by)
 
     def _growth(self, now: float, streams: float, prefill: float, s: PoolSignals) -> float:

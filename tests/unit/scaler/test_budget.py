@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from homing.scaler.budget import apportion
-from homing.scaler.policy import Decision
+from homing.scaler.policy import Decision, ScalerChain
 
 
 def want(ready: int, warm: int = 0) -> Decision:
-    return Decision(ready, warm, "scale_up", False, {"raw": float(ready)})
+    return Decision(ready, warm, "scale_up", False, ScalerChain(raw=float(ready)))
 
 
 def sizes(out: dict[str, Decision]) -> dict[str, tuple[int, int]]:
@@ -29,8 +29,12 @@ def test_budget_trims_warm_before_ready() -> None:
     out = apportion({"a": want(3, 2), "b": want(3, 2)}, {"a": 1, "b": 1}, {"a": 1, "b": 1}, 8)
     assert sizes(out) == {"a": (3, 1), "b": (3, 1)}
     assert out["a"].held_by == "gpu_budget"
-    assert out["a"].chain["budget_trimmed_warm"] == 1.0
-    assert out["a"].chain["raw"] == 3.0
+    assert out["a"].chain.budget_trimmed_warm == 1.0
+    assert out["a"].chain.raw == 3.0
+    assert out["a"].chain.steps()[-2:] == (
+        ("budget_trimmed_ready", 0.0),
+        ("budget_trimmed_warm", 1.0),
+    )
 
 
 def test_the_largest_relative_shortfall_gets_gpus_first() -> None:

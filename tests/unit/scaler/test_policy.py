@@ -58,7 +58,7 @@ def cfg(**fields: Any) -> ScalerConfig:
 
 
 def finite(d: Decision) -> bool:
-    return all(math.isfinite(v) for v in d.chain.values())
+    return all(math.isfinite(v) for _, v in d.chain.steps())
 
 
 def ramp(policy: ScalingPolicy, cold: float, ticks: int = 4) -> float:
@@ -90,10 +90,15 @@ def test_the_seed_chain_gives_45_replicas_from_its_demand() -> None:
     )
     assert d.desired_ready == 45 == seed.replicas
     assert d.reason == "steady"
-    assert d.chain["decode_replicas"] == pytest.approx(26.04, abs=0.01)
-    assert d.chain["raw"] == pytest.approx(37.20, abs=0.01)
-    assert d.chain["prefill_share"] == pytest.approx(0.3)
-    assert d.chain["with_headroom"] == pytest.approx(44.64, abs=0.01)
+    assert d.chain.decode_replicas == pytest.approx(26.04, abs=0.01)
+    assert d.chain.raw == pytest.approx(37.20, abs=0.01)
+    assert d.chain.prefill_share == pytest.approx(0.3)
+    assert d.chain.with_headroom == pytest.approx(44.64, abs=0.01)
+    assert [name for name, _ in d.chain.steps()] == [
+        "demand_streams", "prefill_demand_tok_s", "decode_replicas", "prefill_replicas",
+        "prefill_share", "raw", "with_headroom", "need", "floor", "current", "growth_per_s",
+        "cold_start_s", "step", "window_max",
+    ]  # fmt: skip
 
 
 def test_zero_traffic_scales_to_the_minimum_without_nan() -> None:
@@ -107,7 +112,7 @@ def test_zero_traffic_scales_to_the_minimum_without_nan() -> None:
         decisions.append(d)
         ready = d.desired_ready
     assert all(finite(d) for d in decisions)
-    assert decisions[0].chain["raw"] == 0.0
+    assert decisions[0].chain.raw == 0.0
     assert ready == 2
     assert decisions[-1].reason == "steady"
 
@@ -140,7 +145,7 @@ def test_a_step_adds_a_fast_step_sized_by_cold_start(cold: float, step: int) -> 
     policy = ScalingPolicy(cfg())
     now = ramp(policy, cold)
     d = policy.decide(sig(now + TICK, ready=5, in_flight=50, cold_start_s=cold, ttft_p95_s=0.9))
-    assert d.chain["growth_per_s"] == pytest.approx(0.2)
+    assert d.chain.growth_per_s == pytest.approx(0.2)
     assert d.fast and d.reason == "fast_path"
     assert d.desired_ready == 5 + step
 
@@ -255,8 +260,8 @@ def test_latency_over_its_slo_on_a_pool_with_free_capacity_adds_nothing() -> Non
         for loaded in ({"in_flight": 37}, {"workers_waiting": 4}, {"queued": 1}):
             policy = ScalingPolicy(cfg(fast_step_min=2))
             d = policy.decide(sig(0.0, **{"in_flight": 30, **loaded, **quiet}))
-            assert d.fast and d.chain["step"] == 2
-            assert d.desired_ready == max(d.chain["need"], 4) + 2
+            assert d.fast and d.chain.step == 2
+            assert d.desired_ready == max(d.chain.need, 4) + 2
 
 
 def test_stale_latency_on_a_pool_with_no_replica_and_no_demand_adds_no_step() -> None:
@@ -325,7 +330,7 @@ def test_growth_is_measured_in_demand_not_in_replicas() -> None:
     for i in range(6):
         per = 20.0 if i < 3 else 10.0
         d = policy.decide(sig(i * TICK, ready=8, in_flight=80, decode_streams_per_replica=per))
-    assert d.chain["growth_per_s"] == 0.0
+    assert d.chain.growth_per_s == 0.0
     assert (d.desired_ready, d.desired_warm) == (8, 0)
 
 
@@ -542,6 +547,6 @@ def test_warm_replicas_promoted_by_this_tick_are_not_held_for_replacement() -> N
         d = policy.decide(
             sig(now + TICK * (2 + i), ready=5, warm=2, in_flight=50, cold_start_s=10.0)
         )
-    assert d.chain["growth_per_s"] == 0.0 and d.desired_warm == 2
+    assert d.chain.growth_per_s == 0.0 and d.desired_warm == 2
     lost = policy.decide(sig(now + TICK * 6, ready=3, warm=2, in_flight=50, cold_start_s=10.0))
     assert (lost.desired_ready, lost.desired_warm) == (5, 0)
