@@ -34,6 +34,7 @@ from redis_server import RedisServer
 
 from homing.admin.client import AdminClient, AdminError
 from homing.app import App
+from homing.clock import Clock, ManualClock
 from homing.config import (
     AdminSettings,
     EngineSettings,
@@ -116,8 +117,10 @@ def config(
 
 
 @asynccontextmanager
-async def gateway(cfg: HomingConfig) -> AsyncIterator[tuple[App, AdminClient]]:
-    async with own_app(cfg) as app:
+async def gateway(
+    cfg: HomingConfig, clock: Clock | None = None
+) -> AsyncIterator[tuple[App, AdminClient]]:
+    async with own_app(cfg, clock=clock) as app:
         assert app.admin is not None and app.admin.socket_path is not None
         async with AdminClient("unix:" + app.admin.socket_path) as admin:
             yield app, admin
@@ -446,8 +449,9 @@ async def test_a_pinned_version_is_served_by_it_and_an_unknown_one_is_400(
 
 async def test_rollout_status_prints_the_comparison(sims: Sims, state_dir: str) -> None:
     """`homing rollout status MODEL` (the CLI, a child process) prints the rollout's head
-    line, its split and the two versions side by side."""
-    async with gateway(config(sims, state_dir)) as (app, admin):
+    line, its split and the two versions side by side. The gateway runs on a `ManualClock`:
+    the bake time it reports stays 0 s however long the child takes to start."""
+    async with gateway(config(sims, state_dir), ManualClock()) as (app, admin):
         assert app.admin is not None and app.admin.socket_path is not None
         await admin.start_rollout(MODEL, "v2", [5, 25, 50, 100], 600.0)
         child = await asyncio.create_subprocess_exec(
