@@ -1,9 +1,10 @@
 """What a configuration reload changes: the pure difference of two validated configs.
 
-Rule of the file: no I/O. `plan_reload(old, new)` says what the running process must do to
-serve `new`, or why it cannot without a restart. A reload is all or nothing: when any
-setting outside `RELOADABLE` differs (listeners, the quota store, the engines homing starts,
-the served models, the index's block size, ...), the plan is refused and nothing is applied.
+Rule of the file: no I/O, no event loop, no clock. `plan_reload(old, new)` says what the
+running process must do to serve `new`, or why it cannot without a restart; `homing.app.reload`
+carries the plan out. A reload is all or nothing: when any setting outside `RELOADABLE`
+differs (listeners, the quota store, the engines homing starts, the served models, the
+index's block size, ...), the plan is refused and nothing is applied.
 
 Reloadable in place: tenants and their keys and quotas, the admin keys, the routing policy
 and its weights and bounds (router-wide and per model), retries and stream migration, the
@@ -23,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from homing.config import HomingConfig, ModelSettings
+from homing.config.models import ModelSettings
+from homing.config.root import HomingConfig
 
 #: Dotted paths a reload applies in place; "*" is every element of a list.
 RELOADABLE: tuple[str, ...] = (
