@@ -42,7 +42,7 @@ import hashlib
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 import grpc.aio
@@ -617,6 +617,98 @@ class HealthProbe:
     healthy: bool
     timed_out: bool = False
     message: str = ""
+
+
+@runtime_checkable
+class EngineStreamApi(Protocol):
+    """What the gateway reads from one Generate stream (`EngineStream` and
+    `homing.engines.testing.FakeStream` are ones): an async iterator of `TokenChunk`s then one
+    `GenerateDone`; `EngineError` on failure; `aclose` ends it (Abort unless it completed);
+    `sever` cuts it with an error; `messages`: messages received so far."""
+
+    request_id: str
+    messages: int
+
+    def __aiter__(self) -> EngineStreamApi:
+        """The stream itself."""
+        ...
+
+    async def __anext__(self) -> TokenChunk | GenerateDone:
+        """The next message; StopAsyncIteration after the `GenerateDone`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop reading; Abort unless the stream completed. Idempotent."""
+        ...
+
+    def sever(self, err: EngineError) -> bool:
+        """Cut the stream: the consumer's pending or next read raises `err`. False when it
+        already ended."""
+        ...
+
+
+@runtime_checkable
+class EngineApi(Protocol):
+    """The surface of one worker's client that the pool (`homing.engines.pool.WorkerPool`),
+    the outlier ejector and a lease (`homing.fleet.dispatch.LeaseClient`) use; `EngineClient`
+    and `homing.engines.testing.FakeEngine` satisfy it. Each method behaves as
+    `EngineClient`'s of the same name."""
+
+    url: str
+    worker_id: str
+
+    @property
+    def open_streams(self) -> int:
+        """Generate streams started and not yet ended."""
+        ...
+
+    def sever(self, reason: str) -> int:
+        """Cut every open Generate stream with UNAVAILABLE (transport); how many were cut."""
+        ...
+
+    def generate(
+        self,
+        params: GenerateParams,
+        *,
+        timeout_s: float | None = None,
+        traceparent: str | None = None,
+        watcher: StreamWatcher | None = None,
+    ) -> EngineStreamApi:
+        """Start a Generate call."""
+        ...
+
+    async def abort(self, request_id: str, reason: str = "") -> None:
+        """Best-effort Abort; never raises."""
+        ...
+
+    async def health_check(self, timeout_s: float = 2.0) -> bool:
+        """Answered healthy within `timeout_s`; never raises."""
+        ...
+
+    async def health_probe(self, timeout_s: float = 2.0) -> HealthProbe:
+        """One HealthCheck's outcome; never raises."""
+        ...
+
+    async def model_info(self, timeout_s: float = 10.0) -> pb.GetModelInfoResponse:
+        """GetModelInfo; `EngineError` on failure."""
+        ...
+
+    async def server_info(self, timeout_s: float = 10.0) -> pb.GetServerInfoResponse:
+        """GetServerInfo; `EngineError` on failure."""
+        ...
+
+    async def tokenizer_bundle(self, timeout_s: float = 60.0) -> bytes:
+        """GetTokenizer's zip, checked against its sha256; `EngineError` on failure."""
+        ...
+
+    def subscribe_kv_events(self, start_sequence_number: int = 0) -> AsyncIterator[bytes]:
+        """SubscribeKvEvents: each `KvEventBatch` as bytes until the worker ends the stream;
+        `EngineError` on failure."""
+        ...
+
+    async def close(self) -> None:
+        """Wait for pending aborts, then release the connection."""
+        ...
 
 
 def grpc_target(url: str) -> str:

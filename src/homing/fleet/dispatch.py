@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from homing.engines.client import EngineClient, EngineError, EngineStream, GenerateParams
+from homing.engines.client import EngineApi, EngineError, EngineStreamApi, GenerateParams
 from homing.engines.pool import LeaseMark, WorkerPool, WorkerState
 from homing.fleet.stream_interval import StreamIntervalPolicy
 from homing.obs.demand import DemandMeter
@@ -68,7 +68,7 @@ class LeaseClient:
 
     def __init__(self, pool: WorkerPool, worker_id: str, mark: LeaseMark) -> None:
         self._pool = pool
-        self._client: EngineClient = pool.client(worker_id)
+        self._client: EngineApi = pool.client(worker_id)
         self._mark = mark
         self.worker_id = worker_id
 
@@ -83,7 +83,7 @@ class LeaseClient:
         *,
         timeout_s: float | None = None,
         traceparent: str | None = None,
-    ) -> EngineStream:
+    ) -> EngineStreamApi:
         """`EngineClient.generate` on the lease's worker, watched for the breaker."""
         return self._client.generate(
             params, timeout_s=timeout_s, traceparent=traceparent, watcher=self
