@@ -88,7 +88,11 @@ def config(
     versions: dict[str, float] | None = None,
     quotas: QuotaSettings | None = None,
     on_rollback: str = "drain",
+    lenient: bool = False,
 ) -> HomingConfig:
+    """The rollout's thresholds are tight enough that a 2x slower canary fails; `lenient`
+    widens them so that every check passes whatever the machine's load does to latency
+    (for tests whose claim is not the verdict)."""
     return HomingConfig(
         gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=5.0),
         engines=EngineSettings(health_interval_s=0.2),
@@ -107,9 +111,9 @@ def config(
         rollout=RolloutSettings(
             min_requests=30,
             min_latency_samples=20,
-            attainment_margin=0.15,
-            error_margin=0.15,
-            latency_margin=0.5,
+            attainment_margin=0.9 if lenient else 0.15,
+            error_margin=0.9 if lenient else 0.15,
+            latency_margin=100.0 if lenient else 0.5,
             tick_s=0.2,
             on_rollback=on_rollback,  # type: ignore[arg-type]
         ),
@@ -635,7 +639,7 @@ async def test_a_canary_without_a_ready_worker_is_neither_stepped_nor_promoted(
     """With the canary's only worker cordoned, a comparison whose checks all pass is a
     wait that says why (so the step cannot move on), and a promotion by hand is refused:
     either would send requests to no replica."""
-    async with gateway(config(sims, state_dir)) as (app, admin):
+    async with gateway(config(sims, state_dir, lenient=True)) as (app, admin):
         assert app.http_port is not None
         await admin.start_rollout(MODEL, "v2", [50, 100], 3600.0)
         load = Load(app.http_port)
