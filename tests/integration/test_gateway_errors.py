@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -23,6 +24,28 @@ async def _post(app: App, path: str, data: bytes | str, **headers: str) -> tuple
             headers={"content-type": "application/json", **headers},
         ) as resp:
             return resp.status, await resp.json(), resp.headers.copy()
+
+
+async def _post_raw(app: App, path: str, body: bytes, header: bytes) -> tuple[int, Any]:
+    """POST `body` with one extra raw header line (any bytes) on a fresh connection; the
+    status and the JSON body."""
+    head = [
+        f"POST {path} HTTP/1.1".encode(),
+        b"Host: 127.0.0.1",
+        b"Content-Type: application/json",
+        b"Content-Length: %d" % len(body),
+        b"Connection: close",
+        header,
+    ]
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+    try:
+        writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 5)  # until the server closes
+    finally:
+        writer.close()
+    status_line, _, rest = raw.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
 
 
 def _err(message: str, param: str | None, code: str, type_: str = "invalid_request_error") -> dict:
@@ -242,6 +265,37 @@ async def test_token_id_outside_vocabulary_is_400(gateway: App) -> None:
         f"Token id {vocab + 3} in 'prompt' is out of range for the vocabulary (size {vocab}).",
         "prompt",
         "invalid_value",
+    )
+
+
+async def test_version_header_that_is_not_utf8_is_checked_after_the_request(gateway: App) -> None:
+    """An `x-homing-version` of bytes that are not UTF-8 is 400 `invalid_header_value`, but
+    only once the request itself is valid: an unknown model's 404 and a prompt past the
+    context window's 400 come first."""
+    header = b"x-homing-version: v-\xff\xed\xa0\x80"
+    unknown = json.dumps(_chat(gateway, model="gpt-9")).encode()
+    status, body = await _post_raw(gateway, "/v1/chat/completions", unknown, header)
+    assert status == 404
+    assert body == _err(
+        "The model 'gpt-9' does not exist or you do not have access to it.",
+        "model",
+        "model_not_found",
+    )
+    limit = gateway.model.max_context_length
+    too_long = {"model": gateway.model.model_id, "prompt": [1000] * (limit - 10), "max_tokens": 100}
+    status, body = await _post_raw(
+        gateway, "/v1/completions", json.dumps(too_long).encode(), header
+    )
+    assert status == 400
+    assert body["error"]["code"] == "context_length_exceeded"
+    status, body = await _post_raw(
+        gateway, "/v1/chat/completions", json.dumps(_chat(gateway)).encode(), header
+    )
+    assert status == 400
+    assert body == _err(
+        "The x-homing-version header is not valid UTF-8.",
+        "x-homing-version",
+        "invalid_header_value",
     )
 
 

@@ -25,6 +25,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from homing.app import App
 from homing.config import EngineSettings, GatewaySettings, HomingConfig, SimSettings
+from homing.gateway.prepare import Intake
 from homing.gateway.requests import parse_completion
 from homing.text.tokenizer import TextTokenizer
 from homing.v1 import inference_pb2 as pb
@@ -285,7 +286,8 @@ async def test_eos_stop_string_still_goes_to_the_engine_as_its_token_id(gateway:
         "prompt": "hi",
         "stop": ["<｜end▁of▁sentence｜>"],
     }
-    prepared = await gateway.service.prepare.completion(parse_completion(body), request_id="stop")
+    intake = Intake(parse_completion(body), request_id="stop")
+    prepared = await gateway.service.prepare.prepare(intake)
     assert prepared.stop_token_ids == [_tokenizer(gateway).eos_token_ids[0]]
 
 

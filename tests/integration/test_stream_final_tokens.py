@@ -14,6 +14,7 @@ from openai import AsyncOpenAI
 from homing.app import App
 from homing.config import GatewaySettings, HomingConfig, SimSettings
 from homing.engines.client import GenerateDone, GenerateParams
+from homing.gateway.prepare import Intake
 from homing.gateway.requests import parse_chat
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -50,7 +51,7 @@ async def _engine_output(app: App) -> list[int]:
     """The worker's own non-streamed output ids for the request the tests send."""
     assert app.service is not None and app.pool is not None
     body = {"model": app.model.model_id, "messages": MESSAGES}
-    prepared = await app.service.prepare.chat(parse_chat(body), request_id="truth")
+    prepared = await app.service.prepare.prepare(Intake(parse_chat(body), request_id="truth"))
     worker = app.pool.healthy_workers()[0].worker_id
     params = GenerateParams(
         request_id="truth",

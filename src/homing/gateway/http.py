@@ -59,7 +59,7 @@ from homing.gateway.output import (
     parse_whole,
     reasoning_tokens,
 )
-from homing.gateway.prepare import VERSION_HEADER, Intake, PreparedRequest
+from homing.gateway.prepare import VERSION_HEADER, Intake, PreparedRequest, header_text
 from homing.gateway.request_log import RequestLog, new_request_id, parse_traceparent
 from homing.gateway.requests import (
     THREADED_BODY_BYTES,
@@ -225,8 +225,9 @@ def _decode_json(raw: bytes, coding: str | None, limits: HttpLimits) -> Any:
 def _intake(
     request: web.Request, req: ChatRequest | CompletionRequest, principal: Principal | None
 ) -> Intake:
-    """The `Intake` of `req` from `request`'s headers: `x-session-id`, `traceparent` and
-    `x-homing-version`; 400 for a session or version header that is not UTF-8."""
+    """The `Intake` of `req` from `request`'s headers: `x-session-id` (400 when it is not
+    UTF-8), `traceparent` and `x-homing-version` (unchecked here: `Preparer.prepare` checks it
+    last, after the model's own errors)."""
     return Intake(
         request=req,
         request_id=request[REQUEST_ID],
@@ -234,36 +235,13 @@ def _intake(
         principal=principal,
         arrived_at=request[ARRIVED_AT],
         trace=parse_traceparent(request.headers.get("traceparent")),
-        version=_text_header(request, VERSION_HEADER),
+        version=request.headers.get(VERSION_HEADER),
     )
 
 
 def _session_key(request: web.Request) -> str | None:
-    """`x-session-id` (`_text_header`)."""
-    return _text_header(request, "x-session-id")
-
-
-def _text_header(request: web.Request, name: str) -> str | None:
-    """Header `name` (None when absent or empty), which must be UTF-8 text (400 otherwise):
-    aiohttp decodes header bytes with surrogateescape, and the value is hashed and logged as
-    text."""
-    value = request.headers.get(name) or None
-    if value is not None and not _encodable(value):
-        raise APIError(
-            400,
-            f"The {name} header is not valid UTF-8.",
-            param=name,
-            code="invalid_header_value",
-        )
-    return value
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    """`x-session-id` (None when absent or empty); 400 when it is not UTF-8 (`header_text`)."""
+    return header_text("x-session-id", request.headers.get("x-session-id"))
 
 
 class HttpApi:

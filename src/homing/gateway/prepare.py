@@ -121,7 +121,10 @@ class Intake:
     # The gateway clock's `now` when the request arrived; None: when it is prepared.
     arrived_at: float | None = None
     trace: TraceContext | None = None  # the client's W3C traceparent
-    version: str | None = None  # `VERSION_HEADER`'s value; None or "": not pinned
+    # `VERSION_HEADER`'s value as the transport gave it, unchecked (an HTTP header of bytes
+    # that are not UTF-8 holds surrogate escapes); None or "": not pinned. Checked when the
+    # request is pinned, after the model's own errors (`pin_version`).
+    version: str | None = None
 
 
 class Preparer:
@@ -167,7 +170,8 @@ class Preparer:
         `APIError`: 404/403 for the model, then the kind's own 400s (chat: too many messages,
         a template failure, names and tools; completions: an empty or untokenizable prompt,
         token ids past the vocabulary), then 400 for the context window, stop token ids and
-        logit bias, last 400 `unknown_version` (`pin_version`)."""
+        logit bias, last the version's 400s (`invalid_header_value`, `unknown_version`:
+        `pin_version`)."""
         req = intake.request
         model = self._model(req.model, intake.principal)
         if isinstance(req, ChatRequest):
@@ -176,37 +180,6 @@ class Preparer:
             plan, prompt_ids = None, await self._text_prompt(req, model)
         prepared = self._prepared(intake, model, prompt_ids, plan)
         return pin_version(prepared, intake.version)
-
-    async def chat(
-        self,
-        req: ChatRequest,
-        *,
-        request_id: str,
-        session_key: str | None = None,
-        principal: Principal | None = None,
-        arrived_at: float | None = None,
-        trace: TraceContext | None = None,
-    ) -> PreparedRequest:
-        """`prepare` of a chat request given field by field (not pinned to a version)."""
-        return await self.prepare(
-            Intake(req, request_id, session_key, principal, arrived_at, trace)
-        )
-
-    async def completion(
-        self,
-        req: CompletionRequest,
-        *,
-        request_id: str,
-        session_key: str | None = None,
-        principal: Principal | None = None,
-        arrived_at: float | None = None,
-        trace: TraceContext | None = None,
-    ) -> PreparedRequest:
-        """`prepare` of a completions request given field by field (not pinned to a
-        version)."""
-        return await self.prepare(
-            Intake(req, request_id, session_key, principal, arrived_at, trace)
-        )
 
     async def _chat_prompt(
         self, req: ChatRequest, model: ModelDispatch
@@ -365,10 +338,12 @@ VERSION_HEADER = "x-homing-version"
 
 
 def pin_version(prepared: PreparedRequest, value: str | None) -> PreparedRequest:
-    """`prepared` pinned to version `value` of its model (`VERSION_HEADER`; None or "": not
-    pinned). 400 `unknown_version` when the model has no such version (no worker carries
-    it and its split does not name it)."""
-    if not value:
+    """`prepared` pinned to version `value` of its model (`VERSION_HEADER`, unchecked; None
+    or "": not pinned). 400 `invalid_header_value` when `value` is not UTF-8 text
+    (`header_text`), 400 `unknown_version` when the model has no such version (no worker
+    carries it and its split does not name it)."""
+    value = header_text(VERSION_HEADER, value)
+    if value is None:
         return prepared
     known = prepared.model.versions()
     if value not in known:
@@ -381,6 +356,24 @@ def pin_version(prepared: PreparedRequest, value: str | None) -> PreparedRequest
             code="unknown_version",
         )
     return replace(prepared, version_pin=value)
+
+
+def header_text(name: str, value: str | None) -> str | None:
+    """`value` of header `name` (None when it is None or empty), which must be UTF-8 text:
+    400 `invalid_header_value` otherwise (aiohttp decodes header bytes with surrogateescape,
+    and the value is hashed and logged as text)."""
+    if not value:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(
+            400,
+            f"The {name} header is not valid UTF-8.",
+            param=name,
+            code="invalid_header_value",
+        ) from None
+    return value
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:

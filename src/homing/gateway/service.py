@@ -90,25 +90,9 @@ class InferenceService:
     def lease(
         self, prepared: PreparedRequest, exclude: Sequence[str] = (), slots: int | None = None
     ) -> Lease:
-        """A lease on a ready replica of the request's model, not one of `exclude`, for
-        `slots` requests (default its `n` choices); raises `APIError` 503 when none can
-        serve."""
-        try:
-            return prepared.model.lease(
-                prepared.prompt_ids,
-                session_key=prepared.session_key,
-                split_key=prepared.split_key,
-                slots=prepared.n if slots is None else slots,
-                exclude=exclude,
-                version=prepared.version_pin,
-            )
-        except NoReplica:
-            if prepared.version_pin is not None:
-                raise no_capacity(
-                    f"No healthy replica of version {prepared.version_pin!r} is available "
-                    "for this model."
-                ) from None
-            raise no_capacity("No healthy replica is available for this model.") from None
+        """A lease on a ready replica for `prepared`, not one of `exclude`, for `slots`
+        requests (`lease_replica`); `APIError` 503 when none can serve."""
+        return lease_replica(prepared, exclude, slots)
 
     def retry_budget(self, model_id: str) -> RetryBudget:
         """The retry budget of `model_id` (made on first use, its metrics at 0)."""
@@ -185,3 +169,27 @@ class InferenceService:
             model.wake()  # a replica may have room now
 
         return leave
+
+
+def lease_replica(
+    prepared: PreparedRequest, exclude: Sequence[str] = (), slots: int | None = None
+) -> Lease:
+    """A lease on a ready replica of the request's model (of its pinned version, if any),
+    not one of `exclude` (worker ids), for `slots` requests (default its `n` choices);
+    raises `APIError` 503 `no_capacity` when none can serve."""
+    try:
+        return prepared.model.lease(
+            prepared.prompt_ids,
+            session_key=prepared.session_key,
+            split_key=prepared.split_key,
+            slots=prepared.n if slots is None else slots,
+            exclude=exclude,
+            version=prepared.version_pin,
+        )
+    except NoReplica:
+        if prepared.version_pin is not None:
+            raise no_capacity(
+                f"No healthy replica of version {prepared.version_pin!r} is available "
+                "for this model."
+            ) from None
+        raise no_capacity("No healthy replica is available for this model.") from None

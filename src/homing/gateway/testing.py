@@ -1,11 +1,12 @@
 """Test doubles for code that runs a request (`homing.gateway.generation.Generation`).
 Nothing here is used by the running gateway.
 
-- `RecordingHost`: the smallest `GenerationHost` that routes as `InferenceService` does (a
-  lease from the request's `ModelDispatch`, 503 `no_capacity` when none can serve; one
-  `RetryBudget` per model on the host's clock; the request counted in flight until it ends,
-  then the model's admission woken), with no quotas unless given, and that keeps the retry
-  and migration outcomes it is told (`retries`, `migrations`) instead of metrics.
+- `RecordingHost`: the smallest `GenerationHost` that routes as `InferenceService` does (the
+  same `lease_replica`: a lease from the request's `ModelDispatch`, of its pinned version if
+  any, 503 `no_capacity` when none can serve; one `RetryBudget` per model on the host's
+  clock; the request counted in flight until it ends, then the model's admission woken),
+  with no quotas unless given, and that keeps the retry and migration outcomes it is told
+  (`retries`, `migrations`) instead of metrics.
 - `prepared_request`: a `PreparedRequest` of given prompt token ids for a dispatch, with the
   defaults a plain completions request gets (no stops, no logprobs, SGLang's sampling
   defaults); any field may be overridden.
@@ -19,12 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from homing.clock import Clock
-from homing.fleet import Lease, ModelDispatch, NoReplica
-from homing.gateway.errors import no_capacity
+from homing.fleet import Lease, ModelDispatch
 from homing.gateway.generation import Generation
 from homing.gateway.prepare import PreparedRequest
 from homing.gateway.quotas.guard import QuotaGuard
 from homing.gateway.retry_budget import RetryBudget, RetryPolicy
+from homing.gateway.service import lease_replica
 from homing.obs.requests import RequestRecorder
 from homing.text.stops import StopSet
 
@@ -69,19 +70,8 @@ class RecordingHost:
     def lease(
         self, prepared: PreparedRequest, exclude: Sequence[str] = (), slots: int | None = None
     ) -> Lease:
-        """A lease on a replica of the request's model not in `exclude`, for `slots`
-        requests (default its `n`); `APIError` 503 when none can serve."""
-        try:
-            return prepared.model.lease(
-                prepared.prompt_ids,
-                session_key=prepared.session_key,
-                split_key=prepared.split_key,
-                slots=prepared.n if slots is None else slots,
-                exclude=exclude,
-                version=prepared.version_pin,
-            )
-        except NoReplica:
-            raise no_capacity("No healthy replica is available for this model.") from None
+        """`InferenceService`'s lease (`homing.gateway.service.lease_replica`)."""
+        return lease_replica(prepared, exclude, slots)
 
     def retry_budget(self, model_id: str) -> RetryBudget:
         """The model's retry budget (made on first use, on the host's clock)."""
