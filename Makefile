@@ -116,11 +116,21 @@ k8s:
 
 ## make test: the whole suite (unit + integration over loopback, against simulated and real
 ## SGLang workers and a real Kubernetes API server; builds the SGLang CPU env and the API
-## server, and installs redis-server if missing)
+## server, and installs redis-server if missing). Two phases: the suite on TEST_WORKERS
+## pytest-xdist workers, then the tests marked `serial` alone (tests/conftest.py says which
+## and why). PYTEST_ARGS go to both; a phase that selects nothing is not a failure, both
+## selecting nothing is (pytest's exit 5).
+TEST_WORKERS ?= 2
+TEST_ENV := HOMING_REQUIRE_SGLANG=1 HOMING_REQUIRE_PROMETHEUS=1 HOMING_REQUIRE_TMUX=1 \
+    HOMING_REQUIRE_SYSTEMD=1 HOMING_REQUIRE_K8S=1
 test: proto redis-server prometheus tmux systemd sglang-cpu k8s
 	$(SGLANG_PY) -m pytest -q -p no:cacheprovider $(SGLANG_DIR)/sgl_kernel/tests
-	HOMING_REQUIRE_SGLANG=1 HOMING_REQUIRE_PROMETHEUS=1 HOMING_REQUIRE_TMUX=1 HOMING_REQUIRE_SYSTEMD=1 \
-	    HOMING_REQUIRE_K8S=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m 'not serial' \
+	    $(PYTEST_ARGS); parallel=$$?; \
+	echo "make test: the serial tests, alone"; \
+	$(TEST_ENV) $(PY) -m pytest -q -m serial $(PYTEST_ARGS); serial=$$?; \
+	if [ $$parallel -eq 5 ] && [ $$serial -eq 5 ]; then exit 5; fi; \
+	for rc in $$parallel $$serial; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; done
 
 ## make bench: replay 300 Mooncake requests against a running gateway (start `make run` first);
 ## the summary in bench-out/bench.json, its plots in bench-out/plots/

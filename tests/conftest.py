@@ -12,6 +12,14 @@ gateway's):
   state directory of its own (`App(state_dir=...)`), so module-scoped Apps and several
   Apps at once in one test never share a socket. A config that names `admin.state_dir`
   keeps it (the admin tests use that to share one on purpose).
+
+Parallel runs: `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`),
+then the tests marked `serial` (timing-sensitive real-process tests) alone.
+`pytest_collection_modifyitems` groups the tests so that what is expensive to start is
+started once: each module runs whole on one worker (its module-scoped fixtures start
+once), every test that runs real SGLang on one worker (one session fleet of SGLang
+workers per run, and never two SGLang starts at once), and every test that needs the
+Kubernetes API server on one worker (one kube-apiserver and etcd per run).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from redis_server import RedisServer
@@ -31,6 +40,59 @@ os.environ["HOMING_STATE_DIR"] = SESSION_STATE_DIR
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(SESSION_STATE_DIR, ignore_errors=True)
+
+
+TESTS = Path(__file__).parent
+#: Modules outside tests/protocol that start real SGLang workers themselves.
+SGLANG_MODULES = frozenset({"integration/test_sglang_worker_cli.py"})
+#: Modules whose claims are about real time (latency verdicts, probe timeouts, loop stalls,
+#: watchdogs, terminal refreshes, signals to live processes): marked `serial`, so `make test`
+#: runs them alone, with no other test's processes on the cores.
+SERIAL_MODULES = frozenset(
+    {
+        "e2e/test_chaos_short.py",
+        "e2e/test_reload_streams.py",
+        "e2e/test_signals.py",
+        "e2e/test_systemd.py",
+        "e2e/test_top_tmux.py",
+        "integration/test_frozen_worker.py",
+        "integration/test_grafana_prometheus.py",
+        "integration/test_health_progress.py",
+        "integration/test_outlier_ejection.py",
+        "integration/test_outlier_rescue.py",
+        "integration/test_quota_redis_instances.py",
+        "integration/test_replica_stats_attempts.py",
+        "integration/test_request_metrics.py",
+        "integration/test_rollout.py",
+        "integration/test_slow_client.py",
+        "unit/daemon/test_watchdog.py",
+        "unit/test_obs_loop_busy.py",
+    }
+)
+
+
+def _module(item: pytest.Item) -> str:
+    return item.path.relative_to(TESTS).as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its `xdist_group` (read by `--dist loadgroup`; no effect on a run
+    without xdist): "sglang" for a module that runs real SGLang, "k8s" for one of which a
+    test needs the Kubernetes API server, else the module's path under tests/; and the
+    tests of `SERIAL_MODULES` `serial`. Runs before `-m` selects by mark."""
+    k8s = {_module(i) for i in items if "kube_api" in getattr(i, "fixturenames", ())}
+    for item in items:
+        module = _module(item)
+        if module.startswith("protocol/") or module in SGLANG_MODULES:
+            group = "sglang"
+        elif module in k8s:
+            group = "k8s"
+        else:
+            group = module
+        item.add_marker(pytest.mark.xdist_group(group))
+        if module in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(autouse=True)
