@@ -398,3 +398,69 @@ def test_config_leaves_import_no_homing_module(leaf: str) -> None:
         if _outside(name, leaf) and not leaf.startswith(name + ".")
     ]
     assert names == []
+
+
+#: The shipped test doubles and helpers (docs/architecture.md, "The packages"); every module
+#: named `testing` is one, these included.
+TESTING_MODULES = (
+    "homing.engines.testing",
+    "homing.fleet.testing",
+    "homing.gateway.testing",
+    "homing.obs.testing",
+    "homing.router.testing",
+)
+
+
+def _is_testing(module: str) -> bool:
+    return module.rpartition(".")[2] == "testing"
+
+
+def _double_in(name: str) -> str | None:
+    """The `testing` module an import of `name` reaches (`x.testing.Y` reaches `x.testing`),
+    None for none."""
+    parts = name.split(".")
+    for end in range(1, len(parts) + 1):
+        if parts[end - 1] == "testing":
+            return ".".join(parts[:end])
+    return None
+
+
+def imports_of_doubles(src: Path = SRC) -> list[str]:
+    """`module:line imports double` for every import of a `testing` module by a module that
+    is not one itself."""
+    out: set[str] = set()
+    for path in sorted((src / "homing").rglob("*.py")):
+        module = _module_name(path, src)
+        if _is_testing(module):
+            continue
+        for line, name in imported_modules(path, src):
+            if (double := _double_in(name)) is not None:
+                out.add(f"{module}:{line} imports {double}")
+    return sorted(out)
+
+
+def test_no_production_module_imports_a_test_double() -> None:
+    """The `testing` modules (test doubles) are for tests and for one another: no other
+    homing module imports one, so nothing of them runs in a served process."""
+    found = {_module_name(p, SRC) for p in (SRC / "homing").rglob("testing.py")}
+    assert set(TESTING_MODULES) <= found
+    assert imports_of_doubles() == []
+
+
+def test_the_doubles_walk_sees_a_production_import_of_a_double(tmp_path: Path) -> None:
+    """An import of a double from a production module is caught, in either spelling and
+    inside a function; a double importing another is allowed."""
+    pkg = tmp_path / "homing" / "fleet"
+    pkg.mkdir(parents=True)
+    (tmp_path / "homing" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "dispatch.py").write_text(
+        "from homing.engines import testing\n"
+        "def f() -> None:\n"
+        "    from homing.engines.testing import FakeEngine\n"
+    )
+    (pkg / "testing.py").write_text("from homing.engines.testing import FakeEngine\n")
+    assert imports_of_doubles(tmp_path) == [
+        "homing.fleet.dispatch:1 imports homing.engines.testing",
+        "homing.fleet.dispatch:3 imports homing.engines.testing",
+    ]

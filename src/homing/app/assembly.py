@@ -1,11 +1,13 @@
 """Assembly: the components one `homing serve` process is built from, made from its config.
 
-Rule of the file: construction only; what runs and in which order is `root.App.start`'s.
-Each served model gets its workers (homing's own, started here when it runs them: simulated,
-real SGLang, or through the model's autoscaler actuator), its pool, router, tokenizer,
-admission queue and metrics (`ModelDispatch`); then come the keys, quotas and inference
-service the listeners serve, the rollout controller, and the autoscaler with its leader
-election. Also here: what shapes a model's answers (`served_fingerprint`) and its parsers.
+Rule of the file: each step builds its components and starts them (workers, pools, quotas,
+the rollout and scaler tasks, leader electors); which steps run, and in which order, is
+`root.App.start`'s. Each served model gets its workers (homing's own, started here when it
+runs them: simulated, real SGLang, or through the model's autoscaler actuator), its pool,
+router, tokenizer, admission queue and metrics (`ModelDispatch`); then come the keys, quotas
+and inference service the listeners serve, the rollout controller, and the autoscaler with
+its leader election. Also here: what shapes a model's answers (`served_fingerprint`) and its
+parsers.
 """
 
 from __future__ import annotations

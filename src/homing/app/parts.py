@@ -1,6 +1,7 @@
 """What an `App` holds: every component it builds and every handle it must close.
 
-Rule of the file: state and plain accessors only. `AppParts` is the base of the jobs the
+Rule of the file: state and plain accessors, and one callback, `_on_health_change`, which
+starts a task that updates the gRPC health service. `AppParts` is the base of the jobs the
 `App` is made of (`assembly`, `listeners`, `shutdown`, `reload`: one module each), so each
 job reads and fills the same fields; `root.App` puts them together. Also here: the two
 translations of config sections that building and reloading share (`slo_of`,

@@ -4,11 +4,11 @@ gateway.
 - `FakeEngine`: one engine worker in process, an `homing.engines.client.EngineApi` (what the
   pool, the outlier ejector and a lease use of `EngineClient`), so a `WorkerPool` built with
   `client_factory=client_factory([...])` runs over it with no network. It answers discovery
-  as the simulated worker does (`homing.sim.servicer`: served model name, context window,
-  EOS ids, page size, the served tokenizer zip of `homing.text.served`), answers health
-  probes as told (`health`, `reachable`), serves an empty KV-event subscription that carries
-  what the test publishes (`publish_kv`, `end_kv_streams`), and plays one script per
-  Generate call.
+  with the simulated worker's own message builders (`homing.sim.discovery`: served model
+  name, context window, EOS ids, page size; the served tokenizer zip of
+  `homing.text.served`), answers health probes as told (`health`, `reachable`), serves an
+  empty KV-event subscription that carries what the test publishes (`publish_kv`,
+  `end_kv_streams`), and plays one script per Generate call.
 - A script is a sequence of steps: `Chunk` (a streamed message of token ids), `Hold` (wait
   until the test opens a `Gate`), `Fail` (the call fails with a gRPC status) and `Done` (the
   complete message). Scripts queued with `FakeEngine.script` play in call order; a call with
@@ -16,13 +16,21 @@ gateway.
   chunk). The engine applies no sampling, stop or length rule of its own: it plays the script.
 - `FakeStream` keeps `EngineStream`'s contract: `TokenChunk`s then one `GenerateDone`, then
   StopAsyncIteration; every end before the `GenerateDone` (a failure, `aclose`, the reader's
-  cancellation, a script that runs out, a `sever`) records an Abort of its request id, as the
-  real client sends one; a `StreamWatcher` is told `answered`, `completed` and `failed` at
-  the same points.
+  cancellation, a script that runs out, a `sever`, the engine's `close`, the engine going
+  unreachable) records an Abort of its request id, as the real client sends one; a
+  `StreamWatcher` is told `answered`, `completed` and `failed` at the same points.
+- What ends open calls, as with a real client: `FakeEngine.close` ends them as closing the
+  gRPC channel does (the reader gets `asyncio.CancelledError`, grpc.aio's error for a call
+  cancelled locally, and `EngineStream` lets it through: no `EngineError`, no watcher call);
+  `reachable = False` ends them as a dead worker does (`EngineError(UNAVAILABLE)`,
+  transport); the KV-event subscriptions likewise.
+- `client_factory`: a `WorkerPool` `client_factory` over a set of `FakeEngine`s.
 
 Nothing waits on time: a stream moves on when its reader asks and a `Gate` on its way is
-open. A call's `timeout_s` is recorded, not enforced (script a `Fail(DEADLINE_EXCEEDED)` to
-play an expired deadline), and probes answer at once.
+open, yielding to the event loop once before each step (`asyncio.sleep(0)`), so other tasks
+run between its messages, as between a real stream's. A call's `timeout_s` is recorded, not
+enforced (script a `Fail(DEADLINE_EXCEEDED)` to play an expired deadline), and probes answer
+at once.
 """
 
 from __future__ import annotations
@@ -35,7 +43,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import grpc
-from google.protobuf.struct_pb2 import Struct
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
@@ -49,13 +56,7 @@ from homing.engines.client import (
     TokenChunk,
     build_generate_request,
 )
-from homing.sim.servicer import (
-    HF_DEFAULT_ID2LABEL_JSON,
-    REQ_INPUT_MARGIN,
-    SERVICER_DEFAULT_BOS_TOKEN_ID,
-    SERVICER_DEFAULT_PAD_TOKEN_ID,
-    SERVICER_DEFAULT_VOCAB_SIZE,
-)
+from homing.sim import discovery
 from homing.text.served import served_tokenizer_zip
 
 #: What GetServerInfo reports as the SGLang version.
@@ -146,7 +147,8 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Hold:
-    """Wait here until `gate` is open (a `sever` or `aclose` ends the wait)."""
+    """Wait here until `gate` is open (a `sever`, `aclose`, the engine's `close` or its going
+    unreachable ends the wait)."""
 
     gate: Gate
 
@@ -211,71 +213,20 @@ class AbortRecord:
     reason: str
 
 
-def model_info_response(
-    model: str, *, context_length: int, eos_token_ids: Sequence[int] = ()
-) -> pb.GetModelInfoResponse:
-    """GetModelInfo as the simulated worker answers it for `model`: `max_context_length` is
-    `context_length` (tokens; SGLang reports its KV pool size there) and `max_req_input_len`
-    SGLang's max_req_len - 5 with max_req_len = `context_length` - 1."""
-    path = f"{FAKE_VERSION}/{model}"
-    return pb.GetModelInfoResponse(
-        model_path=path,
-        tokenizer_path=path,
-        is_generation=True,
-        preferred_sampling_params="",
-        weight_version="default",
-        served_model_name=model,
-        max_context_length=context_length,
-        vocab_size=SERVICER_DEFAULT_VOCAB_SIZE,
-        supports_vision=False,
-        model_type="llama",
-        eos_token_ids=list(eos_token_ids),
-        pad_token_id=SERVICER_DEFAULT_PAD_TOKEN_ID,
-        bos_token_id=SERVICER_DEFAULT_BOS_TOKEN_ID,
-        max_req_input_len=context_length - 1 - REQ_INPUT_MARGIN,
-        architectures=["LlamaForCausalLM"],
-        id2label_json=HF_DEFAULT_ID2LABEL_JSON,
-        num_labels=2,
-    )
+@dataclass(frozen=True)
+class _Lost:
+    """How the other side ended a call (the channel closed, the worker died): the reader's
+    next read raises `error`, or CancelledError when it is None; `reason` is the Abort's."""
+
+    error: EngineError | None
+    reason: str
 
 
-def server_info_response(
-    model: str, *, context_length: int, page_size: int, max_running_requests: int
-) -> pb.GetServerInfoResponse:
-    """GetServerInfo as the simulated worker answers it (the `server_args` and
-    `scheduler_info` fields the pool and the admin API read; no times)."""
-    path = f"{FAKE_VERSION}/{model}"
-    server_args = Struct()
-    server_args.update(
-        {
-            "model_path": path,
-            "tokenizer_path": path,
-            "served_model_name": model,
-            "grpc_mode": True,
-            "tp_size": 1,
-            "dp_size": 1,
-            "page_size": page_size,
-            "max_running_requests": max_running_requests,
-            "max_total_tokens": context_length,
-            "context_length": context_length,
-        }
-    )
-    scheduler_info = Struct()
-    scheduler_info.update(
-        {
-            "max_total_num_tokens": context_length,
-            "max_running_requests": max_running_requests,
-            "max_req_input_len": context_length - 1 - REQ_INPUT_MARGIN,
-            "is_generation": True,
-        }
-    )
-    return pb.GetServerInfoResponse(
-        server_args=server_args,
-        scheduler_info=scheduler_info,
-        sglang_version=FAKE_VERSION,
-        server_type="grpc",
-        max_total_num_tokens=context_length,
-    )
+#: The end of a call whose channel was closed (`FakeEngine.close`).
+_CHANNEL_CLOSED = _Lost(None, "cancelled")
+
+#: What a KV subscription's queue carries: a batch, an error to raise, or None (the end).
+_KvItem = bytes | BaseException | None
 
 
 class FakeStream:
@@ -301,7 +252,8 @@ class FakeStream:
         self._answered = False
         self._done = False  # the GenerateDone was returned
         self._ended = False  # nothing more will be read
-        self._severed: EngineError | None = None
+        self._severed: EngineError | None = None  # set by `sever`
+        self._lost: _Lost | None = None  # set by the engine's `close` or its going away
         self._waiter: asyncio.Future[None] | None = None  # a `Hold` in progress
 
     @property
@@ -320,10 +272,12 @@ class FakeStream:
     async def __anext__(self) -> TokenChunk | GenerateDone:
         if self._ended:
             raise StopAsyncIteration
-        if self._severed is not None:
-            raise self._fail_severed()
         try:
             while True:
+                await asyncio.sleep(0)  # other tasks run between messages
+                self._raise_if_cut()
+                if self._ended:  # `aclose` from elsewhere: as a cancelled call's read
+                    raise asyncio.CancelledError
                 if not self._steps:
                     self._end("stream ended without complete")
                     raise self._failed(
@@ -338,8 +292,7 @@ class FakeStream:
                 step = self._steps.popleft()
                 if isinstance(step, Hold):
                     await self._hold(step.gate)
-                    if self._severed is not None:
-                        raise self._fail_severed()
+                    self._raise_if_cut()
                 elif isinstance(step, Fail):
                     self._end(f"rpc error {step.code.name}")
                     raise self._failed(
@@ -415,17 +368,38 @@ class FakeStream:
         if self._ended or self._severed is not None:
             return False
         self._severed = err
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wake()
         return True
 
-    def _fail_severed(self) -> EngineError:
-        err = self._severed
-        assert err is not None
+    def _lose(self, lost: _Lost) -> bool:
+        """The other side ended the call (`lost`): the reader's pending or next read fails
+        so, unless it was severed first. False when the stream already ended."""
+        if self._ended or self._severed is not None or self._lost is not None:
+            return False
+        self._lost = lost
+        self._wake()
+        return True
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _raise_if_cut(self) -> None:
+        """Raise when the stream was severed (that error) or lost (its own), ending it first
+        (the Abort, the watcher's `failed`) unless `aclose` already had."""
+        if self._severed is not None:
+            err, reason = self._severed, f"severed: {self._severed.message}"
+        elif self._lost is not None:
+            err, reason = self._lost.error, self._lost.reason
+        else:
+            return
         if not self._ended:
-            self._end(f"severed: {err.message}")
-            self._failed(err)
-        return err
+            self._end(reason)
+            if err is not None:
+                self._failed(err)
+        if err is None:
+            raise asyncio.CancelledError
+        raise err
 
     def _failed(self, err: EngineError) -> EngineError:
         if self._watcher is not None:
@@ -453,7 +427,8 @@ class FakeEngine:
     it, set by `attach`.
 
     Settable: `health` ("ok", "unhealthy", "timeout": how probes answer) and `reachable`
-    (False: probes fail, discovery and new KV subscriptions raise UNAVAILABLE, and every new
+    (False: as a dead worker, open Generate streams and KV subscriptions fail UNAVAILABLE,
+    probes fail, discovery and new KV subscriptions raise UNAVAILABLE, and every new
     Generate call fails UNAVAILABLE without playing a script).
     Records: `calls` (every `generate`, in order), `aborts` (every Abort, sent or recorded by
     a stream that ended early), `probes` (health probes answered), `kv_subscriptions`
@@ -484,14 +459,14 @@ class FakeEngine:
         self.url = check_worker_url(url or f"grpc://fake-{next(_urls)}.invalid:50051")
         self.worker_id = ""
         self.health: Health = "ok"
-        self.reachable = True
+        self._reachable = True
         self.calls: list[GenerateCall] = []
         self.aborts: list[AbortRecord] = []
         self.probes = 0
         self.closes = 0
         self._scripts: deque[tuple[Step, ...]] = deque()
         self._streams: set[FakeStream] = set()
-        self._subscribers: set[asyncio.Queue[bytes | EngineError | None]] = set()
+        self._subscribers: set[asyncio.Queue[_KvItem]] = set()
         self._subscribed = _Count()
         self._generated = _Count()
 
@@ -529,6 +504,27 @@ class FakeEngine:
     async def kv_subscribed(self, count: int = 1) -> None:
         """Return once `count` KV-event subscriptions have been opened (in all)."""
         await self._subscribed.reached(count)
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the worker answers (module docstring); set False to play a dead worker."""
+        return self._reachable
+
+    @reachable.setter
+    def reachable(self, value: bool) -> None:
+        self._reachable = value
+        if value:
+            return
+        for stream in list(self._streams):
+            stream._lose(_Lost(self._gone(), "rpc error UNAVAILABLE"))
+        for queue in self._subscribers:
+            queue.put_nowait(self._gone())
+
+    def _gone(self) -> EngineError:
+        """An open call's error when the worker dies under it."""
+        return EngineError(
+            grpc.StatusCode.UNAVAILABLE, "Socket closed (fake)", worker_id=self.worker_id
+        )
 
     def _unreachable(self) -> EngineError:
         return EngineError(
@@ -598,23 +594,51 @@ class FakeEngine:
         return HealthProbe(True, message="Health check passed")
 
     async def model_info(self, timeout_s: float = 10.0) -> pb.GetModelInfoResponse:
-        """`model_info_response` of this engine; UNAVAILABLE when not `reachable`."""
+        """GetModelInfo as the simulated worker answers it (`homing.sim.discovery`), its KV
+        pool and context window both `context_length`; UNAVAILABLE when not `reachable`."""
         if not self.reachable:
             raise self._unreachable()
-        return model_info_response(
-            self.model, context_length=self.context_length, eos_token_ids=self.eos_token_ids
+        return discovery.model_info_response(
+            model_path=self._model_path,
+            served_model_name=self.model,
+            kv_capacity_tokens=self.context_length,
+            max_req_input_len=self._max_req_input_len,
+            eos_token_ids=self.eos_token_ids,
         )
 
     async def server_info(self, timeout_s: float = 10.0) -> pb.GetServerInfoResponse:
-        """`server_info_response` of this engine; UNAVAILABLE when not `reachable`."""
+        """GetServerInfo as the simulated worker answers it (`homing.sim.discovery`; the
+        `server_args` the pool and the admin API read, no live figures); UNAVAILABLE when
+        not `reachable`."""
         if not self.reachable:
             raise self._unreachable()
-        return server_info_response(
-            self.model,
-            context_length=self.context_length,
-            page_size=self.page_size,
+        server_args = {
+            "model_path": self._model_path,
+            "tokenizer_path": self._model_path,
+            "served_model_name": self.model,
+            "grpc_mode": True,
+            "tp_size": 1,
+            "dp_size": 1,
+            "page_size": self.page_size,
+            "max_running_requests": self.max_running_requests,
+            "max_total_tokens": self.context_length,
+            "context_length": self.context_length,
+        }
+        return discovery.server_info_response(
+            server_args,
+            kv_capacity_tokens=self.context_length,
             max_running_requests=self.max_running_requests,
+            max_req_input_len=self._max_req_input_len,
+            sglang_version=FAKE_VERSION,
         )
+
+    @property
+    def _model_path(self) -> str:
+        return f"{FAKE_VERSION}/{self.model}"
+
+    @property
+    def _max_req_input_len(self) -> int:
+        return discovery.max_req_input_len(self.context_length, self.context_length)
 
     async def tokenizer_bundle(self, timeout_s: float = 60.0) -> bytes:
         """`tokenizer_zip`; UNAVAILABLE when not `reachable`."""
@@ -634,7 +658,7 @@ class FakeEngine:
                 f"start_sequence_number {start_sequence_number} is not available",
                 worker_id=self.worker_id,
             )
-        queue: asyncio.Queue[bytes | EngineError | None] = asyncio.Queue()
+        queue: asyncio.Queue[_KvItem] = asyncio.Queue()
         self._subscribers.add(queue)
         self._subscribed.add()
         try:
@@ -642,16 +666,25 @@ class FakeEngine:
                 item = await queue.get()
                 if item is None:
                     return
-                if isinstance(item, EngineError):
+                if isinstance(item, BaseException):
                     raise item
                 yield item
         finally:
             self._subscribers.discard(queue)
 
     async def close(self) -> None:
-        """Record the close (`closes`); the engine stays usable, as a client's channel is
-        opened again on next use."""
+        """Close the channel (counted in `closes`): as grpc.aio cancels a closed channel's
+        calls, every open Generate stream's pending or next read raises CancelledError (an
+        Abort recorded, no `EngineError`, no watcher call: what `EngineStream` lets through)
+        and so does every KV subscription's, batches not yet read dropped. The engine stays
+        usable, as a client's channel is opened again on next use."""
         self.closes += 1
+        for stream in list(self._streams):
+            stream._lose(_CHANNEL_CLOSED)
+        for queue in self._subscribers:
+            while not queue.empty():
+                queue.get_nowait()
+            queue.put_nowait(asyncio.CancelledError())
 
     # -- KV events --
 
@@ -674,12 +707,25 @@ class FakeEngine:
         return f"FakeEngine({self.worker_id or self.url!r}, model={self.model!r})"
 
 
-def client_factory(engines: Iterable[FakeEngine]) -> Callable[[str, str], FakeEngine]:
-    """A `WorkerPool` `client_factory` giving each worker URL its engine of `engines` (by
-    `FakeEngine.url`), attached under the pool's worker id; KeyError for a URL of none."""
-    by_url = {engine.url: engine for engine in engines}
+class ClientFactory:
+    """A `WorkerPool` `client_factory` giving each worker URL its engine (by
+    `FakeEngine.url`), attached under the pool's worker id; KeyError for a URL of none.
+    `add` makes one more engine known; `engines`: those handed out, by worker id."""
 
-    def make(url: str, worker_id: str) -> FakeEngine:
-        return by_url[url].attach(worker_id)
+    def __init__(self, engines: Iterable[FakeEngine]) -> None:
+        self._by_url = {engine.url: engine for engine in engines}
+        self.engines: dict[str, FakeEngine] = {}
 
-    return make
+    def add(self, engine: FakeEngine) -> None:
+        """Give `engine` to the pool's next client of its URL."""
+        self._by_url[engine.url] = engine
+
+    def __call__(self, url: str, worker_id: str) -> FakeEngine:
+        engine = self._by_url[url].attach(worker_id)
+        self.engines[worker_id] = engine
+        return engine
+
+
+def client_factory(engines: Iterable[FakeEngine]) -> ClientFactory:
+    """A `WorkerPool` `client_factory` over `engines` (`ClientFactory`)."""
+    return ClientFactory(engines)

@@ -25,7 +25,7 @@ from typing import Any
 
 from homing.clock import Clock, ManualClock
 from homing.engines.pool import PoolConfig, WorkerPool, WorkerSpec, WorkerState
-from homing.engines.testing import FakeEngine
+from homing.engines.testing import ClientFactory, FakeEngine, client_factory
 from homing.fleet.dispatch import Admitter, ModelDispatch
 from homing.router import Router
 from homing.text.tokenizer import TextTokenizer
@@ -56,20 +56,6 @@ class _WorkerNames:
                 return name
 
 
-class _Registry:
-    """The pool's `client_factory`: each URL's engine, attached under the pool's worker id
-    and kept by it in `engines`."""
-
-    def __init__(self, engines: Iterable[FakeEngine]) -> None:
-        self.by_url = {engine.url: engine for engine in engines}
-        self.engines: dict[str, FakeEngine] = {}
-
-    def __call__(self, url: str, worker_id: str) -> FakeEngine:
-        engine = self.by_url[url].attach(worker_id)
-        self.engines[worker_id] = engine
-        return engine
-
-
 @dataclass
 class BuiltDispatch:
     """What `dispatch_over` built: the `dispatch` facade, its `pool` and `router`, the
@@ -79,19 +65,19 @@ class BuiltDispatch:
     pool: WorkerPool
     router: Router
     clock: Clock
-    _registry: _Registry
+    _clients: ClientFactory
 
     @property
     def engines(self) -> dict[str, FakeEngine]:
         """Every engine the pool was given, by worker id (a live dict)."""
-        return self._registry.engines
+        return self._clients.engines
 
     async def add(
         self, engine: FakeEngine, *, version: str = "", warm: bool = False
     ) -> WorkerState:
         """Add `engine` to the running pool (`WorkerPool.add`; its id is the next free
         "wN"); returns its state once discovery answered. Raises as `WorkerPool.add`."""
-        self._registry.by_url[engine.url] = engine
+        self._clients.add(engine)
         return await self.pool.add(WorkerSpec(engine.url, version, warm=warm))
 
 
@@ -121,7 +107,7 @@ async def dispatch_over(
         raise ValueError("dispatch_over needs at least one engine")
     clock = clock if clock is not None else ManualClock()
     first = next(iter(engines.values()))
-    registry = _Registry(engines.values())
+    clients = client_factory(engines.values())
     router = Router(policy, block_size=first.page_size, clock=clock)
     pool = WorkerPool(
         [engine.url for engine in engines.values()],
@@ -130,14 +116,14 @@ async def dispatch_over(
         clock=clock,
         config=PoolConfig(**pool_settings),
         new_id=_WorkerNames(engines),
-        client_factory=registry,
+        client_factory=clients,
         wall_clock=clock.wall,
     )
     try:
         await pool.start()
         for state in pool.workers():
             if state.discovered:
-                await registry.engines[state.worker_id].kv_subscribed()
+                await clients.engines[state.worker_id].kv_subscribed()
         dispatch = ModelDispatch(
             pool.served_model_name,
             tokenizer_from_bundle(first.tokenizer_zip),
@@ -146,6 +132,6 @@ async def dispatch_over(
             admission=admission,
             created=int(clock.wall()),
         )
-        yield BuiltDispatch(dispatch, pool, router, clock, registry)
+        yield BuiltDispatch(dispatch, pool, router, clock, clients)
     finally:
         await pool.stop()

@@ -91,13 +91,13 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from homing.aio import off_loop_if
+from homing.sim import discovery
 from homing.sim.config import SimConfig
 from homing.sim.engine_loop import EngineLoop
 from homing.sim.generation import Answer, FixedOutput, OutputPlanner
@@ -118,23 +118,9 @@ log = logging.getLogger(__name__)
 SIM_VERSION = "homing-sim"
 """What GetServerInfo / GetLoads report as the SGLang version."""
 
-REQ_INPUT_MARGIN = 5
-"""SGLang 0.5.23's max_req_input_len = max_req_len - 5 (tp_worker.py)."""
-
 UNSET_MAX_NEW_TOKENS = 1 << 30
 """What SGLang's scheduler takes for an unset max_new_tokens before trimming it (scheduler.py
 init_req_max_new_tokens)."""
-
-SERVICER_DEFAULT_VOCAB_SIZE = 128256
-SERVICER_DEFAULT_BOS_TOKEN_ID = 1
-SERVICER_DEFAULT_PAD_TOKEN_ID = 0
-"""GetModelInfo's vocab_size / bos_token_id / pad_token_id on SGLang: smg-grpc-servicer
-0.14.1's defaults (sglang/server.py), since SGLang's scheduler info carries none of them;
-eos_token_ids defaults to [] the same way."""
-
-HF_DEFAULT_ID2LABEL_JSON = '{"0": "LABEL_0", "1": "LABEL_1"}'
-"""GetModelInfo's id2label_json on SGLang for any model: a HuggingFace config's default labels
-(num_labels 2)."""
 
 TOKENIZER_CHUNK_BYTES = 512 * 1024
 """GetTokenizer chunk size (bytes); keeps every message far below gRPC's 4 MiB default."""
@@ -269,12 +255,14 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
     @property
     def max_req_len(self) -> int:
         """Tokens one request may span (SGLang's max_req_len): min(context - 1, pool - 1)."""
-        return min(self.limits.max_context_length - 1, self.limits.kv_capacity_tokens - 1)
+        return discovery.max_req_len(self.limits.max_context_length, self.limits.kv_capacity_tokens)
 
     @property
     def max_req_input_len(self) -> int:
         """Prompts must be shorter than this (SGLang's max_req_input_len): max_req_len - 5."""
-        return self.max_req_len - REQ_INPUT_MARGIN
+        return discovery.max_req_input_len(
+            self.limits.max_context_length, self.limits.kv_capacity_tokens
+        )
 
     def trimmed_max_new_tokens(self, input_len: int, requested: int | None) -> int:
         """`requested` (None = unset) as SGLang's scheduler trims it for a prompt of `input_len`
@@ -564,25 +552,11 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
-        model = self.timing.model
-        return pb.GetModelInfoResponse(
-            model_path=model.hf_path,
-            tokenizer_path=model.hf_path,
-            is_generation=True,
-            preferred_sampling_params="",
-            weight_version="default",
+        return discovery.model_info_response(
+            model_path=self.timing.model.hf_path,
             served_model_name=self.config.model_name,
-            max_context_length=self.limits.kv_capacity_tokens,
-            vocab_size=SERVICER_DEFAULT_VOCAB_SIZE,
-            supports_vision=False,
-            model_type="llama",
-            eos_token_ids=[],
-            pad_token_id=SERVICER_DEFAULT_PAD_TOKEN_ID,
-            bos_token_id=SERVICER_DEFAULT_BOS_TOKEN_ID,
+            kv_capacity_tokens=self.limits.kv_capacity_tokens,
             max_req_input_len=self.max_req_input_len,
-            architectures=["LlamaForCausalLM"],
-            id2label_json=HF_DEFAULT_ID2LABEL_JSON,
-            num_labels=2,
         )
 
     def server_args(self) -> dict[str, Any]:
@@ -621,31 +595,19 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
     async def GetServerInfo(
         self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetServerInfoResponse:
-        server_args = Struct()
-        server_args.update(self.server_args())
-        scheduler_info = Struct()
-        scheduler_info.update(
-            {
-                "max_total_num_tokens": self.limits.kv_capacity_tokens,
-                "max_running_requests": self.limits.max_running_requests,
-                "max_req_input_len": self.max_req_input_len,
-                "is_generation": True,
-            }
-        )
         start = Timestamp()
         start.FromSeconds(int(self.start_time))
         load = self.engine.load()
-        return pb.GetServerInfoResponse(
-            server_args=server_args,
-            scheduler_info=scheduler_info,
+        return discovery.server_info_response(
+            self.server_args(),
+            kv_capacity_tokens=self.limits.kv_capacity_tokens,
+            max_running_requests=self.limits.max_running_requests,
+            max_req_input_len=self.max_req_input_len,
+            sglang_version=SIM_VERSION,
             active_requests=load.num_running + load.num_waiting + self.engine.num_silenced_streams,
-            is_paused=False,
             last_receive_timestamp=self.last_receive_time,
             uptime_seconds=time.time() - self.start_time,
-            sglang_version=SIM_VERSION,
-            server_type="grpc",
             start_time=start,
-            max_total_num_tokens=self.limits.kv_capacity_tokens,
         )
 
     async def GetLoads(

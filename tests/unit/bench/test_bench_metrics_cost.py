@@ -8,7 +8,8 @@ import argparse
 import pytest
 
 from homing.bench.gateway_overhead import MODES, TENANT_MODES, metrics_cost
-from homing.bench.overhead import HOMING, HOMING_NOMETRICS, SMG, _targets, summarize
+from homing.bench.overhead import HOMING, HOMING_NOMETRICS, SMG, summarize
+from homing.bench.overhead.cli import _targets
 
 
 def test_gateway_modes_include_no_metrics_without_the_tenant_key() -> None:

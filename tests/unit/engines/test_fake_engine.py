@@ -1,12 +1,17 @@
-"""The shipped engine double keeps `EngineStream`'s contract: scripts play in call order (a
-default echo otherwise), failures carry their gRPC code and transport reading, gates hold a
-stream until opened, every early end records an Abort, and a `StreamWatcher` is told
-`answered`, `completed` and `failed` at the same points as the real stream; discovery,
-probes and the KV-event subscription answer as the simulated worker's."""
+"""The shipped engine double keeps the real client's contract: its methods have
+`EngineClient`'s and `EngineStream`'s signatures; scripts play in call order (a default echo
+otherwise), yielding to the event loop between messages; failures carry their gRPC code and
+transport reading, gates hold a stream until opened, every early end records an Abort, and a
+`StreamWatcher` is told `answered`, `completed` and `failed` at the same points as the real
+stream; closing the engine ends its calls as a closed channel does (checked against the real
+client over a simulated worker), and an unreachable engine ends them as a dead worker does;
+discovery, probes and the KV-event subscription answer as the simulated worker's."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import grpc
@@ -17,6 +22,7 @@ from homing.engines.client import (
     EngineApi,
     EngineClient,
     EngineError,
+    EngineStream,
     EngineStreamApi,
     GenerateDone,
     GenerateParams,
@@ -28,11 +34,14 @@ from homing.engines.testing import (
     Done,
     Fail,
     FakeEngine,
+    FakeStream,
     Gate,
     Hold,
     client_factory,
     per_token,
 )
+from homing.sim.config import SimConfig
+from homing.sim.worker import SimWorker
 from homing.text.served import served_tokenizer_zip
 
 
@@ -62,11 +71,61 @@ async def read_all(stream: EngineStreamApi) -> list[TokenChunk | GenerateDone]:
     return [item async for item in stream]
 
 
+async def drain(items: AsyncIterator[object]) -> None:
+    async for _ in items:
+        pass
+
+
 def test_both_the_real_client_and_the_fake_satisfy_the_engine_protocol() -> None:
     engine = FakeEngine()
     assert isinstance(engine, EngineApi)
     assert isinstance(EngineClient("grpc://127.0.0.1:1", worker_id="w0"), EngineApi)
     assert isinstance(engine.generate(params()), EngineStreamApi)
+
+
+def protocol_members(protocol: type) -> list[str]:
+    """The methods and properties `protocol` declares: its public ones, and the async
+    iteration methods."""
+    return sorted(
+        name
+        for name, value in vars(protocol).items()
+        if (callable(value) or isinstance(value, property))
+        and (not name.startswith("_") or name in ("__aiter__", "__anext__"))
+    )
+
+
+def shape(cls: type, name: str) -> tuple[str, list[tuple[str, Any, Any]]]:
+    """What kind of member `cls.name` is (property, coroutine, async generator, plain) and
+    its parameters' names, kinds and defaults (annotations aside: the return types differ)."""
+    member = inspect.getattr_static(cls, name)
+    if isinstance(member, property):
+        return "property", []
+    if inspect.iscoroutinefunction(member):
+        kind = "coroutine"
+    elif inspect.isasyncgenfunction(member):
+        kind = "async generator"
+    else:
+        kind = "plain"
+    parameters = inspect.signature(member).parameters.values()
+    return kind, [(p.name, p.kind, p.default) for p in parameters]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "fake", "real"),
+    [(EngineApi, FakeEngine, EngineClient), (EngineStreamApi, FakeStream, EngineStream)],
+    ids=["engine", "stream"],
+)
+def test_the_fakes_methods_have_the_real_clients_signatures(
+    protocol: type, fake: type, real: type
+) -> None:
+    """Every method of the protocol takes the same parameters (names, kinds, defaults) on
+    the double as on the real class, and is as async (a runtime_checkable isinstance check
+    looks at names only)."""
+    names = protocol_members(protocol)
+    assert {"sever", "__anext__"} & set(names)  # the walk found the protocol's methods
+    assert {name: shape(fake, name) for name in names} == {
+        name: shape(real, name) for name in names
+    }
 
 
 async def test_the_default_script_echoes_the_prompt_one_token_per_chunk() -> None:
@@ -285,6 +344,126 @@ async def test_closing_from_elsewhere_ends_a_held_read() -> None:
     assert engine.aborts == [AbortRecord("closed", "client closed the stream")]
 
 
+async def test_streams_read_side_by_side_take_turns_between_messages() -> None:
+    """Each read yields to the event loop first, so two readers interleave chunk by chunk."""
+    engine = FakeEngine()
+    seen: list[tuple[str, int]] = []
+
+    async def read(name: str) -> None:
+        async for item in engine.generate(params(name, prompt=(1, 2, 3))):
+            if isinstance(item, TokenChunk):
+                seen.append((name, item.token_ids[0]))
+
+    await asyncio.gather(read("a"), read("b"))
+    assert seen == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
+
+
+async def test_a_reader_cancelled_between_chunks_aborts_its_request() -> None:
+    """A cancellation that lands between two messages ends the stream there."""
+    engine = FakeEngine()
+    stream = engine.generate(params("mid", prompt=(1, 2, 3)))
+    await anext(stream)
+    reader = asyncio.create_task(read_all(stream))
+    await asyncio.sleep(0)  # the reader runs up to its next yield
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert engine.aborts == [AbortRecord("mid", "cancelled")] and not stream.completed
+
+
+async def test_closing_the_engine_ends_its_calls_as_a_closed_channel_does() -> None:
+    """`close` cancels every open call, as grpc.aio cancels a closed channel's: a held read,
+    a stream not being read and a KV subscription each raise CancelledError (an Abort each,
+    no watcher `failed`); the engine answers new calls afterwards."""
+    engine = FakeEngine()
+    gate = Gate()
+    engine.script(Chunk((1,)), Hold(gate), Done())
+    watcher = RecordingWatcher()
+    held = engine.generate(params("held"), watcher=watcher)
+    await anext(held)
+    pending = asyncio.create_task(anext(held))
+    await gate.reached()
+    idle = engine.generate(params("idle"))
+    subscription = engine.subscribe_kv_events()
+    kv_read = asyncio.create_task(anext(subscription))
+    await engine.kv_subscribed()
+    await engine.close()
+    reads: list[Awaitable[object]] = [pending, anext(idle), kv_read]
+    for read in reads:
+        with pytest.raises(asyncio.CancelledError):
+            await read
+    assert watcher.calls == ["answered"]
+    assert engine.aborts == [AbortRecord("held", "cancelled"), AbortRecord("idle", "cancelled")]
+    assert (engine.open_streams, engine.closes, gate.waiting) == (0, 1, 0)
+    with pytest.raises(StopAsyncIteration):
+        await anext(held)
+    assert len(await read_all(engine.generate(params("after")))) == 4
+
+
+async def closed_mid_call(engine: EngineApi, long: GenerateParams) -> list[str]:
+    """What a Generate stream's reader and a KV subscription's get when `engine` is closed
+    while they read, and what the stream's next read gets (exception names)."""
+
+    async def outcome(read: Awaitable[object]) -> str:
+        try:
+            await read
+        except BaseException as exc:  # the outcome is the point
+            return type(exc).__name__
+        return "no error"
+
+    stream = engine.generate(long)
+    await anext(stream)
+    reader = asyncio.create_task(outcome(drain(stream)))
+    kv_reader = asyncio.create_task(outcome(drain(engine.subscribe_kv_events())))
+    await asyncio.sleep(0.2)
+    await engine.close()
+    return [await reader, await kv_reader, await outcome(anext(stream))]
+
+
+async def test_a_closed_channel_ends_the_real_clients_calls_as_the_fakes() -> None:
+    """The behaviour `FakeEngine.close` copies, measured on `EngineClient` over a simulated
+    worker: the reader gets CancelledError (grpc.aio's for a locally cancelled call, which
+    `EngineStream` lets through), not an `EngineError`."""
+    long = params("long", prompt=tuple(range(1000, 1064)), max_new_tokens=4000)
+    async with asyncio.timeout(60), SimWorker(SimConfig(), sidecar=False) as worker:
+        real = await closed_mid_call(EngineClient(worker.url, worker_id="w0"), long)
+    fake = FakeEngine()
+    fake.script(Chunk((1,)), Hold(Gate()), Done())
+    assert real == await closed_mid_call(fake, long)
+    assert real == ["CancelledError", "CancelledError", "StopAsyncIteration"]
+
+
+async def test_an_engine_going_unreachable_fails_its_open_calls_with_unavailable() -> None:
+    """`reachable = False` ends open calls as a dead worker does: a held read, a stream not
+    being read and a KV subscription each raise UNAVAILABLE (transport), each stream with
+    its Abort and its watcher told."""
+    engine = FakeEngine().attach("w1")
+    gate = Gate()
+    engine.script(Chunk((1,)), Hold(gate), Done())
+    watcher = RecordingWatcher()
+    held = engine.generate(params("held"), watcher=watcher)
+    await anext(held)
+    pending = asyncio.create_task(anext(held))
+    await gate.reached()
+    idle = engine.generate(params("idle"))
+    subscription = engine.subscribe_kv_events()
+    kv_read = asyncio.create_task(anext(subscription))
+    await engine.kv_subscribed()
+    engine.reachable = False
+    reads: list[Awaitable[object]] = [pending, anext(idle), kv_read]
+    for read in reads:
+        with pytest.raises(EngineError) as caught:
+            await read
+        err = caught.value
+        assert (err.code, err.transport, err.worker_id) == (grpc.StatusCode.UNAVAILABLE, True, "w1")
+    assert watcher.calls == ["answered", "failed:UNAVAILABLE"]
+    assert engine.aborts == [
+        AbortRecord("held", "rpc error UNAVAILABLE"),
+        AbortRecord("idle", "rpc error UNAVAILABLE"),
+    ]
+    assert engine.open_streams == 0 and gate.waiting == 0
+
+
 async def test_generated_waits_for_the_calls() -> None:
     engine = FakeEngine()
     waiting = asyncio.create_task(engine.generated(2))
@@ -376,9 +555,14 @@ async def test_a_kv_subscription_from_a_later_sequence_is_out_of_range() -> None
 
 
 def test_the_client_factory_attaches_each_engine_under_the_pools_worker_id() -> None:
+    """Engines known at the start or added later; those handed out are kept by worker id."""
     a, b = FakeEngine(), FakeEngine()
     make = client_factory([a, b])
     assert make(b.url, "w7") is b and b.worker_id == "w7"
     assert a.url != b.url
     with pytest.raises(KeyError):
         make("grpc://elsewhere:1", "w8")
+    late = FakeEngine()
+    make.add(late)
+    assert make(late.url, "w9") is late
+    assert make.engines == {"w7": b, "w9": late}

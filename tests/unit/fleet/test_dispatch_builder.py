@@ -9,6 +9,7 @@ import pytest
 from smg_grpc_proto.generated import common_pb2
 
 from homing.clock import ManualClock
+from homing.engines.breaker import BreakerConfig
 from homing.engines.client import EngineError, GenerateDone, GenerateParams
 from homing.engines.lifecycle import Phase
 from homing.engines.testing import Chunk, Done, Fail, FakeEngine
@@ -113,14 +114,38 @@ async def test_an_engine_added_later_joins_under_the_next_free_name() -> None:
         assert built.engines["w1"] is late and late.worker_id == "w1"
 
 
-async def test_a_failed_stream_counts_against_its_workers_health() -> None:
+async def test_a_failed_stream_keeps_its_lease_from_resetting_the_failure_run() -> None:
+    """A stream that fails on the transport (a scripted Fail, read through
+    `lease.client.generate`) tells the lease, which then earns no success: its other stream's
+    completion does not reset the breaker's failure run, as a lease without the failure
+    does. (Counting the failure itself is the caller's `report_failure`, as the gateway's.)"""
     engine = FakeEngine()
-    engine.script(Fail(grpc.StatusCode.UNAVAILABLE, "reset"))
-    async with dispatch_over({"w0": engine}, unhealthy_threshold=10) as built:
-        with built.dispatch.lease([1]) as lease:
-            stream = lease.client.generate(GenerateParams("x", [1], max_new_tokens=1))
+    breaker = BreakerConfig(consecutive=2)
+    async with dispatch_over({"w0": engine}, unhealthy_threshold=10, breaker=breaker) as built:
+        model = built.dispatch
+        model.report_failure("w0", REFUSED)  # one failure in the run
+        engine.script(Fail(grpc.StatusCode.UNAVAILABLE, "reset"))
+        with model.lease([1]) as lease:
+            failed = lease.client.generate(GenerateParams("x", [1], max_new_tokens=1))
             with pytest.raises(EngineError) as caught:
-                await anext(stream)
-            built.dispatch.report_failure("w0", caught.value)
-        assert built.pool.state("w0").consecutive_failures == 1
+                await anext(failed)
+            assert caught.value.transport
+            ok = lease.client.generate(GenerateParams("y", [1], max_new_tokens=1))
+            assert isinstance([i async for i in ok][-1], GenerateDone)
         assert [a.request_id for a in engine.aborts] == ["x"]
+        model.report_failure("w0", REFUSED)  # the run went on: the second one opens it
+        assert built.pool.state("w0").breaker == "open"
+
+
+async def test_a_completed_lease_resets_the_failure_run() -> None:
+    """The contrast: a lease whose stream completes with no failure resets the run."""
+    engine = FakeEngine()
+    breaker = BreakerConfig(consecutive=2)
+    async with dispatch_over({"w0": engine}, unhealthy_threshold=10, breaker=breaker) as built:
+        model = built.dispatch
+        model.report_failure("w0", REFUSED)
+        with model.lease([1]) as lease:
+            ok = lease.client.generate(GenerateParams("y", [1], max_new_tokens=1))
+            assert isinstance([i async for i in ok][-1], GenerateDone)
+        model.report_failure("w0", REFUSED)  # a new run of one
+        assert built.pool.state("w0").breaker == "closed"

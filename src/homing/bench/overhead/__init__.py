@@ -96,10 +96,10 @@ from homing.bench.overhead.targets import (
 )
 
 if TYPE_CHECKING:
-    from homing.bench.overhead.cli import _targets, build_parser, main
+    from homing.bench.overhead.cli import build_parser, main
     from homing.bench.overhead.runner import run
 
-_LAZY = {"_targets": "cli", "build_parser": "cli", "main": "cli", "run": "runner"}
+_LAZY = {"build_parser": "cli", "main": "cli", "run": "runner"}
 """Names re-exported from the I/O modules, imported on first use: importing the package (and
 so its pure `report` and `targets`) starts no asyncio, grpc or subprocess import."""
 
@@ -126,7 +126,6 @@ __all__ = [
     "SMG",
     "STREAMED_ONLY",
     "TARGETS",
-    "_targets",
     "build_parser",
     "main",
     "print_table",

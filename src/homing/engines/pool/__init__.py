@@ -8,7 +8,8 @@ is no await between reading and writing a worker's state, so the event loop is t
 
 One module per job:
 - `state`: the plain data (`PoolConfig`, `WorkerState`, `EngineLoadView`, `WorkerSpec`,
-  `LeaseMark`, `WorkerRefused`, the private `_Worker`).
+  `LeaseMark`, `WorkerRefused`, and `Worker`, the pool's own record of a worker: internal
+  to this package, not re-exported).
 - `membership`: `WorkerPool`, the public face: its workers' lifecycle (add, cordon, eject,
   drain, remove), its views and subscribers; it wires the jobs below together.
 - `discovery`: what a worker serves, the check that it belongs, the pool's model facts.

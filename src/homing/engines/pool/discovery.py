@@ -19,7 +19,7 @@ import structlog
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from homing.engines.client import EngineApi, EngineError
-from homing.engines.pool.state import PoolConfig, WorkerRefused, WorkerState, _Worker
+from homing.engines.pool.state import PoolConfig, Worker, WorkerRefused, WorkerState
 
 log = structlog.get_logger(__name__)
 
@@ -48,7 +48,7 @@ def _struct_number(struct: object, key: str) -> float | None:
     return float(value.number_value)
 
 
-async def fetch_discovery(w: _Worker, config: PoolConfig) -> Discovered | None:
+async def fetch_discovery(w: Worker, config: PoolConfig) -> Discovered | None:
     """A first HealthCheck, then GetModelInfo, GetServerInfo and (with `check_tokenizer`)
     the tokenizer bundle; None (`last_error` set) when the worker cannot answer. A
     worker without GetTokenizer (UNIMPLEMENTED) is not checked for its tokenizer."""
@@ -90,7 +90,7 @@ class ModelFacts:
 
     def admit(
         self,
-        w: _Worker,
+        w: Worker,
         model: str | None,
         discovered: Discovered,
         *,

@@ -39,7 +39,7 @@ from homing.engines.health import (
     stalled,
 )
 from homing.engines.pool.discovery import Discovered, fetch_discovery
-from homing.engines.pool.state import PoolConfig, WorkerRefused, WorkerState, _Worker
+from homing.engines.pool.state import PoolConfig, Worker, WorkerRefused, WorkerState
 
 log = structlog.get_logger(__name__)
 
@@ -68,8 +68,8 @@ class HealthLoop:
         config: PoolConfig,
         notify: Callable[[], None],
         on_change: Callable[[WorkerState], None] | None,
-        join: Callable[[_Worker, Discovered], None],
-        refuse: Callable[[_Worker], None],
+        join: Callable[[Worker, Discovered], None],
+        refuse: Callable[[Worker], None],
     ) -> None:
         self._clock = clock
         self._config = config
@@ -82,7 +82,7 @@ class HealthLoop:
         self._join = join
         self._refuse = refuse
 
-    async def run(self, w: _Worker) -> None:
+    async def run(self, w: Worker) -> None:
         """Probe `w` every `health_interval_s` until cancelled (or until it is refused)."""
         cfg = self._config
         while True:
@@ -119,7 +119,7 @@ class HealthLoop:
 
     # ------------------------------------------------------------------ state changes
 
-    def observe(self, w: _Worker, ok: bool, source: str) -> None:
+    def observe(self, w: Worker, ok: bool, source: str) -> None:
         """One more outcome for `w` (`ok`: a success) from `source` ("probe", "request",
         "kv_stream"); a worker not yet discovered does not turn healthy."""
         s = w.state
@@ -129,7 +129,7 @@ class HealthLoop:
             after = HealthStatus(False, after.consecutive_failures, after.consecutive_successes)
         self.change(w, after, source)
 
-    def change(self, w: _Worker, after: HealthStatus, source: str) -> None:
+    def change(self, w: Worker, after: HealthStatus, source: str) -> None:
         """Put `after` in force for `w`, logging a flip with its `source`."""
         s = w.state
         was_healthy = s.healthy
@@ -144,7 +144,7 @@ class HealthLoop:
                 error=None if after.healthy else s.last_error,
             )
 
-    def set_status(self, w: _Worker, status: HealthStatus) -> None:
+    def set_status(self, w: Worker, status: HealthStatus) -> None:
         """Put `status` in force for `w` (unlogged); a worker turning healthy cuts its KV
         stream's backoff short."""
         flipped = w.state.healthy != status.healthy
@@ -159,7 +159,7 @@ class HealthLoop:
 
     # ------------------------------------------------------------------ verdicts
 
-    def _stalled(self, w: _Worker, timed_out: bool) -> bool:
+    def _stalled(self, w: Worker, timed_out: bool) -> bool:
         """`homing.engines.health.stalled` for `w`'s probe that just failed."""
         return stalled(
             ProbeOutcome.TIMED_OUT if timed_out else ProbeOutcome.FAILED,
@@ -169,7 +169,7 @@ class HealthLoop:
             window_s=self._config.progress_window_s,
         )
 
-    def _sever(self, w: _Worker) -> None:
+    def _sever(self, w: Worker) -> None:
         """`w` failed a counted probe and is unhealthy: cut its open Generate streams
         (module docstring), unless its KV-event stream still shows engine work within
         `progress_window_s` (a worker answering "unhealthy" while it decodes keeps them)."""
@@ -188,7 +188,7 @@ class HealthLoop:
                 error=w.state.last_error,
             )
 
-    def _probe_verdict(self, w: _Worker, outcome: ProbeOutcome) -> bool | None:
+    def _probe_verdict(self, w: Worker, outcome: ProbeOutcome) -> bool | None:
         """What a probe's `outcome` counts for `w` now (`homing.engines.health`)."""
         s = w.state
         load = s.load

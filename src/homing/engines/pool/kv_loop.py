@@ -35,7 +35,7 @@ from homing.clock import Clock
 from homing.engines.client import EngineError
 from homing.engines.health import LoadSample, shows_progress
 from homing.engines.kv_stream import KvStreamCursor
-from homing.engines.pool.state import EngineLoadView, PoolConfig, _Worker
+from homing.engines.pool.state import EngineLoadView, PoolConfig, Worker
 
 log = structlog.get_logger(__name__)
 
@@ -97,7 +97,7 @@ class KvLoop:
         clock: Clock,
         wall_clock: Callable[[], float],
         config: PoolConfig,
-        observe: Callable[[_Worker, bool, str], None],
+        observe: Callable[[Worker, bool, str], None],
     ) -> None:
         self._router = router
         self._clock = clock
@@ -105,7 +105,7 @@ class KvLoop:
         self._config = config
         self._observe = observe
 
-    async def run(self, w: _Worker) -> None:
+    async def run(self, w: Worker) -> None:
         """Subscribe to `w`'s KV events, and again after every end, until cancelled."""
         cfg = self._config
         worker_id = w.state.worker_id
@@ -170,11 +170,11 @@ class KvLoop:
                     await w.kv_retry.wait()
             backoff = min(backoff * 2, cfg.kv_backoff_max_s)
 
-    def _set_stream(self, w: _Worker, state: str) -> None:
+    def _set_stream(self, w: Worker, state: str) -> None:
         w.state.kv_stream = state
         self._router.set_stream(w.state.worker_id, state)
 
-    def _flush(self, w: _Worker, reason: str) -> None:
+    def _flush(self, w: Worker, reason: str) -> None:
         """New epoch for `w`'s index entries: nothing credited before may be trusted."""
         w.state.kv_epoch += 1
         self._router.flush_worker(w.state.worker_id, reason)
@@ -185,7 +185,7 @@ class KvLoop:
             return None
         return max(0.0, self._wall_clock() - batch.timestamp)
 
-    def _apply_load(self, w: _Worker, rank: int | None, load: common_pb2.EngineLoad) -> None:
+    def _apply_load(self, w: Worker, rank: int | None, load: common_pb2.EngineLoad) -> None:
         """`w`'s load record for dp `rank`: its progress, and its `EngineLoadView` summed
         over the ranks."""
         now = self._clock.now()
@@ -243,7 +243,7 @@ class KvLoop:
         )
 
 
-def _note_progress(w: _Worker, at: float) -> None:
+def _note_progress(w: Worker, at: float) -> None:
     """`w`'s engine was seen doing work at clock time `at`."""
     last = w.state.last_progress_at
     if last is None or at > last:

@@ -26,7 +26,7 @@ from homing.clock import Clock
 from homing.engines import breaker as brk
 from homing.engines.breaker import Breaker, BreakerConfig, BreakerState
 from homing.engines.client import EngineError
-from homing.engines.pool.state import LeaseMark, WorkerState, _Worker
+from homing.engines.pool.state import LeaseMark, Worker, WorkerState
 
 log = structlog.get_logger(__name__)
 
@@ -70,7 +70,7 @@ class Breakers:
         *,
         clock: Clock,
         config: BreakerConfig,
-        member: Callable[[_Worker], bool],
+        member: Callable[[Worker], bool],
         notify: Callable[[], None],
         on_change: Callable[[WorkerState], None] | None,
     ) -> None:
@@ -80,11 +80,11 @@ class Breakers:
         self._notify = notify
         self._on_change = on_change
 
-    def failure(self, w: _Worker) -> None:
+    def failure(self, w: Worker) -> None:
         """A request on `w` failed on the transport."""
         self.set(w, brk.on_failure(w.breaker, self._clock.now(), self._config))
 
-    def open_lease(self, w: _Worker) -> LeaseMark:
+    def open_lease(self, w: Worker) -> LeaseMark:
         """A request was routed to `w`: on a half-open worker it takes the trial slot.
         ValueError when its breaker admits no request."""
         after, trial = brk.start_request(w.breaker)
@@ -94,7 +94,7 @@ class Breakers:
             w.trial_lease = mark
         return mark
 
-    def lease_answered(self, w: _Worker | None, mark: LeaseMark) -> None:
+    def lease_answered(self, w: Worker | None, mark: LeaseMark) -> None:
         """The worker `w` (None: gone) answered one of the lease's streams: the half-open
         trial succeeds here. No-op after a failure of the lease, once closed, or for a
         worker gone."""
@@ -105,7 +105,7 @@ class Breakers:
             w.trial_lease = None
             self.set(w, brk.on_success(w.breaker, trial=True))
 
-    def close_lease(self, w: _Worker | None, mark: LeaseMark) -> None:
+    def close_lease(self, w: Worker | None, mark: LeaseMark) -> None:
         """The lease `mark` came from ended (only the first call counts): a success when it
         completed without a failure of its own; an unresolved trial frees the half-open
         slot. No-op for a worker gone (`w` None)."""
@@ -120,7 +120,7 @@ class Breakers:
         if mark.completed and not mark.failed:
             self.set(w, brk.on_success(w.breaker, trial=False))
 
-    def set(self, w: _Worker, after: Breaker) -> None:
+    def set(self, w: Worker, after: Breaker) -> None:
         """Put `after` in force for `w`: mirror it on the state, time an open interval's
         end, log and report state changes."""
         before = w.breaker
@@ -157,12 +157,12 @@ class Breakers:
             self._on_change(s)
 
     @staticmethod
-    def cancel_timer(w: _Worker) -> None:
+    def cancel_timer(w: Worker) -> None:
         """Cancel `w`'s open-interval timer (it leaves, or the pool stops)."""
         if w.breaker_timer is not None:
             w.breaker_timer.cancel()
 
-    def _tick(self, w: _Worker) -> None:
+    def _tick(self, w: Worker) -> None:
         """The open interval's timer: half-open when it is over (re-armed if it fired a
         hair early)."""
         w.breaker_timer = None

@@ -32,15 +32,14 @@ from homing.engines.pool.discovery import (
 )
 from homing.engines.pool.health_loop import HealthLoop
 from homing.engines.pool.kv_loop import KvEventSink, KvLoop
-from homing.engines.pool.leases import Breakers
 from homing.engines.pool.state import (
     LeaseMark,
     PoolConfig,
     TransitionHook,
+    Worker,
     WorkerRefused,
     WorkerSpec,
     WorkerState,
-    _Worker,
 )
 
 log = structlog.get_logger(__name__)
@@ -88,7 +87,7 @@ class WorkerPool:
         urls = [spec.url for spec in specs]
         if len(set(urls)) != len(urls):
             raise ValueError(f"duplicate worker urls in {urls}")
-        self.config = config or PoolConfig()
+        self._config = config or PoolConfig()
         self.model = model
         self._router = router
         self._on_health_change = on_health_change
@@ -99,14 +98,14 @@ class WorkerPool:
             counter = itertools.count()
             new_id = lambda: f"w{next(counter)}"  # noqa: E731
         self._new_id = new_id
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, Worker] = {}
         for spec in specs:
             self._register(spec)
         # The pool's model facts, from the first worker accepted; kept when it leaves.
         self._facts = ModelFacts()
         self._health = HealthLoop(
             clock=self._clock,
-            config=self.config,
+            config=self._config,
             notify=self._notify,
             on_change=on_health_change,
             join=self._accept_discovery,
@@ -116,12 +115,12 @@ class WorkerPool:
             router=router,
             clock=self._clock,
             wall_clock=wall_clock,
-            config=self.config,
+            config=self._config,
             observe=self._health.observe,
         )
-        self._breakers = Breakers(
+        self._breakers = leases.Breakers(
             clock=self._clock,
-            config=self.config.breaker,
+            config=self._config.breaker,
             member=lambda w: self._workers.get(w.state.worker_id) is w,
             notify=self._notify,
             on_change=on_health_change,
@@ -132,6 +131,12 @@ class WorkerPool:
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
         self._started = False
+
+    @property
+    def config(self) -> PoolConfig:
+        """The pool's settings (read-only: the health loop, the KV loop and the breakers
+        hold the same object, so it is never replaced)."""
+        return self._config
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call `listener()` after every change of a worker's health, phase, breaker or
@@ -150,9 +155,9 @@ class WorkerPool:
         for listener in list(self._listeners):
             listener()
 
-    def _register(self, spec: WorkerSpec) -> _Worker:
+    def _register(self, spec: WorkerSpec) -> Worker:
         worker_id = self._new_id()
-        w = _Worker(
+        w = Worker(
             state=WorkerState(worker_id=worker_id, url=spec.url, version=spec.version),
             client=self._client_factory(spec.url, worker_id),
             warm=spec.warm,
@@ -173,7 +178,7 @@ class WorkerPool:
             return
         self._started = True
         workers = list(self._workers.values())
-        results = await asyncio.gather(*(fetch_discovery(w, self.config) for w in workers))
+        results = await asyncio.gather(*(fetch_discovery(w, self._config) for w in workers))
         for w, result in zip(workers, results, strict=True):
             if result is None:
                 continue
@@ -185,7 +190,7 @@ class WorkerPool:
             if w.state.phase is not Phase.GONE:
                 self._start_tasks(w)
 
-    def _start_tasks(self, w: _Worker) -> None:
+    def _start_tasks(self, w: Worker) -> None:
         w.tasks = [
             asyncio.create_task(self._health.run(w), name=f"health-{w.state.worker_id}"),
             asyncio.create_task(self._kv.run(w), name=f"kv-{w.state.worker_id}"),
@@ -206,7 +211,7 @@ class WorkerPool:
         w = self._register(spec)
         log.info("worker_added", worker=w.state.worker_id, url=spec.url, version=spec.version)
         try:
-            result = await fetch_discovery(w, self.config)
+            result = await fetch_discovery(w, self._config)
         except BaseException:  # the caller gave up: keep no half-added worker
             await asyncio.shield(self._drop(w, Action.REMOVE))
             raise
@@ -300,7 +305,7 @@ class WorkerPool:
         still in flight on it keep their channel until they end."""
         await self._drop(self._workers[worker_id], Action.REMOVE)
 
-    async def _drop(self, w: _Worker, action: Action) -> None:
+    async def _drop(self, w: Worker, action: Action) -> None:
         """Take `w` out: every piece of bookkeeping first, with no await between (so a
         cancelled caller leaves nothing half done), then the tasks' end and the channel's
         close, shielded from the caller's cancellation."""
@@ -311,7 +316,7 @@ class WorkerPool:
             return  # undrained before its retirement ran
         self._apply(w, action)
         del self._workers[worker_id]
-        Breakers.cancel_timer(w)
+        leases.Breakers.cancel_timer(w)
         for task in w.tasks:
             task.cancel()
         self._tasks = [t for t in self._tasks if t not in w.tasks]
@@ -328,12 +333,12 @@ class WorkerPool:
             w.closing = True  # the last request on it closes the channel
         await asyncio.shield(self._teardown(w, close=closing))
 
-    async def _teardown(self, w: _Worker, *, close: bool) -> None:
+    async def _teardown(self, w: Worker, *, close: bool) -> None:
         await asyncio.gather(*w.tasks, return_exceptions=True)
         if close:
             await w.client.close()
 
-    def _retire_soon(self, w: _Worker, action: Action) -> None:
+    def _retire_soon(self, w: Worker, action: Action) -> None:
         task = asyncio.get_running_loop().create_task(self._drop(w, action))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
@@ -343,7 +348,7 @@ class WorkerPool:
         tasks, self._tasks = self._tasks, []
         tasks.extend(self._retiring)
         for w in self._workers.values():
-            Breakers.cancel_timer(w)
+            leases.Breakers.cancel_timer(w)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -401,7 +406,7 @@ class WorkerPool:
         """
         return await self._facts.tokenizer_bundle(self.routable_workers(), self.client)
 
-    def _accept_discovery(self, w: _Worker, discovered: Discovered) -> None:
+    def _accept_discovery(self, w: Worker, discovered: Discovered) -> None:
         """Check a discovered worker against the pool's model and tokenizer and join it
         (healthy, `ready`); raises `WorkerRefused` (with `last_error` set and an error
         logged) when it serves another model or tokenizer."""
@@ -458,7 +463,7 @@ class WorkerPool:
         with leases.in_flight(w.state, lambda: self._idle(w)):
             yield
 
-    def _idle(self, w: _Worker) -> None:
+    def _idle(self, w: Worker) -> None:
         """The last request on `w` ended: a draining worker retires, a removed one closes
         its channel."""
         if w.state.phase is Phase.DRAINING:
@@ -510,7 +515,7 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ phase changes
 
-    def _apply(self, w: _Worker, action: Action) -> _Worker:
+    def _apply(self, w: Worker, action: Action) -> Worker:
         """Move `w` by `action` (IllegalTransition when not allowed); logged and reported."""
         before = w.state.phase
         w.state.phase = transition(before, action)

@@ -1,8 +1,8 @@
 """The pool's plain data: its settings (`PoolConfig`), each worker as the pool sees it
-(`WorkerState`, with its latest load, `EngineLoadView`), the pool's private record of a
-worker (`_Worker`: its client, tasks and breaker), a lease's breaker record (`LeaseMark`),
-and what is asked of the pool (`WorkerSpec`, `WorkerRefused`). No logic but the
-`WorkerState` properties that read its fields."""
+(`WorkerState`, with its latest load, `EngineLoadView`), the pool's own record of a worker
+(`Worker`: its client, tasks and breaker; internal to the package), a lease's breaker
+record (`LeaseMark`), and what is asked of the pool (`WorkerSpec`, `WorkerRefused`). No
+logic but the `WorkerState` properties that read its fields."""
 
 from __future__ import annotations
 
@@ -138,7 +138,10 @@ class WorkerState:
 
 
 @dataclass
-class _Worker:
+class Worker:
+    """The pool's own record of one worker: its public `state`, its client, its tasks and
+    breaker. Internal to `homing.engines.pool` (not re-exported)."""
+
     state: WorkerState
     client: EngineApi
     model_info: pb.GetModelInfoResponse | None = None
