@@ -125,7 +125,7 @@ TEST_ENV := HOMING_REQUIRE_SGLANG=1 HOMING_REQUIRE_PROMETHEUS=1 HOMING_REQUIRE_T
     HOMING_REQUIRE_SYSTEMD=1 HOMING_REQUIRE_K8S=1
 test: proto redis-server prometheus tmux systemd sglang-cpu k8s
 	$(SGLANG_PY) -m pytest -q -p no:cacheprovider $(SGLANG_DIR)/sgl_kernel/tests
-	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m 'not serial' \
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope -m 'not serial' \
 	    $(PYTEST_ARGS); parallel=$$?; \
 	echo "make test: the serial tests, alone"; \
 	$(TEST_ENV) $(PY) -m pytest -q -m serial $(PYTEST_ARGS); serial=$$?; \

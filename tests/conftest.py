@@ -13,9 +13,9 @@ gateway's):
   Apps at once in one test never share a socket. A config that names `admin.state_dir`
   keeps it (the admin tests use that to share one on purpose).
 
-Parallel runs: `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`),
-then the tests marked `serial` (timing-sensitive real-process tests) alone.
-`pytest_collection_modifyitems` groups the tests so that what is expensive to start is
+Parallel runs: `make test` runs the suite on two pytest-xdist workers, then the tests
+marked `serial` (timing-sensitive real-process tests) alone. The scheduler
+(`pytest_xdist_make_scheduler`) hands out work units so that what is expensive to start is
 started once: each module runs whole on one worker (its module-scoped fixtures start
 once), every test that runs real SGLang on one worker (one session fleet of SGLang
 workers per run, and never two SGLang starts at once), and every test that needs the
@@ -45,6 +45,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 TESTS = Path(__file__).parent
 #: Modules outside tests/protocol that start real SGLang workers themselves.
 SGLANG_MODULES = frozenset({"integration/test_sglang_worker_cli.py"})
+#: Modules with tests that need the Kubernetes API server (`k8s_api.kube_api`).
+K8S_MODULES = frozenset(
+    {
+        "integration/test_scaler_kubernetes.py",
+        "integration/test_scaler_kubernetes_app.py",
+        "integration/test_scaler_leader.py",
+    }
+)
 #: Modules whose claims are about real time (latency verdicts, probe timeouts, loop stalls,
 #: watchdogs, terminal refreshes, signals to live processes): marked `serial`, so `make test`
 #: runs them alone, with no other test's processes on the cores.
@@ -71,27 +79,36 @@ SERIAL_MODULES = frozenset(
 )
 
 
-def _module(item: pytest.Item) -> str:
-    return item.path.relative_to(TESTS).as_posix()
+def work_group(module: str) -> str:
+    """The pytest-xdist work unit of a test module (its path under tests/): "sglang" for the
+    modules that run real SGLang, "k8s" for those that need the Kubernetes API server, else
+    the module itself. A unit runs whole on one worker."""
+    if module.startswith("protocol/") or module in SGLANG_MODULES:
+        return "sglang"
+    if module in K8S_MODULES:
+        return "k8s"
+    return module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's `loadscope` scheduling with `work_group` as the scope (`loadgroup`'s
+    marks do not reach the scheduler under pytest 9.2, whose node ids are no longer set by
+    plugins)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return work_group(module.removeprefix("tests/"))
+
+    return WorkGroupScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its `xdist_group` (read by `--dist loadgroup`; no effect on a run
-    without xdist): "sglang" for a module that runs real SGLang, "k8s" for one of which a
-    test needs the Kubernetes API server, else the module's path under tests/; and the
-    tests of `SERIAL_MODULES` `serial`. Runs before `-m` selects by mark."""
-    k8s = {_module(i) for i in items if "kube_api" in getattr(i, "fixturenames", ())}
+    """Mark the tests of `SERIAL_MODULES` `serial` (before `-m` selects by mark)."""
     for item in items:
-        module = _module(item)
-        if module.startswith("protocol/") or module in SGLANG_MODULES:
-            group = "sglang"
-        elif module in k8s:
-            group = "k8s"
-        else:
-            group = module
-        item.add_marker(pytest.mark.xdist_group(group))
-        if module in SERIAL_MODULES:
+        if item.path.relative_to(TESTS).as_posix() in SERIAL_MODULES:
             item.add_marker(pytest.mark.serial)
 
 

@@ -19,6 +19,7 @@ from openai import AsyncOpenAI
 from structlog.testing import capture_logs
 
 from homing.app import App
+from homing.clock import ManualClock
 from homing.config import GatewaySettings, HomingConfig, SimSettings, TenantSettings
 from homing.gateway.auth import hash_key
 from homing.gateway.quotas import InProcessQuotaStore
@@ -163,6 +164,30 @@ async def test_health_and_readiness_need_no_key(app: App) -> None:
         for path in ("/health", "/ready"):
             async with session.get(f"http://127.0.0.1:{app.http_port}{path}") as resp:
                 assert resp.status == 200
+
+
+async def test_a_refused_tenant_is_served_again_once_its_window_passes_on_the_apps_clock() -> None:
+    """On a `ManualClock`, with 1 request/min: the second request is refused with
+    Retry-After 60, still refused 59 virtual seconds later with Retry-After 1, and served
+    once the first request's minute has passed; no real time is waited."""
+    clock = ManualClock()
+    config = HomingConfig(
+        gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=2.0),
+        sim=SimSettings(workers=1, speedup=10.0),
+        tenants=[
+            _tenant("window", ("window-1", "sk-window", {}), quota={"requests_per_minute": 1})
+        ],
+    )
+    key = {"Authorization": "Bearer sk-window"}
+    async with own_app(config, clock=clock) as windowed:
+        assert (await _post(windowed, CHAT, **key))[0] == 200
+        status, _, headers = await _post(windowed, CHAT, **key)
+        assert (status, headers["Retry-After"]) == (429, "60")
+        clock.advance(59.0)
+        status, _, headers = await _post(windowed, CHAT, **key)
+        assert (status, headers["Retry-After"]) == (429, "1")
+        clock.advance(1.0)
+        assert (await _post(windowed, CHAT, **key))[0] == 200
 
 
 async def test_requests_quota_is_429_with_retry_after_over_http(app: App) -> None:

@@ -696,3 +696,37 @@ async def test_a_redis_down_at_start_serves_the_config_split_then_follows_the_st
             assert [(w.version, w.weight) for w in split] == [("v1", 60.0), ("v2", 40.0)]
         finally:
             redis.stop()
+
+
+async def test_a_bake_passes_on_the_apps_clock_not_the_wall_clock(
+    sims: Sims, state_dir: str
+) -> None:
+    """On a `ManualClock` a five-minute bake takes no real time: with enough samples of both
+    versions (gathered at virtual time 0) and every check passing, the step holds at 299 s
+    baked and is promoted at 300 s, each at the next verdict."""
+    clock = ManualClock()
+    async with gateway(config(sims, state_dir, lenient=True), clock) as (app, admin):
+        assert app.http_port is not None and app.rollouts is not None
+        await admin.start_rollout(MODEL, "v2", [50, 100], 300.0)
+        load = Load(app.http_port)
+        try:
+
+            def enough() -> bool:
+                versions = [s.version for s in load.served]
+                return min(versions.count("v1"), versions.count("v2")) >= 40
+
+            assert await eventually(enough, 60)
+        finally:
+            served = await load.stop()
+        assert all(s.status == 200 and s.whole for s in served)
+        clock.advance(299.0)
+        await app.rollouts.tick()
+        held = await admin.get_rollout(MODEL)
+        assert (held.phase, held.weight, held.baked_s) == ("running", 50.0, 299.0), held
+        # Every check passes; only the bake holds the step.
+        assert held.verdict == "pass" and [c.result for c in held.checks] == ["pass"] * 4
+        clock.advance(1.0)
+        await app.rollouts.tick()
+        promoted = await admin.get_rollout(MODEL)
+        assert (promoted.phase, promoted.weight) == ("promoted", 100.0), promoted
+        assert [e.event for e in promoted.history] == ["started", "promoted"]
