@@ -58,13 +58,11 @@ K8S_MODULES = frozenset(
 #: runs them alone, with no other test's processes on the cores.
 SERIAL_MODULES = frozenset(
     {
-        "e2e/test_chaos_short.py",
         "e2e/test_reload_streams.py",
         "e2e/test_signals.py",
         "e2e/test_systemd.py",
         "e2e/test_top_tmux.py",
         "integration/test_frozen_worker.py",
-        "integration/test_grafana_prometheus.py",
         "integration/test_health_progress.py",
         "integration/test_outlier_ejection.py",
         "integration/test_outlier_rescue.py",
