@@ -153,6 +153,11 @@ class Load:
         self._stop = asyncio.Event()
         self._tasks = [asyncio.create_task(self._client(i)) for i in range(clients)]
 
+    def each_version_served(self, at_least: int) -> bool:
+        """Whether v1 and v2 have each served `at_least` of the answers so far."""
+        versions = [s.version for s in self.served]
+        return min(versions.count("v1"), versions.count("v2")) >= at_least
+
     async def _client(self, seed: int) -> None:
         rng = random.Random(seed)
         url = f"http://127.0.0.1:{self.port}/v1/completions"
@@ -644,12 +649,7 @@ async def test_a_canary_without_a_ready_worker_is_neither_stepped_nor_promoted(
         await admin.start_rollout(MODEL, "v2", [50, 100], 3600.0)
         load = Load(app.http_port)
         try:
-
-            def enough() -> bool:
-                versions = [s.version for s in load.served]
-                return min(versions.count("v1"), versions.count("v2")) >= 40
-
-            assert await eventually(enough, 60)
+            assert await eventually(lambda: load.each_version_served(40), 60)
             canary = next(w for _, w in app.fleet.workers() if w.version == "v2")
             app.fleet.cordon(canary.worker_id)
             status = await admin.get_rollout(MODEL)
@@ -710,12 +710,7 @@ async def test_a_bake_passes_on_the_apps_clock_not_the_wall_clock(
         await admin.start_rollout(MODEL, "v2", [50, 100], 300.0)
         load = Load(app.http_port)
         try:
-
-            def enough() -> bool:
-                versions = [s.version for s in load.served]
-                return min(versions.count("v1"), versions.count("v2")) >= 40
-
-            assert await eventually(enough, 60)
+            assert await eventually(lambda: load.each_version_served(40), 60)
         finally:
             served = await load.stop()
         assert all(s.status == 200 and s.whole for s in served)
