@@ -18,8 +18,8 @@ marked `serial` (timing-sensitive real-process tests) alone. The scheduler
 (`pytest_xdist_make_scheduler`) hands out work units so that what is expensive to start is
 started once: each module runs whole on one worker (its module-scoped fixtures start
 once), every test that runs real SGLang on one worker (one session fleet of SGLang
-workers per run, and never two SGLang starts at once), and every test that needs the
-Kubernetes API server on one worker (one kube-apiserver and etcd per run).
+workers per run, and real SGLang never on both xdist workers at once), and every test
+that needs the Kubernetes API server on one worker (one kube-apiserver and etcd per run).
 """
 
 from __future__ import annotations
@@ -66,11 +66,13 @@ SERIAL_MODULES = frozenset(
         "integration/test_health_progress.py",
         "integration/test_outlier_ejection.py",
         "integration/test_outlier_rescue.py",
+        "integration/test_prompt_tokenizing.py",
         "integration/test_quota_redis_instances.py",
         "integration/test_replica_stats_attempts.py",
         "integration/test_request_metrics.py",
         "integration/test_rollout.py",
         "integration/test_slow_client.py",
+        "integration/test_stop_limits.py",
         "unit/daemon/test_watchdog.py",
         "unit/test_obs_loop_busy.py",
     }
@@ -88,10 +90,13 @@ def work_group(module: str) -> str:
     return module
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """pytest-xdist's `loadscope` scheduling with `work_group` as the scope (`loadgroup`'s
-    marks do not reach the scheduler under pytest 9.2, whose node ids are no longer set by
-    plugins)."""
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """For `--dist loadscope`: pytest-xdist's `loadscope` scheduling with `work_group` as
+    the scope (`loadgroup`'s marks do not reach the scheduler under pytest 9.2, whose node
+    ids are no longer set by plugins). Other `--dist` modes keep xdist's own scheduler."""
+    if config.getvalue("dist") != "loadscope":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class WorkGroupScheduling(LoadScopeScheduling):
@@ -106,8 +111,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests of `SERIAL_MODULES` `serial` (before `-m` selects by mark)."""
     for item in items:
-        if item.path.relative_to(TESTS).as_posix() in SERIAL_MODULES:
-            item.add_marker(pytest.mark.serial)
+        if item.path.is_relative_to(TESTS):
+            if item.path.relative_to(TESTS).as_posix() in SERIAL_MODULES:
+                item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(autouse=True)

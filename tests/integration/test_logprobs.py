@@ -62,6 +62,12 @@ def _token_bytes(token: str) -> bytes:
     return token.encode()
 
 
+def _assert_no_split_character(text: str) -> None:
+    """A streamed answer's text has U+FFFD only at its end, where the length cut may fall
+    inside a character: a character split across chunks is whole in one of them."""
+    assert "\ufffd" not in text.rstrip("\ufffd"), text
+
+
 def _check_chat_entry(entry: Any, top: int) -> None:
     """One chat entry: a finite logprob <= 0, bytes agreeing with the token, `top` top
     entries in non-increasing order, the sampled token's value where it is among them."""
@@ -113,12 +119,15 @@ async def test_greedy_chat_samples_the_top_token_and_streams_what_it_answers_who
             pytest.approx(entry.top_logprobs[0].logprob),
         )
     streamed: list[Any] = []
+    text = ""
     async for chunk in await client.chat.completions.create(**fields, stream=True):
         for choice in chunk.choices:
             got = (choice.logprobs.content or []) if choice.logprobs else []
             assert _joined(got) == (choice.delta.content or "")
             streamed.extend(got)
+            text += choice.delta.content or ""
     assert [e.model_dump() for e in streamed] == [e.model_dump() for e in entries]
+    _assert_no_split_character(text)
 
 
 async def test_each_of_n_choices_reports_its_own_tokens_streamed_as_whole(
@@ -263,6 +272,8 @@ async def test_streamed_completion_chunks_carry_their_own_tokens(gateway: App) -
             assert spelled.decode(errors="replace") == choice.text
             texts[choice.index] += choice.text
     assert all(texts.values())
+    for text in texts.values():
+        _assert_no_split_character(text)
 
 
 async def test_tool_call_answers_report_the_tokens_of_the_call(gateway: App) -> None:
