@@ -91,6 +91,9 @@ class SimActuator:
         self._cold = ColdStarts()
         self._listeners = Listeners()
 
+    async def open(self) -> None:
+        """Nothing to do: it knows the members it spawned."""
+
     def members(self) -> list[Member]:
         """Members starting, ready or stopping, in the order they were asked for."""
         return list(self._members.values())

@@ -238,7 +238,7 @@ class Assembly(AppParts):
             thresholds=policy_configs(router, model.model_id)[1].overload,
             clock=self.clock,
         )
-        self.admissions.append(admission)
+        self.admissions[model.model_id] = admission
         return admission
 
     async def _start_service(self, fleet: Fleet) -> None:
@@ -265,7 +265,7 @@ class Assembly(AppParts):
             request_timeout_s=gw.request_timeout_s,
             max_messages=gw.max_messages,
             quotas=self.quotas,
-            admissions=self.admissions,
+            admissions=list(self.admissions.values()),
             recorder=self.recorder,
             retry=RetryPolicy.from_router(cfg.router),
             migrate_streams=cfg.router.migrate_streams,
@@ -371,7 +371,7 @@ class Assembly(AppParts):
                 self._hold_at_zero(p, scaler)
         scaler.start()
         for p in pools:
-            if not isinstance(p.elector, SingleElector):
+            if p.elector.campaigns:
                 elect = asyncio.get_running_loop().create_task(
                     p.elector.run(), name=f"scaler-leader-{p.model}"
                 )
@@ -414,8 +414,8 @@ class Assembly(AppParts):
     def _hold_at_zero(self, p: PoolScaler, scaler: Scaler) -> None:
         """Scale to zero: the model's requests wait at no replica, wake the scaler, and are
         refused past the queue timeout with the expected start as Retry-After."""
-        admission = p.dispatch.admission
-        if not isinstance(admission, AdmissionController) or not admission.settings.enabled:
+        admission = self.admissions.get(p.dispatch.model_id)
+        if admission is None or not admission.settings.enabled:
             log.warning("scale_to_zero_without_admission", model=p.model)
             return
         admission.hold_when_empty = True

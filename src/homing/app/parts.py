@@ -74,7 +74,8 @@ class AppParts:
         self.fleet_metrics = FleetMetrics(self.gateway_metrics.registry)
         self.router_metrics: dict[str, RouterMetrics] = {}
         self.quotas: QuotaGuard | None = None
-        self.admissions: list[AdmissionController] = []
+        # Each served model's admission queue (its dispatch's `admission`), by model id.
+        self.admissions: dict[str, AdmissionController] = {}
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -133,7 +134,7 @@ class AppParts:
     @property
     def admission(self) -> AdmissionController | None:
         """The first served model's admission queue."""
-        return self.admissions[0] if self.admissions else None
+        return next(iter(self.admissions.values()), None)
 
     @property
     def sims(self) -> SimLauncher | SglangLauncher | None:

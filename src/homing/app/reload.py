@@ -23,7 +23,6 @@ from homing.engines.lifecycle import Phase
 from homing.engines.pool import WorkerState
 from homing.fleet import ModelDispatch
 from homing.fleet.fleet import FleetError
-from homing.gateway.admission import AdmissionController
 from homing.gateway.quotas.types import QuotaKind
 from homing.gateway.retry_budget import RetryPolicy
 from homing.router.settings import policy_configs
@@ -90,8 +89,8 @@ class Reloading(AppParts):
                     policy, cache_aware=cache_aware, consistent_hash=consistent_hash
                 )
                 log.info("router_policy_reloaded", model=m.model_id, policy=policy)
-            admission = m.admission
-            if isinstance(admission, AdmissionController):
+            admission = self.admissions.get(m.model_id)
+            if admission is not None:
                 admission.thresholds = cache_aware.overload
 
     def _reload_slos(self, new: HomingConfig) -> None:

@@ -94,9 +94,9 @@ class Shutdown(AppParts):
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        for admission in self.admissions:
+        for admission in self.admissions.values():
             await admission.stop()
-        self.admissions = []
+        self.admissions = {}
         if self.quotas is not None:
             await self.quotas.stop()
             self.quotas = None

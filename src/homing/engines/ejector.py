@@ -27,7 +27,7 @@ import structlog
 from homing.clock import Clock
 from homing.engines.client import EngineError, GenerateDone, GenerateParams, TokenChunk
 from homing.engines.lifecycle import IllegalTransition, Phase
-from homing.engines.metrics import EngineMetrics
+from homing.engines.metrics import EngineMetrics, OutlierFamily
 from homing.engines.outliers import (
     OutlierConfig,
     OutlierDetector,
@@ -228,10 +228,10 @@ class OutlierEjector:
         self._count("returns", worker_id, reason)
         log.info("outlier_returned", model=self.model, worker=worker_id, reason=reason)
 
-    def _count(self, family: str, worker_id: str, label: str) -> None:
+    def _count(self, family: OutlierFamily, worker_id: str, label: str) -> None:
         self._known.add(worker_id)
         if self._metrics is not None:
-            self._metrics.inc(getattr(self._metrics, family), self.model, worker_id, label)
+            self._metrics.inc(self._metrics.outliers[family], self.model, worker_id, label)
 
     def _count_probe(self, worker_id: str, result: str) -> None:
         self._count("probes", worker_id, result)

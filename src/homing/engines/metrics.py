@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,7 +40,10 @@ class WorkerCounts(Protocol):
     @property
     def worker_id(self) -> str: ...
     @property
-    def phase(self) -> object: ...
+    def phase(self) -> str:
+        """Its lifecycle phase (the pool's `Phase` is a `StrEnum`: its value)."""
+        ...
+
     @property
     def breaker(self) -> str: ...
     @property
@@ -48,6 +51,9 @@ class WorkerCounts(Protocol):
     @property
     def probes_excused(self) -> int: ...
 
+
+#: The outlier counters by name (`EngineMetrics.outliers`): what `OutlierEjector` counts.
+OutlierFamily = Literal["ejections", "returns", "skipped", "probes"]
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, EngineMetrics] = (
     weakref.WeakKeyDictionary()
@@ -84,6 +90,12 @@ class EngineMetrics(Collector):
             ["model", "worker", "result"],
             registry=registry,
         )
+        self.outliers: dict[OutlierFamily, Counter] = {
+            "ejections": self.ejections,
+            "returns": self.returns,
+            "skipped": self.skipped,
+            "probes": self.probes,
+        }
         self._watched: dict[str, Callable[[], Iterable[WorkerCounts]]] = {}
         self._labelled: dict[tuple[str, str], set[tuple[Counter, tuple[str, ...]]]] = {}
         registry.register(self)
@@ -124,8 +136,7 @@ class EngineMetrics(Collector):
         for model, workers in self._watched.items():
             ejected = 0
             for w in workers():
-                phase = str(getattr(w.phase, "value", w.phase))
-                ejected += phase == "ejected"
+                ejected += w.phase == "ejected"
                 labels = [model, w.worker_id]
                 for state in BreakerState:
                     f["state"].add_metric([*labels, state.value], float(w.breaker == state.value))

@@ -28,7 +28,6 @@ encode thread with the template.
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from homing.gateway.errors import APIError, invalid
 from homing.gateway.output import OutputPlan, ParserFactory
 from homing.gateway.requests import ChatRequest, FunctionDefinition
 from homing.gateway.schemas import check_parameters
-from homing.text.parsers import TOOL_PARSERS, think_parser_factory, tool_parser_factory
+from homing.text.parsers import think_parser_factory, tool_parser_factory, tool_structural_tag
 from homing.text.tokenizer import TextTokenizer
 from homing.text.tools.base import ToolSpec
 from homing.text.tools.json_array import (
@@ -220,9 +219,7 @@ def plan_tools(req: ChatRequest, model: ModelDispatch) -> ToolPlan:
     structural_tag = None
     strict = [i for i, f in enumerate(functions) if f.strict]
     if strict:
-        module = importlib.import_module(TOOL_PARSERS[name][0])
-        build = getattr(module, "structural_tag", None)
-        tag = build(specs) if build is not None else None
+        tag = tool_structural_tag(name, specs)
         param = (
             f"functions.[{strict[0]}].strict"
             if req.legacy_functions

@@ -51,7 +51,14 @@ class WorkerView(Protocol):
     @property
     def routable(self) -> bool: ...
     @property
-    def phase(self) -> object: ...
+    def phase(self) -> str:
+        """Its lifecycle phase (the pool's `Phase` is a `StrEnum`: its value)."""
+        ...
+
+    @property
+    def breaker(self) -> str:
+        """Its circuit breaker's state: "closed", "open" or "half_open"."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -194,8 +201,8 @@ class ReplicaStats:
         """`worker`'s snapshot now, its request figures over the last `window_s` seconds
         (at most `RECENT_WINDOW_S`; outlier detection asks for a shorter one)."""
         load = worker.load
-        phase = str(getattr(worker.phase, "value", worker.phase))
-        breaker = getattr(worker, "breaker", "closed")  # a pool worker's circuit breaker
+        phase = str(worker.phase)  # a plain str: a `StrEnum`'s str() is its value
+        breaker = worker.breaker
         if worker.routable:
             state, reason = "ready", None
         elif not worker.healthy:

@@ -65,11 +65,12 @@ class FakeWorker:
     last_error: str | None = None
     load: FakeLoad | None = field(default_factory=FakeLoad)
     phase: str = "ready"
+    breaker: str = "closed"
 
     @property
     def routable(self) -> bool:
-        """Ready and healthy."""
-        return self.healthy and self.phase == "ready"
+        """Ready, healthy and its breaker not open."""
+        return self.healthy and self.phase == "ready" and self.breaker != "open"
 
 
 class RecordingRecorder(RequestRecorder):

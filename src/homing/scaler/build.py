@@ -81,9 +81,7 @@ async def start_members(
     `clock`) until that many members are ready; the URLs of its ready members (with `count`
     0: those it already has). RuntimeError when a
     start fails, TimeoutError after `timeout_s`."""
-    opener = getattr(actuator, "open", None)  # one that watches (kubernetes) syncs first
-    if opener is not None:
-        await opener()
+    await actuator.open()  # one that watches (kubernetes) syncs first
     changed = asyncio.Event()
     unsubscribe = actuator.subscribe(changed.set)
     failed_before = actuator.failed_starts

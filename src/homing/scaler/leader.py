@@ -56,6 +56,7 @@ class Elector(Protocol):
     """Campaigns for one pool's lease (see the module docstring)."""
 
     kind: str  # "redis", "kubernetes", "single"
+    campaigns: bool  # whether `run` must run for it to lead (False: always leader)
 
     @property
     def is_leader(self) -> bool:
@@ -155,6 +156,7 @@ class SingleElector:
 
     def __init__(self) -> None:
         self.kind = "single"
+        self.campaigns = False  # `run` only waits: no task needs to run it
         self.store_error: str | None = None  # no store: never an error
 
     @property
@@ -185,6 +187,7 @@ class _Campaign:
     round's choosing, until cancelled; then `_release` when a lease is held."""
 
     kind: str
+    campaigns = True
 
     def __init__(
         self, *, name: str, identity: str, clock: Clock, lease_s: float, renew_s: float | None

@@ -467,7 +467,7 @@ class PoolScaler:
         m.demand.labels(model, "streams").set(s.in_flight + s.queued)
         m.demand.labels(model, "prefill_tokens_per_s").set(s.prefill_tokens_per_s)
         m.demand.labels(model, "arrivals_per_s").set(s.arrivals_per_s)
-        failed = getattr(self.actuator, "failed_starts", 0)
+        failed = self.actuator.failed_starts
         if failed > self._failed_seen:
             m.failed_starts.labels(model).inc(failed - self._failed_seen)
             self._failed_seen = failed

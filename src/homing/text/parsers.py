@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Protocol, cast
 
 from homing.text.output import OutputParser
 from homing.text.tools.base import ToolSpec
@@ -29,7 +30,8 @@ TOOL_PARSERS: dict[str, tuple[str, str]] = {
     "pythonic": ("homing.text.tools.pythonic", "PythonicParser"),
     "gpt_oss": ("homing.text.tools.gpt_oss", "GptOssParser"),
 }
-"""Tool-call parser name -> (module, class); each class is built as `Class(tools)`."""
+"""Tool-call parser name -> (module, class); each class is built as `Class(tools)`, and each
+module is a `ToolFormat`."""
 
 REASONING_PARSERS = ("think", "deepseek_r1", "qwen3", "deepseek_v31", "gpt_oss")
 """Reasoning parser names: all but gpt_oss are `<think>`...`</think>` (the prompt's last
@@ -54,6 +56,22 @@ def tool_parser_factory(name: str, tools: Sequence[ToolSpec]) -> Callable[[], Ou
     """A factory of fresh `name` parsers for `tools`. Raises KeyError for an unknown name."""
     module, cls = TOOL_PARSERS[name]
     return partial(getattr(importlib.import_module(module), cls), tuple(tools))
+
+
+class ToolFormat(Protocol):
+    """What each module of `TOOL_PARSERS` offers beside its parser class."""
+
+    def structural_tag(self, tools: Sequence[ToolSpec]) -> dict | None:
+        """SGLang's `structural_tag` constraint of the family's calls of `tools` (None: the
+        format cannot be constrained so, or no tools)."""
+        ...
+
+
+def tool_structural_tag(name: str, tools: Sequence[ToolSpec]) -> dict | None:
+    """The `name` family's `structural_tag` for `tools` (None: its format cannot be
+    constrained). Raises KeyError for an unknown name."""
+    module = cast(ToolFormat, importlib.import_module(TOOL_PARSERS[name][0]))
+    return module.structural_tag(tools)
 
 
 def think_parser_factory(starts_in_reasoning: bool) -> Callable[[], OutputParser]:

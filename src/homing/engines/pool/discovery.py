@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import grpc
 import structlog
+from google.protobuf import struct_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
 from homing.engines.client import EngineApi, EngineError
@@ -37,10 +38,10 @@ def served_name(info: pb.GetModelInfoResponse) -> str:
     return info.served_model_name or info.model_path
 
 
-def _struct_number(struct: object, key: str) -> float | None:
+def _struct_number(struct: struct_pb2.Struct, key: str) -> float | None:
     """A numeric value from a protobuf Struct (None when absent or not a number)."""
-    fields = getattr(struct, "fields", None)
-    if fields is None or key not in fields:
+    fields = struct.fields
+    if key not in fields:
         return None
     value = fields[key]
     if value.WhichOneof("kind") != "number_value":
@@ -94,7 +95,7 @@ class ModelFacts:
         model: str | None,
         discovered: Discovered,
         *,
-        router_block_size: int | None,
+        router_block_size: int,
     ) -> None:
         """Check a discovered worker against the pool's model (`model`, else the first
         accepted worker's) and tokenizer and record what it serves (`discovered` set); the
@@ -126,11 +127,7 @@ class ModelFacts:
             if sha is not None:
                 self._tokenizer_sha256, self._tokenizer_bundle = sha, bundle
             page = _struct_number(server.server_args, "page_size")
-            if (
-                router_block_size is not None
-                and page is not None
-                and int(page) != router_block_size
-            ):
+            if page is not None and int(page) != router_block_size:
                 log.warning(
                     "page_size_mismatch",
                     worker=w.state.worker_id,

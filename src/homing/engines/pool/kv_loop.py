@@ -60,6 +60,11 @@ _Decoded = TypeVar("_Decoded", bound=DecodedKvBatch)
 class KvEventSink(Protocol[_Decoded]):
     """What the pool feeds KV events to (`homing.router.Router` is one)."""
 
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block: a joining worker's KV page size must equal it."""
+        ...
+
     def decode_kv_batch(self, data: bytes) -> _Decoded:
         """Read one serialized `KvEventBatch`, once; ValueError when it is not one."""
         ...

@@ -410,8 +410,7 @@ class WorkerPool:
         """Check a discovered worker against the pool's model and tokenizer and join it
         (healthy, `ready`); raises `WorkerRefused` (with `last_error` set and an error
         logged) when it serves another model or tokenizer."""
-        block_size = getattr(self._router, "block_size", None)
-        self._facts.admit(w, self.model, discovered, router_block_size=block_size)
+        self._facts.admit(w, self.model, discovered, router_block_size=self._router.block_size)
         self._health.set_status(w, HealthStatus(healthy=True))
         if w.state.phase is Phase.JOINING:
             self._apply(w, Action.JOINED)

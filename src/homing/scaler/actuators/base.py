@@ -55,6 +55,11 @@ class Actuator(Protocol):
     kind: str  # "local", "exec", "kubernetes"
     failed_starts: int  # starts that failed since construction
 
+    async def open(self) -> None:
+        """Get ready to report its members: one that watches them (Kubernetes) lists them
+        and starts watching; the others have nothing to do. Idempotent."""
+        ...
+
     def members(self) -> list[Member]:
         """What it runs now (not stopped ones)."""
         ...

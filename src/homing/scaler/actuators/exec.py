@@ -143,6 +143,9 @@ class ExecActuator:
         self._ensure_polling()
         return list(self._members.values())
 
+    async def open(self) -> None:
+        """Nothing to do: its polling of the script's `list` starts on its own."""
+
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call `listener()` whenever members change; returns the unsubscribe."""
         self._ensure_polling()

@@ -382,6 +382,9 @@ class LocalActuator:
         """The process id of `member_id` once known (None: not yet, or no such member)."""
         return self._pids.get(member_id)
 
+    async def open(self) -> None:
+        """Nothing to do: it knows its members from the processes it started."""
+
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call `listener()` whenever members change; returns the unsubscribe."""
         return self._listeners.subscribe(listener)

@@ -204,3 +204,9 @@ class GptOssParser(StepParser):
             return i + len(marker)
         self._state = _TEXT
         return i
+
+
+def structural_tag(tools: Sequence[ToolSpec]) -> dict | None:
+    """None: no `structural_tag` constraint is built for Harmony's format, so a strict
+    function of a gpt-oss model is refused (400, `unsupported_parameter`)."""
+    return None
