@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +59,19 @@ class ScalerFeed:
         return cls(admin, key, explicit=admin is not None or bool(os.environ.get("HOMING_ADMIN")))
 
     def fetch(self) -> ScalerView:
-        """The autoscaled pools now, or why they are not known."""
-        return self._loop.run_until_complete(self._fetch())
+        """The autoscaled pools now, or why they are not known. A SIGINT (Ctrl-C) during
+        the call is raised as KeyboardInterrupt once it returns (at most `SCALER_TIMEOUT_S`
+        later): raised inside the event loop's gRPC call it could leave the channel unable
+        to close. Call from the main thread."""
+        caught: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+        try:
+            view = self._loop.run_until_complete(self._fetch())
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
+        return view
 
     async def _fetch(self) -> ScalerView:
         import grpc
