@@ -82,7 +82,8 @@ def _check_type(value: object, hint: Any, where: str) -> None:
 
 
 def _check_signature(impl: Any, declared: Any, where: str) -> None:
-    """`impl` takes every parameter `declared` names (by name, optional where it is)."""
+    """`impl` takes every parameter `declared` names (by name, optional where it is) and is
+    async where it is; parameter kinds, positions and return types are not compared."""
     assert callable(impl), f"{where} is not callable"
     assert inspect.iscoroutinefunction(impl) == inspect.iscoroutinefunction(declared), (
         f"{where}: async in one of the protocol and the implementation only"

@@ -13,8 +13,11 @@ top then shows the metrics alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,16 +62,11 @@ class ScalerFeed:
         return cls(admin, key, explicit=admin is not None or bool(os.environ.get("HOMING_ADMIN")))
 
     def fetch(self) -> ScalerView:
-        """The autoscaled pools now, or why they are not known. A SIGINT (Ctrl-C) during
-        the call is raised as KeyboardInterrupt once it returns (at most `SCALER_TIMEOUT_S`
-        later): raised inside the event loop's gRPC call it could leave the channel unable
-        to close. Call from the main thread."""
-        caught: list[int] = []
-        previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
-        try:
+        """The autoscaled pools now, or why they are not known. A Ctrl-C during the call
+        is raised as KeyboardInterrupt once it returns (at most `SCALER_TIMEOUT_S` later;
+        see `_sigint_held`)."""
+        with _sigint_held() as caught:
             view = self._loop.run_until_complete(self._fetch())
-        finally:
-            signal.signal(signal.SIGINT, previous)
         if caught:
             raise KeyboardInterrupt
         return view
@@ -97,6 +95,28 @@ class ScalerFeed:
         client, self._client = self._client, None
         try:
             if client is not None:
-                self._loop.run_until_complete(client.close())
+                with _sigint_held():  # closing on the way out: a Ctrl-C here changes nothing
+                    self._loop.run_until_complete(client.close())
         finally:
             self._loop.close()
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[list[int]]:
+    """Hold SIGINT while the block runs the feed's event loop, and give the signals that
+    came: a KeyboardInterrupt raised inside the loop's gRPC call could leave its channel
+    unable to close. Only where Ctrl-C would raise KeyboardInterrupt (Python's default
+    handler, in the main thread); elsewhere (an ignored SIGINT, a handler of the caller's,
+    another thread) nothing changes and the list stays empty."""
+    caught: list[int] = []
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield caught
+        return
+    signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
