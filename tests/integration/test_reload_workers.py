@@ -35,6 +35,7 @@ from homing.config import (
 from homing.daemon.runner import Daemon
 from homing.engines.lifecycle import Phase
 from homing.fleet import Fleet
+from homing.ports import free_port_pair
 from homing.sim.process import spawn_sim, terminate
 
 SMALL = "llama-3.1-8b"
@@ -111,7 +112,7 @@ async def test_a_worker_its_pool_refuses_is_named_and_an_unreachable_one_joins_l
     URL."""
     a, large = sims["a"].url, sims["large"].url
     async with own_app(_config(a)) as app:
-        port = free_port()
+        port = free_port_pair("127.0.0.1")  # a simulated worker starts on it later
         dead = f"grpc://127.0.0.1:{port}"
         daemon = Daemon(_config(a), load=lambda: _config(a, large, dead), environ={})
         with capture_logs() as logs:
