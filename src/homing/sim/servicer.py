@@ -80,7 +80,6 @@ Behaviour, as SGLang's gRPC servicer (smg-grpc-proto 0.4.28):
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 import uuid
@@ -112,6 +111,7 @@ from homing.sim.scheduler import (
     SimRequest,
 )
 from homing.sim.timing import EngineLimits, TimingModel
+from homing.text.served import tokenizer_bundle
 
 log = logging.getLogger(__name__)
 
@@ -214,13 +214,14 @@ class AnswerDetail:
 
 @dataclass(frozen=True)
 class ServedModel:
-    """What the worker serves: the tokenizer's facts and the zip GetTokenizer streams."""
+    """What the worker serves: the tokenizer's facts and the revision of the zip GetTokenizer
+    streams (`homing.text.served.tokenizer_bundle`, built at the first call)."""
 
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     pad_token_id: int | None
-    tokenizer_zip: bytes
+    tokenizer_revision: str | None = None
 
 
 class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
@@ -248,7 +249,6 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
         self.port = port
         self.start_time = time.time()
         self.last_receive_time = 0.0
-        self._tokenizer_sha256 = hashlib.sha256(served.tokenizer_zip).hexdigest()
 
     # ---- limits ----
 
@@ -679,14 +679,14 @@ class SimSchedulerServicer(pb_grpc.SglangSchedulerServicer):
     async def GetTokenizer(
         self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
-        data = self.served.tokenizer_zip
+        data, digest = await asyncio.to_thread(tokenizer_bundle, self.served.tokenizer_revision)
         step = TOKENIZER_CHUNK_BYTES
         starts = list(range(0, len(data), step)) or [0]
         for i, start in enumerate(starts):
             last = i == len(starts) - 1
             yield common_pb2.GetTokenizerChunk(
                 data=data[start : start + step],
-                sha256=self._tokenizer_sha256 if last else "",
+                sha256=digest if last else "",
             )
 
     async def SubscribeKvEvents(

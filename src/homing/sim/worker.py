@@ -165,18 +165,15 @@ class SimWorker:
     async def start(self) -> int:
         """Build the engine, bind the ports and serve; returns the gRPC port.
         Raises RuntimeError when a port cannot be bound."""
-        from homing.text.served import load_served_tokenizer, served_tokenizer_zip, with_revision
+        from homing.text.served import load_served_tokenizer
 
         tokenizer = await asyncio.to_thread(load_served_tokenizer)
-        tokenizer_zip = await asyncio.to_thread(served_tokenizer_zip)
-        if self.config.tokenizer_revision is not None:
-            tokenizer_zip = with_revision(tokenizer_zip, self.config.tokenizer_revision)
         self._served = ServedModel(
             vocab_size=tokenizer.vocab_size,
             eos_token_ids=tokenizer.eos_token_ids,
             bos_token_id=tokenizer.bos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-            tokenizer_zip=tokenizer_zip,
+            tokenizer_revision=self.config.tokenizer_revision,
         )
         self._planner = OutputPlanner(
             tokenizer,
