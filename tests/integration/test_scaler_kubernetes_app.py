@@ -46,7 +46,7 @@ from homing.config import (
 from homing.engines.lifecycle import Phase
 from homing.scaler.actuators.base import MemberState
 from homing.scaler.actuators.kubernetes import LOWEST_DELETION_COST
-from homing.scaler.leader import KubernetesElector, lease_name
+from homing.scaler.leader_kubernetes import KubernetesElector, lease_name
 
 MODEL = "llama-3.1-8b"
 HOUR = 3600.0

@@ -28,7 +28,8 @@ from redis_server import RedisServer
 from structlog.testing import capture_logs
 
 from homing.clock import ManualClock, SystemClock
-from homing.scaler.leader import KubernetesElector, RedisElector, SingleElector
+from homing.scaler.leader import RedisElector, SingleElector
+from homing.scaler.leader_kubernetes import KubernetesElector
 
 
 class Running:

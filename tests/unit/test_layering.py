@@ -132,7 +132,7 @@ REAL_TIME_EDGES = {
     "homing.scaler.actuators.kubernetes",
     # Writes and reads the Kubernetes Lease's renewTime, which other instances compare with
     # their own real time.
-    "homing.scaler.leader",
+    "homing.scaler.leader_kubernetes",
     # Polls a child process's output pipe while waiting for it to exit.
     "homing.scaler.actuators.exec",
 }

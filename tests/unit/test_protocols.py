@@ -30,7 +30,8 @@ from homing.scaler.actuators.exec import ExecActuator
 from homing.scaler.actuators.kubernetes import KubernetesActuator
 from homing.scaler.actuators.local import LocalActuator
 from homing.scaler.build import start_members
-from homing.scaler.leader import Elector, KubernetesElector, RedisElector, SingleElector
+from homing.scaler.leader import Elector, RedisElector, SingleElector
+from homing.scaler.leader_kubernetes import KubernetesElector
 from homing.text.parsers import TOOL_PARSERS, ToolFormat, tool_structural_tag
 from homing.text.tools.base import ToolSpec
 

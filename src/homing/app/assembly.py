@@ -49,13 +49,7 @@ from homing.router import Router
 from homing.router.settings import apply_model_settings, policy_configs, router_from_settings
 from homing.scaler.build import build_actuator, start_members
 from homing.scaler.capacity import CapacityEstimator
-from homing.scaler.leader import (
-    Elector,
-    KubernetesElector,
-    RedisElector,
-    SingleElector,
-    lease_name,
-)
+from homing.scaler.leader import Elector, RedisElector, SingleElector
 from homing.scaler.loop import PoolScaler, Scaler
 from homing.scaler.metrics import ScalerMetrics
 from homing.scaler.settings import scaler_config, seed_capacity
@@ -399,6 +393,8 @@ class Assembly(AppParts):
                 key_prefix=self.config.quotas.key_prefix,
             )
         if settings.leader == "kubernetes":
+            from homing.scaler.leader_kubernetes import KubernetesElector, lease_name
+
             k = settings.kubernetes
             namespace = settings.leader_namespace or (k.namespace if k else "default")
             return KubernetesElector(
