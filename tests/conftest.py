@@ -43,8 +43,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 TESTS = Path(__file__).parent
-#: Modules outside tests/protocol that start real SGLang workers themselves.
-SGLANG_MODULES = frozenset({"integration/test_sglang_worker_cli.py"})
 #: Modules with tests that need the Kubernetes API server (`k8s_api.kube_api`).
 K8S_MODULES = frozenset(
     {
@@ -81,9 +79,9 @@ SERIAL_MODULES = frozenset(
 
 def work_group(module: str) -> str:
     """The pytest-xdist work unit of a test module (its path under tests/): "sglang" for the
-    modules that run real SGLang, "k8s" for those that need the Kubernetes API server, else
-    the module itself. A unit runs whole on one worker."""
-    if module.startswith("protocol/") or module in SGLANG_MODULES:
+    modules that run real SGLang (tests/protocol), "k8s" for those that need the Kubernetes
+    API server, else the module itself. A unit runs whole on one worker."""
+    if module.startswith("protocol/"):
         return "sglang"
     if module in K8S_MODULES:
         return "k8s"
@@ -107,13 +105,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return WorkGroupScheduling(config, log)
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With `-m serial` (`make test`'s second phase), skip importing the test modules outside
+    `SERIAL_MODULES`: none of their tests would be selected."""
+    if config.getoption("markexpr") != "serial" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_") or not collection_path.is_relative_to(TESTS):
+        return None
+    return collection_path.relative_to(TESTS).as_posix() not in SERIAL_MODULES or None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of `SERIAL_MODULES` `serial` (before `-m` selects by mark)."""
+    """Mark the tests of `SERIAL_MODULES` `serial` (before `-m` selects by mark); move the
+    tests marked `stops_session_fleet` after all others (in their work unit, too), so that
+    no session worker they stop has to be started again."""
     for item in items:
         if item.path.is_relative_to(TESTS):
             if item.path.relative_to(TESTS).as_posix() in SERIAL_MODULES:
                 item.add_marker(pytest.mark.serial)
+    items.sort(key=lambda item: item.get_closest_marker("stops_session_fleet") is not None)
 
 
 @pytest.fixture(autouse=True)

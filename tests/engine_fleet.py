@@ -1,6 +1,7 @@
 """Engine workers as real child processes, one kind at a time: simulated (`homing sim`) or real
 SGLang (`homing worker`). Each prints a JSON ready line with its URL; a worker can be killed
-with SIGKILL (its whole process tree, as when its machine dies) and started again on its port.
+with SIGKILL (its whole process tree, as when its machine dies) or stopped with SIGTERM, and
+started again on its port.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from sglang_env import SGLANG_PYTHON, TINY_MODEL, fast_start_env
 
@@ -50,13 +51,17 @@ def _command(engine: str, port: int) -> list[str]:
 
 @dataclass
 class EngineWorker:
-    """One worker process: `url` grpc://127.0.0.1:PORT, `engine_pid` the engine's own pid."""
+    """One worker process: `url` grpc://127.0.0.1:PORT, `engine_pid` the engine's own pid,
+    `ready` its ready line, `later_output` the lines it printed on stdout after that line."""
 
     engine: str
     process: subprocess.Popen[bytes]
     url: str = ""
     port: int = 0
     engine_pid: int = 0
+    ready: dict[str, Any] = field(default_factory=dict)
+    later_output: list[bytes] = field(default_factory=list)
+    drain: threading.Thread | None = None
 
 
 @dataclass
@@ -103,6 +108,25 @@ class Fleet:
         self.workers[index] = worker
         return worker
 
+    def stop(self, index: int, timeout_s: float = 30.0) -> int:
+        """SIGTERM worker `index` (the `homing worker` or `homing sim` process) and wait for
+        it; its exit status, with its stdout read to the end. `subprocess.TimeoutExpired`
+        when it has not exited within `timeout_s`."""
+        worker = self.workers[index]
+        worker.process.send_signal(signal.SIGTERM)
+        code = worker.process.wait(timeout=timeout_s)
+        if worker.drain is not None:
+            worker.drain.join(timeout=timeout_s)
+        return code
+
+    def ensure_running(self) -> None:
+        """Start again, on its port, each worker whose process has exited (a test stopped
+        it), so that a test never gets a dead worker whatever order the tests ran in."""
+        for index, worker in enumerate(self.workers):
+            if worker.process.poll() is not None:
+                _kill_tree(worker)
+                self.restart(index)
+
     def close(self) -> None:
         """SIGTERM every worker, SIGKILL any still alive after 20 s."""
         for worker in self.workers:
@@ -144,15 +168,19 @@ class Fleet:
                 worker.url = info["url"]
                 worker.port = int(info["port"])
                 worker.engine_pid = int(info.get("pid", worker.process.pid))
-                threading.Thread(target=_drain, args=(worker.process.stdout,), daemon=True).start()
+                worker.ready = message
+                worker.drain = threading.Thread(
+                    target=_drain, args=(worker.process.stdout, worker.later_output), daemon=True
+                )
+                worker.drain.start()
                 return
         raise RuntimeError(f"{self.engine} worker not ready within the startup timeout")
 
 
-def _drain(stream: IO[bytes]) -> None:
-    """Read what the worker still prints, so it never blocks on a full pipe."""
-    for _ in stream:
-        pass
+def _drain(stream: IO[bytes], lines: list[bytes]) -> None:
+    """Read what the worker still prints into `lines`, so it never blocks on a full pipe."""
+    for line in stream:
+        lines.append(line)
 
 
 def _kill_tree(worker: EngineWorker) -> None:

@@ -40,8 +40,11 @@ def sglang_fleet() -> Iterator[Fleet]:
 
 @pytest.fixture(scope="module", params=ENGINES)
 def fleet(request: pytest.FixtureRequest) -> Fleet:
-    """The workers of one engine kind; every test of the module runs once per kind."""
-    return request.getfixturevalue(f"{request.param}_fleet")
+    """The workers of one engine kind, all running; every test of the module runs once per
+    kind."""
+    fleet: Fleet = request.getfixturevalue(f"{request.param}_fleet")
+    fleet.ensure_running()
+    return fleet
 
 
 def gateway_config(fleet: Fleet, policy: str = "cache_aware") -> HomingConfig:

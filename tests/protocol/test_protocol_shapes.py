@@ -925,6 +925,7 @@ def real_worker(sglang_fleet: Fleet) -> str:
         finally:
             await client.close()
 
+    sglang_fleet.ensure_running()
     url = sglang_fleet.urls[0]
     assert asyncio.run(flush(url)), "the real worker did not flush its cache"
     return url
