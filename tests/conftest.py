@@ -69,6 +69,7 @@ SERIAL_MODULES = frozenset(
         "integration/test_replica_stats_attempts.py",
         "integration/test_request_metrics.py",
         "integration/test_rollout.py",
+        "integration/test_scaler_leader_redis.py",
         "integration/test_slow_client.py",
         "integration/test_stop_limits.py",
         "unit/daemon/test_watchdog.py",
