@@ -40,7 +40,7 @@ define apt-install
   SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
   export DEBIAN_FRONTEND=noninteractive; log=$$(mktemp); \
   if $$SUDO apt-get update -qq >$$log 2>&1 && \
-     $$SUDO apt-get install -y -qq --no-install-recommends $(2) >>$$log 2>&1; \
+     $$SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends $(2) >>$$log 2>&1; \
   then rm -f $$log; else cat $$log; rm -f $$log; exit 1; fi; \
 }
 endef
@@ -114,6 +114,14 @@ K8S_DIR := .cache/k8s
 k8s:
 	deploy/k8s-test/build.sh $(K8S_DIR)
 
+# What `make test` needs. The Debian packages first, one apt at a time; then the kube-apiserver
+# build (CPU-bound Go, ~4 minutes) side by side with the virtual envs and the tiny model (mostly
+# unpacking wheels), which saves most of the latter's time on a fresh clone.
+.PHONY: test-deps
+test-deps:
+	@$(MAKE) --no-print-directory redis-server prometheus tmux systemd native-deps
+	@$(MAKE) --no-print-directory -j2 --output-sync=target k8s proto sglang-cpu
+
 ## make test: the whole suite (unit + integration over loopback, against simulated and real
 ## SGLang workers and a real Kubernetes API server; builds the SGLang CPU env and the API
 ## server, and installs redis-server if missing). Two phases: the suite on TEST_WORKERS
@@ -123,7 +131,7 @@ k8s:
 TEST_WORKERS ?= 2
 TEST_ENV := HOMING_REQUIRE_SGLANG=1 HOMING_REQUIRE_PROMETHEUS=1 HOMING_REQUIRE_TMUX=1 \
     HOMING_REQUIRE_SYSTEMD=1 HOMING_REQUIRE_K8S=1
-test: proto redis-server prometheus tmux systemd sglang-cpu k8s
+test: test-deps
 	$(SGLANG_PY) -m pytest -q -p no:cacheprovider $(SGLANG_DIR)/sgl_kernel/tests
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope -m 'not serial' \
 	    $(PYTEST_ARGS); parallel=$$?; \

@@ -28,7 +28,7 @@ done
 if [ ${#need[@]} -gt 0 ]; then
   echo "k8s-test: installing ${need[*]} (Debian packages)"
   apt_quiet $SUDO apt-get update -qq
-  apt_quiet $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+  apt_quiet $SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends "${need[@]}"
 fi
 ln -sf "$(command -v etcd)" "$out/bin/etcd"
 
