@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from homing import __version__
@@ -192,19 +192,26 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[Any]]
     return parser, parser.add_subparsers(dest="command", required=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the `homing` binary."""
-    from homing.admin.commands import add_admin_commands
-    from homing.bench.main import add_bench_arguments
-    from homing.engines.worker_main import add_worker_arguments
-    from homing.sim.main import add_sim_arguments
-
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the `homing` binary. `only`: a sub-command (not `completion`,
+    which describes them all) whose parser alone is built, the same as the whole parser's
+    for it, so that starting it imports nothing for the others (each costs a tenth of a
+    second or more); None or another name: every sub-command."""
     parser, sub = _parser()
-    _add_serve(sub)
-    add_sim_arguments(sub.add_parser("sim", help="run simulated SGLang workers"))
-    add_worker_arguments(sub.add_parser("worker", help="run one real SGLang worker"))
-    add_bench_arguments(sub.add_parser("bench", help="replay a trace against a gateway"))
-    _add_plan(sub)
+    adders: dict[str, Callable[[argparse._SubParsersAction[Any]], None]] = {
+        "serve": _add_serve,
+        "sim": _add_sim,
+        "worker": _add_worker,
+        "bench": _add_bench,
+        "plan": _add_plan,
+    }
+    if only in adders:
+        adders[only](sub)
+        return parser
+    from homing.admin.commands import add_admin_commands
+
+    for add in adders.values():
+        add(sub)
     add_admin_commands(sub)
     _add_top(sub)
     completion = sub.add_parser(
@@ -215,6 +222,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     completion.add_argument("shell", choices=["bash", "zsh"], metavar="SHELL", help="bash or zsh")
     return parser
+
+
+def _add_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from homing.sim.main import add_sim_arguments
+
+    add_sim_arguments(sub.add_parser("sim", help="run simulated SGLang workers"))
+
+
+def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from homing.engines.worker_main import add_worker_arguments
+
+    add_worker_arguments(sub.add_parser("worker", help="run one real SGLang worker"))
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from homing.bench.main import add_bench_arguments
+
+    add_bench_arguments(sub.add_parser("bench", help="replay a trace against a gateway"))
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -258,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from homing.daemon.early import hold_sighup
 
         hold_sighup()
-    parser = admin_parser() if first in ADMIN_COMMANDS else build_parser()
+    parser = admin_parser() if first in ADMIN_COMMANDS else build_parser(first)
     args = parser.parse_args(args_list)
     if getattr(args, "admin_verb", None) is not None:
         from homing.admin.commands import run_admin
