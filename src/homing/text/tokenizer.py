@@ -29,6 +29,7 @@ Files read (names as in a Hugging Face model directory):
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -638,3 +639,12 @@ def _default_named_template(value: object) -> str:
         if "default" in named:
             return named["default"]
     raise ChatTemplateError("chat_template in tokenizer_config.json is neither text nor named")
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer_from_bundle(data: bytes) -> TextTokenizer:
+    """`TextTokenizer.from_bundle(data)`, one per distinct bundle in the process (the last 8
+    kept): every gateway and reload in the process that gets equal bytes shares it, as its
+    users never change a tokenizer, and building one costs about half a second of CPU.
+    Raises what `from_bundle` raises (a failure is not kept)."""
+    return TextTokenizer.from_bundle(data)

@@ -7,13 +7,17 @@ import io
 import json
 import zipfile
 
+import pytest
+
 from homing.text.served import (
     chat_template_text,
     served_tokenizer_files,
     served_tokenizer_sha256,
     served_tokenizer_zip,
+    tokenizer_bundle,
+    with_revision,
 )
-from homing.text.tokenizer import TextTokenizer
+from homing.text.tokenizer import TextTokenizer, tokenizer_from_bundle
 
 
 def test_files_are_the_three_named_ones() -> None:
@@ -60,3 +64,23 @@ def test_bundle_round_trip_encodes_the_same(served: TextTokenizer) -> None:
     assert loaded.encode(prompt) == served.encode(prompt)
     assert loaded.eos_token_ids == served.eos_token_ids
     assert loaded.vocab_size == served.vocab_size
+
+
+def test_the_bundle_of_a_revision_is_the_zip_with_it_and_its_sha256() -> None:
+    """tokenizer_bundle(): the served zip (with REVISION for a revision) and its digest."""
+    plain, digest = tokenizer_bundle()
+    assert plain == served_tokenizer_zip() and digest == served_tokenizer_sha256()
+    revised, revised_digest = tokenizer_bundle("r2")
+    assert revised == with_revision(served_tokenizer_zip(), "r2")
+    assert revised_digest == hashlib.sha256(revised).hexdigest() != digest
+
+
+def test_equal_bundles_share_one_tokenizer_and_a_failure_is_not_kept() -> None:
+    """tokenizer_from_bundle: equal bytes (even another object) give the same tokenizer,
+    another bundle another one; bytes that do not load raise each time."""
+    first = tokenizer_from_bundle(served_tokenizer_zip())
+    assert tokenizer_from_bundle(bytes(bytearray(served_tokenizer_zip()))) is first
+    assert tokenizer_from_bundle(tokenizer_bundle("r2")[0]) is not first
+    for _ in range(2):
+        with pytest.raises(ValueError, match="not a zip"):
+            tokenizer_from_bundle(b"not a zip")
