@@ -6,8 +6,9 @@ pinned version, each with its exact status and message.
 Three `homing sim` workers serve the whole module: two carry version "v1", one "v2" (the
 canary). Each test builds its own gateway over them (listed workers, so a stopped gateway
 leaves them running). The verdict's rule is relaxed so a verdict comes in seconds: 30
-judged requests per version, 20 latency samples, 15-point proportion margins and a 50%
-latency margin (a 2x slower canary is still far over it).
+judged requests per version, 20 latency samples, 15-point proportion margins and a 100%
+latency margin: an equal canary's latency ratio varies that much with so few samples (1.6x
+seen), and a 4x slower canary is still far over it.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def config(
     on_rollback: str = "drain",
     lenient: bool = False,
 ) -> HomingConfig:
-    """The rollout's thresholds are tight enough that a 2x slower canary fails; `lenient`
+    """The rollout's thresholds are tight enough that a 4x slower canary fails; `lenient`
     widens them so that every check passes whatever the machine's load does to latency
     (for tests whose claim is not the verdict)."""
     return HomingConfig(
@@ -113,7 +114,7 @@ def config(
             min_latency_samples=20,
             attainment_margin=0.9 if lenient else 0.15,
             error_margin=0.9 if lenient else 0.15,
-            latency_margin=100.0 if lenient else 0.5,
+            latency_margin=100.0 if lenient else 1.0,
             tick_s=0.2,
             on_rollback=on_rollback,  # type: ignore[arg-type]
         ),
@@ -282,13 +283,13 @@ async def test_a_canary_equal_to_the_baseline_is_promoted_to_100_percent(
         assert set(after.values()) == {"v2"}
 
 
-async def test_a_canary_twice_as_slow_is_rolled_back_at_the_first_step_with_none_failed(
+async def test_a_canary_four_times_as_slow_is_rolled_back_at_the_first_step_with_none_failed(
     sims: Sims, state_dir: str
 ) -> None:
-    """A 2x slowdown on the canary fails its latency checks at the first step: weight 0 at
+    """A 4x slowdown on the canary fails its latency checks at the first step: weight 0 at
     once with the failing check in `rollout status` and the metrics, its workers drained
     with their streams finished, and not one request failed."""
-    await post_fault(sims.canary, {"slowdown": 2.0})
+    await post_fault(sims.canary, {"slowdown": 4.0})
     try:
         async with gateway(config(sims, state_dir)) as (app, admin):
             assert app.http_port is not None
@@ -305,7 +306,7 @@ async def test_a_canary_twice_as_slow_is_rolled_back_at_the_first_step_with_none
             status = await admin.get_rollout(MODEL)
             assert (status.weight, status.step) == (0.0, 0)
             assert [e.event for e in status.history] == ["started", "rolled_back"]
-            assert "over the 1.50x limit" in status.reason
+            assert "over the 2.00x limit" in status.reason
             assert "TPOT p50" in status.reason or "TTFT per uncached token" in status.reason
             assert status.history[-1].reason == status.reason
             assert [(w.version, w.weight) for w in status.split] == [("v1", 100.0), ("v2", 0.0)]
