@@ -108,7 +108,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """With `-m serial` (`make test`'s second phase), skip importing the test modules outside
-    `SERIAL_MODULES`: none of their tests would be selected."""
+    `SERIAL_MODULES`: none of their tests would be selected (a module is serial by that list
+    alone; one that marked its own tests `serial` would not be collected then)."""
     if config.getoption("markexpr") != "serial" or collection_path.suffix != ".py":
         return None
     if not collection_path.name.startswith("test_") or not collection_path.is_relative_to(TESTS):
@@ -126,6 +127,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.path.relative_to(TESTS).as_posix() in SERIAL_MODULES:
                 item.add_marker(pytest.mark.serial)
     items.sort(key=lambda item: item.get_closest_marker("stops_session_fleet") is not None)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _served_tokenizer() -> Iterator[object]:
+    """Holds the simulated workers' tokenizer for the session, so that every `App` a test
+    starts in this process shares one (`tokenizer_from_bundle` keeps a tokenizer only while
+    something holds it) instead of building its own."""
+    from homing.text.served import served_tokenizer_zip
+    from homing.text.tokenizer import tokenizer_from_bundle
+
+    yield tokenizer_from_bundle(served_tokenizer_zip())
 
 
 @pytest.fixture(autouse=True)

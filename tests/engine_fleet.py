@@ -117,6 +117,8 @@ class Fleet:
         code = worker.process.wait(timeout=timeout_s)
         if worker.drain is not None:
             worker.drain.join(timeout=timeout_s)
+            if worker.drain.is_alive():
+                raise RuntimeError(f"worker {index}'s stdout still open {timeout_s} s after exit")
         return code
 
     def ensure_running(self) -> None:

@@ -195,8 +195,8 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[Any]]
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argument parser of the `homing` binary. `only`: a sub-command (not `completion`,
     which describes them all) whose parser alone is built, the same as the whole parser's
-    for it, so that starting it imports nothing for the others (each costs a tenth of a
-    second or more); None or another name: every sub-command."""
+    for it, so that starting it imports nothing for the others; None or another name: every
+    sub-command."""
     parser, sub = _parser()
     adders: dict[str, Callable[[argparse._SubParsersAction[Any]], None]] = {
         "serve": _add_serve,
@@ -283,7 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from homing.daemon.early import hold_sighup
 
         hold_sighup()
-    parser = admin_parser() if first in ADMIN_COMMANDS else build_parser(first)
+    # A sub-command's own parser only when it comes first: its usage and errors are then
+    # the same as the whole parser's (`homing -h serve` lists every sub-command).
+    own = first if args_list[:1] == [first] else None
+    parser = admin_parser() if first in ADMIN_COMMANDS else build_parser(own)
     args = parser.parse_args(args_list)
     if getattr(args, "admin_verb", None) is not None:
         from homing.admin.commands import run_admin

@@ -23,6 +23,7 @@ async def _healthy(url: str) -> bool:
         await client.close()
 
 
+@pytest.mark.timeout(360)  # may start the session fleet, or a worker of it again
 @pytest.mark.stops_session_fleet
 def test_worker_announces_serves_and_stops_its_group_on_sigterm(sglang_fleet: Fleet) -> None:
     """The ready line names a URL that answers HealthCheck and SGLang's KV event endpoint;

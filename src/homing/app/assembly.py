@@ -163,8 +163,9 @@ class Assembly(AppParts):
         if spec.tokenizer_path:
             tokenizer = TextTokenizer.from_dir(spec.tokenizer_path)
         else:
+            # Off the loop, though the parse holds the GIL for much of a first build.
             bundle = await pool.tokenizer_bundle()
-            tokenizer = await asyncio.to_thread(tokenizer_from_bundle, bundle)  # ~0.5 s of CPU
+            tokenizer = await asyncio.to_thread(tokenizer_from_bundle, bundle)
         model_id = pool.served_model_name
         holder.append(model_id)
         apply_model_settings(router, router_settings, model_id)

@@ -28,14 +28,14 @@ from homing.engines.pool import PoolConfig, WorkerPool, WorkerSpec, WorkerState
 from homing.engines.testing import ClientFactory, FakeEngine, client_factory
 from homing.fleet.dispatch import Admitter, ModelDispatch
 from homing.router import Router
-from homing.text.tokenizer import TextTokenizer
+from homing.text.tokenizer import TextTokenizer, tokenizer_from_bundle
 
 
 @functools.lru_cache(maxsize=4)
-def tokenizer_from_bundle(bundle: bytes) -> TextTokenizer:
-    """`TextTokenizer.from_bundle(bundle)`, loaded once per bundle in the process (the
-    served tokenizer takes a fraction of a second to load)."""
-    return TextTokenizer.from_bundle(bundle)
+def _kept_tokenizer(bundle: bytes) -> TextTokenizer:
+    """The process's shared tokenizer of `bundle` (`tokenizer_from_bundle`), kept alive for
+    the test process, so that dispatches built one after another share one."""
+    return tokenizer_from_bundle(bundle)
 
 
 class _WorkerNames:
@@ -126,7 +126,7 @@ async def dispatch_over(
                 await clients.engines[state.worker_id].kv_subscribed()
         dispatch = ModelDispatch(
             pool.served_model_name,
-            tokenizer_from_bundle(first.tokenizer_zip),
+            _kept_tokenizer(first.tokenizer_zip),
             pool,
             router,
             admission=admission,

@@ -1,6 +1,6 @@
 """The autoscaler's leader election on Kubernetes: `KubernetesElector`, a pool's lease as a
-coordination.k8s.io/v1 Lease (the rules: `homing.scaler.leader`). Its own module so that
-kubernetes_asyncio (about 0.4 s to import) loads only when a config asks for it."""
+coordination.k8s.io/v1 Lease (the rules: `homing.scaler.leader`'s docstring). Its own module
+so that kubernetes_asyncio, slow to import, loads only when a config asks for it."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ class _Conflict(Exception):
 
 
 class KubernetesElector(_Campaign):
-    """A pool's lease as the coordination.k8s.io/v1 Lease `name` in `namespace` (module
-    docstring).
+    """A pool's lease as the coordination.k8s.io/v1 Lease `name` in `namespace`
+    (`homing.scaler.leader`'s docstring).
 
     Created if absent with holderIdentity = `identity`, leaseDurationSeconds =
     ceil(`lease_s`) (at least 1), acquireTime, renewTime and leaseTransitions = 1; taken

@@ -19,6 +19,7 @@ import importlib.resources
 import importlib.util
 import io
 import json
+import threading
 import zipfile
 from pathlib import Path
 
@@ -119,11 +120,20 @@ def with_revision(bundle: bytes, revision: str) -> bytes:
     return buffer.getvalue()
 
 
-@functools.cache
+_BUNDLE_LOCK = threading.Lock()
+
+
 def tokenizer_bundle(revision: str | None = None) -> tuple[bytes, str]:
     """GetTokenizer's zip (`served_tokenizer_zip()`, with a `REVISION` file when `revision` is
-    given) and its hex SHA-256; built on first use (deflating the files costs about 0.3 s of
-    CPU), then cached per process."""
+    given) and its hex SHA-256; built at the first call for `revision` (deflating the files
+    takes a noticeable fraction of a second), then cached per process. Thread-safe: one
+    build at a time."""
+    with _BUNDLE_LOCK:
+        return _tokenizer_bundle(revision)
+
+
+@functools.cache
+def _tokenizer_bundle(revision: str | None) -> tuple[bytes, str]:
     bundle = served_tokenizer_zip()
     if revision is not None:
         bundle = with_revision(bundle, revision)

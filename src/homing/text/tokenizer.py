@@ -29,10 +29,12 @@ Files read (names as in a Hugging Face model directory):
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import io
 import json
 import re
+import threading
+import weakref
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -641,10 +643,19 @@ def _default_named_template(value: object) -> str:
     raise ChatTemplateError("chat_template in tokenizer_config.json is neither text nor named")
 
 
-@functools.lru_cache(maxsize=8)
+_SHARED: weakref.WeakValueDictionary[str, TextTokenizer] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
 def tokenizer_from_bundle(data: bytes) -> TextTokenizer:
-    """`TextTokenizer.from_bundle(data)`, one per distinct bundle in the process (the last 8
-    kept): every gateway and reload in the process that gets equal bytes shares it, as its
-    users never change a tokenizer, and building one costs about half a second of CPU.
-    Raises what `from_bundle` raises (a failure is not kept)."""
-    return TextTokenizer.from_bundle(data)
+    """`TextTokenizer.from_bundle(data)`, shared: while any holder keeps the tokenizer of a
+    bundle with the same SHA-256, that one is returned (its users never change a tokenizer),
+    so gateways and reloads in one process build each tokenizer once; it is freed with its
+    last holder. One build at a time (thread-safe). Raises what `from_bundle` raises."""
+    key = hashlib.sha256(data).hexdigest()
+    with _SHARED_LOCK:
+        tokenizer = _SHARED.get(key)
+        if tokenizer is None:
+            tokenizer = TextTokenizer.from_bundle(data)
+            _SHARED[key] = tokenizer
+        return tokenizer

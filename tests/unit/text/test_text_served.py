@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
+import weakref
 import zipfile
 
 import pytest
@@ -84,3 +86,12 @@ def test_equal_bundles_share_one_tokenizer_and_a_failure_is_not_kept() -> None:
     for _ in range(2):
         with pytest.raises(ValueError, match="not a zip"):
             tokenizer_from_bundle(b"not a zip")
+
+
+def test_a_shared_tokenizer_is_freed_with_its_last_holder() -> None:
+    """tokenizer_from_bundle keeps a tokenizer only while something else holds it."""
+    held = tokenizer_from_bundle(tokenizer_bundle("r3")[0])
+    gone = weakref.ref(held)
+    del held
+    gc.collect()
+    assert gone() is None
