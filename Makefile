@@ -34,13 +34,16 @@ run: proto
 
 # $(call apt-install,TEST,PACKAGE): install Debian's PACKAGE when the shell test TEST fails
 # (CI runs as root on a fresh Debian machine; elsewhere sudo is used).
+# One apt-get at a time across parallel make jobs and deploy/k8s-test/build.sh (flock(1)).
+export APT_LOCK := $(or $(TMPDIR),/tmp)/homing-apt.lock
+
 define apt-install
 @$(1) || { \
   echo "make: installing $(2) (Debian package)"; \
   SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
   export DEBIAN_FRONTEND=noninteractive; log=$$(mktemp); \
-  if $$SUDO apt-get update -qq >$$log 2>&1 && \
-     $$SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends $(2) >>$$log 2>&1; \
+  if flock $(APT_LOCK) $$SUDO apt-get update -qq >$$log 2>&1 && \
+     flock $(APT_LOCK) $$SUDO apt-get install -y -qq --no-install-recommends $(2) >>$$log 2>&1; \
   then rm -f $$log; else cat $$log; rm -f $$log; exit 1; fi; \
 }
 endef
@@ -114,12 +117,13 @@ K8S_DIR := .cache/k8s
 k8s:
 	deploy/k8s-test/build.sh $(K8S_DIR)
 
-# What `make test` needs. The Debian packages first, one apt at a time; then the kube-apiserver
-# build (CPU-bound Go, ~4 minutes) side by side with the virtual envs and the tiny model (mostly
-# unpacking wheels), which saves most of the latter's time on a fresh clone.
+# What `make test` needs: the Debian packages first, then the kube-apiserver build (CPU-bound
+# Go) side by side with the virtual envs and the tiny model (mostly unpacking wheels). Every
+# apt-get here and in deploy/k8s-test/build.sh takes $(APT_LOCK) first, so none runs beside
+# another whatever -j says.
 .PHONY: test-deps
 test-deps:
-	@$(MAKE) --no-print-directory redis-server prometheus tmux systemd native-deps
+	@$(MAKE) --no-print-directory -j1 redis-server prometheus tmux systemd
 	@$(MAKE) --no-print-directory -j2 --output-sync=target k8s proto sglang-cpu
 
 ## make test: the whole suite (unit + integration over loopback, against simulated and real

@@ -15,9 +15,12 @@ fi
 
 SUDO=$( [ "$(id -u)" = 0 ] || echo sudo )
 export DEBIAN_FRONTEND=noninteractive
-apt_quiet() {
+quiet() {  # run "$@", showing its output only when it fails
   local log; log=$(mktemp)
   if "$@" >"$log" 2>&1; then rm -f "$log"; else cat "$log"; rm -f "$log"; return 1; fi
+}
+apt_quiet() {  # one apt-get at a time beside make's own (the Makefile's APT_LOCK)
+  quiet flock "${APT_LOCK:-/tmp/homing-apt.lock}" "$@"
 }
 
 need=()
@@ -28,7 +31,7 @@ done
 if [ ${#need[@]} -gt 0 ]; then
   echo "k8s-test: installing ${need[*]} (Debian packages)"
   apt_quiet $SUDO apt-get update -qq
-  apt_quiet $SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends "${need[@]}"
+  apt_quiet $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 ln -sf "$(command -v etcd)" "$out/bin/etcd"
 
@@ -53,7 +56,7 @@ if [ ! -x "$out/bin/kube-apiserver" ]; then
     cd "$tree/.go/src/k8s.io/kubernetes"
     export GOPATH="$tree/.go" GO111MODULE=off CGO_ENABLED=0 GOPROXY=off GOFLAGS= \
       GOCACHE="$out/go-cache"
-    apt_quiet make WHAT=cmd/kube-apiserver
+    quiet env -u MAKEFLAGS -u MAKELEVEL make WHAT=cmd/kube-apiserver
   )
   install -m 0755 "$tree/_output/bin/kube-apiserver" "$out/bin/kube-apiserver.tmp"
   mv "$out/bin/kube-apiserver.tmp" "$out/bin/kube-apiserver"
