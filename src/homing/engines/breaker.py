@@ -124,12 +124,15 @@ def on_failure(b: Breaker, now: float, config: BreakerConfig) -> Breaker:
     return b
 
 
-def on_success(b: Breaker, *, trial: bool) -> Breaker:
+def on_success(b: Breaker, *, trial: bool, failures_after: int = 0) -> Breaker:
     """The breaker after a request's success (`trial`: it was the half-open trial, whose
-    worker answered). Closed: the failure run resets. Half-open: the trial's success closes
-    it; another request's success (sent before it opened) does not."""
+    worker answered). Closed: the failure run starts again at the success, so it keeps the
+    `failures_after` failures recorded since the success happened (at most the run it has).
+    Half-open: the trial's success closes it; another request's success (sent before it
+    opened) does not."""
     if b.state is BreakerState.CLOSED:
-        return replace(b, failures=0) if b.failures else b
+        failures = min(b.failures, max(0, failures_after))
+        return replace(b, failures=failures) if failures != b.failures else b
     if b.state is BreakerState.HALF_OPEN and trial and b.trial:
         return Breaker()
     return b

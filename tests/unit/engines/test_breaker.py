@@ -30,6 +30,14 @@ def test_a_success_resets_the_failure_run() -> None:
     assert b.state is BreakerState.CLOSED
 
 
+def test_failures_after_the_success_still_count() -> None:
+    """A success learnt after three of four failures came keeps those three: the fifth
+    failure in all opens it."""
+    b = brk.on_success(failures(Breaker(), 4), trial=False, failures_after=3)
+    assert b.failures == 3
+    assert failures(b, 2).state is BreakerState.OPEN
+
+
 def test_it_turns_half_open_only_when_its_interval_has_passed() -> None:
     b = failures(Breaker(), 5, now=0.0)
     assert brk.tick(b, 0.999).state is BreakerState.OPEN

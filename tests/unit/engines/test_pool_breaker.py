@@ -152,6 +152,21 @@ def test_a_lease_completed_on_a_busy_worker_resets_the_run_despite_others_failur
     assert pool.state("w0").breaker == "open"
 
 
+def test_failures_after_a_lease_completed_count_though_it_is_released_later() -> None:
+    """Lease A completes, then four requests fail (the worker died) before A is released
+    (its answer still being written to its client): the run keeps those four, and a fifth
+    failure opens the breaker."""
+    pool = make_pool(ManualClock())
+    a = pool.open_lease("w0")
+    pool.lease_answered("w0", a)
+    pool.lease_completed("w0", a)
+    fail(pool, "w0", 4)
+    pool.close_lease("w0", a)
+    assert pool.state("w0").breaker == "closed"
+    fail(pool, "w0", 1)
+    assert pool.state("w0").breaker == "open"
+
+
 def test_a_lease_that_failed_itself_earns_no_success() -> None:
     """Answered, then cut (a transport failure of its own): four earlier failures plus its
     own make five in a row, and its release resets nothing."""

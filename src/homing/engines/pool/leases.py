@@ -2,16 +2,17 @@
 
 A request on a worker is counted in flight for the length of `in_flight` (the pool's
 `track`). Each worker has a circuit breaker on the request path (`homing.engines.breaker`):
-requests' transport failures (`Breakers.failure`, from the pool's `report_failure`) open
-it. A lease (`open_lease` .. `close_lease`, its streams reporting through `lease_answered`
-/ `lease_completed` / `lease_failed`) records its own outcome in its `LeaseMark`: on a
+requests' transport failures (`Breakers.failure`, from the pool's `report_failure`) open it.
+A lease (`open_lease` .. `close_lease`, its streams reporting through `lease_answered` /
+`lease_completed` / `lease_failed`) records its own outcome in its `LeaseMark`: on a
 half-open worker it is the one trial, resolved at the worker's first answer (closed) or a
 transport failure (re-opened), and a trial that ended with no outcome frees the slot; a
-lease that completed without a failure of its own resets the failure run, whatever other
-leases on the worker did meanwhile; a lease the client left before an answer, or that the
-worker aborted, counts neither way. `WorkerState.routable` is False while the breaker
-admits no request. An open breaker turns half-open when its open interval is over, timed
-on the pool's clock.
+lease that completed without a failure of its own restarts the failure run as of its
+completion, whatever other leases on the worker did before (failures after its completion,
+while its answer was still being delivered, still count); a lease the client left before an
+answer, or that the worker aborted, counts neither way. `WorkerState.routable` is False
+while the breaker admits no request. An open breaker turns half-open when its open interval
+is over, timed on the pool's clock.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ def in_flight(state: WorkerState, on_idle: Callable[[], None]) -> Iterator[None]
             on_idle()
 
 
-def lease_completed(mark: LeaseMark) -> None:
-    """One of the lease's streams ended with its complete message, not an abort."""
+def lease_completed(mark: LeaseMark, w: Worker | None) -> None:
+    """One of the lease's streams ended with its complete message, not an abort (on `w`,
+    None: a worker gone)."""
     if not mark.closed:
         mark.completed = True
+        mark.failures_seen = w.failures_seen if w is not None else 0
 
 
 def lease_failed(mark: LeaseMark, err: EngineError) -> None:
@@ -82,6 +85,7 @@ class Breakers:
 
     def failure(self, w: Worker) -> None:
         """A request on `w` failed on the transport."""
+        w.failures_seen += 1
         self.set(w, brk.on_failure(w.breaker, self._clock.now(), self._config))
 
     def open_lease(self, w: Worker) -> LeaseMark:
@@ -118,7 +122,8 @@ class Breakers:
             w.trial_lease = None
             self.set(w, brk.end_trial(w.breaker))
         if mark.completed and not mark.failed:
-            self.set(w, brk.on_success(w.breaker, trial=False))
+            after = w.failures_seen - mark.failures_seen
+            self.set(w, brk.on_success(w.breaker, trial=False, failures_after=after))
 
     def set(self, w: Worker, after: Breaker) -> None:
         """Put `after` in force for `w`: mirror it on the state, time an open interval's

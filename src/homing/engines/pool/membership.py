@@ -497,7 +497,7 @@ class WorkerPool:
 
     def lease_completed(self, worker_id: str, mark: LeaseMark) -> None:
         """One of the lease's streams ended with its complete message, not an abort."""
-        leases.lease_completed(mark)
+        leases.lease_completed(mark, self._workers.get(worker_id))
 
     def lease_failed(self, worker_id: str, mark: LeaseMark, err: EngineError) -> None:
         """One of the lease's streams failed with `err`: a transport failure (our own
@@ -507,7 +507,8 @@ class WorkerPool:
 
     def close_lease(self, worker_id: str, mark: LeaseMark) -> None:
         """The lease `mark` came from ended (only the first call counts). A lease that
-        completed without a failure of its own is a success: the failure run resets. A trial
+        completed without a failure of its own is a success: the failure run starts again
+        at its completion. A trial
         still unresolved (no answer, no counted failure: the client left, the worker aborted
         it, our deadline) frees the half-open slot. No-op for a worker gone."""
         self._breakers.close_lease(self._workers.get(worker_id), mark)

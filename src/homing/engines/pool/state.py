@@ -155,6 +155,7 @@ class Worker:
     breaker: Breaker = field(default_factory=Breaker)
     breaker_timer: TimerHandle | None = None
     trial_lease: LeaseMark | None = None  # the half-open trial's lease while it is out
+    failures_seen: int = 0  # transport failures of requests on it so far (never reset)
     rank_samples: dict[int | None, LoadSample] = field(default_factory=dict)
     warm: bool = False  # joins cordoned (WorkerSpec.warm)
 
@@ -163,12 +164,14 @@ class Worker:
 class LeaseMark:
     """One lease's breaker record, from `open_lease` to `close_lease`: `trial` (it took its
     worker's half-open trial slot), and what its streams saw: `answered` (the worker
-    answered), `completed` (a stream ended with its complete message, not aborted),
-    `failed` (a transport failure of its own), `closed` (`close_lease` was called)."""
+    answered), `completed` (a stream ended with its complete message, not aborted; then
+    `failures_seen`: its worker's `Worker.failures_seen` at the last such end), `failed` (a
+    transport failure of its own), `closed` (`close_lease` was called)."""
 
     trial: bool
     answered: bool = False
     completed: bool = False
+    failures_seen: int = 0
     failed: bool = False
     closed: bool = False
 
