@@ -6,6 +6,7 @@ view draws."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -265,14 +266,23 @@ def test_live_json_streams_frames_survives_a_failed_scrape_and_exits_0_on_sigint
     answer(_flaky)
     command = [sys.executable, "-m", "homing", "top", "--url", base, "--interval", "0.05"]
     proc = subprocess.Popen(
-        [*command, "--output", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*command, "--output", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints every thread's stack
     )
     try:
         assert proc.stdout is not None
         frames = [json.loads(proc.stdout.readline()) for _ in range(3)]  # scrapes 0, 1, 4
     finally:
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"homing top still ran 30 s after SIGINT; where it was:\n{err[-8000:]}")
     assert proc.returncode == 0, err
     assert [f["scrapes"] for f in frames] == [1, 2, 3]
     assert frames[0]["models"][0]["requests_per_second"] is None
