@@ -33,7 +33,7 @@ from homing.obs.demand import DemandMeter
 from homing.router import NoWorkerAvailable, Router, RouteRequest, snapshot_from_state
 from homing.router.policies.consistent_hash import routing_key
 from homing.router.ring import key_hash
-from homing.router.types import WorkerSnapshot
+from homing.router.types import RouteDecision, WorkerSnapshot
 from homing.router.versions import VersionSplit
 from homing.text.tokenizer import TextTokenizer
 
@@ -106,13 +106,15 @@ class LeaseClient:
 class Lease:
     """`slots` requests of one routing decision, counted in flight on `worker_id` until
     `release` (idempotent). `on_cut(reason)`: called once if the fleet cuts the lease.
-    `version`: the worker's version label."""
+    `version`: the worker's version label. `decision`: the routing decision that chose it
+    (None for a lease not made by routing)."""
 
     worker_id: str
     client: LeaseClient
     slots: int
     _release: Callable[[Lease], None]
     version: str = ""
+    decision: RouteDecision | None = None
     on_cut: Callable[[str], None] | None = None
     released: bool = False
     cut_reason: str | None = None
@@ -270,7 +272,7 @@ class ModelDispatch:
 
         version = self.pool.state(worker_id).version
         client = LeaseClient(self.pool, worker_id, mark)
-        lease = Lease(worker_id, client, slots, release, version=version)
+        lease = Lease(worker_id, client, slots, release, version=version, decision=decision)
         self._leases.setdefault(worker_id, set()).add(lease)
         return lease
 

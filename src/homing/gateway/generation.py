@@ -73,6 +73,7 @@ from homing.gateway.prepare import PreparedRequest
 from homing.gateway.quotas.guard import QuotaGuard, QuotaTicket
 from homing.gateway.retry_budget import RetryBudget, RetryPolicy
 from homing.obs.requests import RequestRecorder
+from homing.router.types import RouteDecision
 
 log = structlog.get_logger("homing.request")
 
@@ -227,6 +228,7 @@ class Generation:
         self._failure: str | None = None
         self._ticket: QuotaTicket | None = None
         self._untrack: Callable[[], None] | None = None
+        self._route: dict[str, object] | None = None  # the first routing decision, logged
         # Engine-side ids are ours alone: a client's x-request-id may repeat across requests.
         self._engine_id = uuid.uuid4().hex
 
@@ -347,6 +349,8 @@ class Generation:
         # routing decision (even within the same burst) already sees them.
         lease = self.host.lease(self.prepared, exclude=self._tried, slots=slots)
         lease.on_cut = self._on_cut
+        if self._route is None and lease.decision is not None:
+            self._route = _route_fields(lease.decision, self._clock.wall())
         if self._attempt is not None and not self._attempt.refused:
             self.host.recorder.attempt_failed(
                 self.prepared.model.model_id,
@@ -852,6 +856,8 @@ class Generation:
         }
         if self._migrated_from is not None:
             fields["migrated_from"] = self._migrated_from
+        if self._route is not None:
+            fields["route"] = self._route
         ended = Outcome(
             outcome=self.outcome,
             refusal=self._refusal,
@@ -870,6 +876,19 @@ class Generation:
             now=self._clock.now(),
         )
         self.slo = self.host.recorder.done(record)
+
+
+def _route_fields(decision: RouteDecision, at: float) -> dict[str, object]:
+    """The request log's `route` object: the first decision's branch, the prompt tokens the
+    index credited to the chosen worker and to its best holder (`RouteDecision`), and when it
+    was taken (`at`, Unix seconds)."""
+    return {
+        "branch": decision.branch,
+        "matched_tokens": decision.matched_tokens,
+        "best_worker": decision.best_worker_id,
+        "best_tokens": decision.best_tokens,
+        "at": round(at, 6),
+    }
 
 
 def _rebased(

@@ -25,6 +25,7 @@ from homing.gateway.generation import (
     TextDelta,
 )
 from homing.gateway.testing import RecordingHost, prepared_request
+from homing.obs.requests import RequestDone
 
 MODEL = "fake-model"
 
@@ -155,3 +156,30 @@ async def test_a_client_leaving_mid_stream_aborts_the_engine_request() -> None:
         assert generation.outcome == "client_closed"
         assert [a.reason for a in w0.aborts] == ["cancelled"]
         assert built.pool.state("w0").in_flight == 0 and host.in_flight == 0
+
+
+async def test_the_request_record_carries_the_first_routing_decision() -> None:
+    """The log's `route` object: the branch, the prefix the index credited to the chosen
+    worker and to its best holder, and the decision's wall time (of the first decision, here
+    before the retry on w1)."""
+    clock = ManualClock()
+    w0, w1 = FakeEngine(), FakeEngine()
+    w0.script(Fail(grpc.StatusCode.UNAVAILABLE, "connection reset"))
+    async with dispatch_over({"w0": w0, "w1": w1}, clock=clock, policy="round_robin") as built:
+        prompt = encode(built, " one two three four")
+        host = RecordingHost(clock=clock)
+        done: list[RequestDone] = []
+        host.recorder.on_done.append(lambda record, _verdict: done.append(record))
+        clock.advance(2.5)
+        generation = host.open(prepared_request(built.dispatch, prompt, clock=clock))
+        async with generation:
+            _ = [event async for event in generation]
+        assert generation.worker_id == "w1"
+        (record,) = done
+        assert record.fields["route"] == {
+            "branch": "round_robin",
+            "matched_tokens": 0,
+            "best_worker": None,  # round robin does not consult the index
+            "best_tokens": None,
+            "at": round(clock.wall(), 6),
+        }

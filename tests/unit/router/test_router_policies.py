@@ -187,6 +187,20 @@ class TestCacheAware:
         decision = self.policy.select(REQUEST, workers)
         assert decision.worker_id != "w0" and decision.branch == "veto"
 
+    def test_a_decision_names_the_best_holder_and_the_prefix_it_gave_up(self) -> None:
+        """`best_worker_id` / `best_tokens` are the index's longest holder whether or not it
+        was chosen: a vetoed holder's 256 tokens against the chosen worker's 64."""
+        store(self.index, "w0", PROMPT)
+        store(self.index, "w1", PROMPT[:64])
+        workers = [snap("w0", in_flight=30), snap("w1", in_flight=1), snap("w2", in_flight=1)]
+        decision = self.policy.select(REQUEST, workers)
+        assert (decision.best_worker_id, decision.best_tokens) == ("w0", 256)
+        assert (decision.worker_id, decision.matched_tokens) == ("w1", 64)
+        taken = self.policy.select(REQUEST, [snap("w0"), snap("w1")])
+        assert (taken.worker_id, taken.matched_tokens, taken.best_tokens) == ("w0", 256, 256)
+        cold = self.policy.select(RouteRequest(prompt_ids=list(range(5000, 5256))), FOUR)
+        assert (cold.best_worker_id, cold.best_tokens) == ("", 0)
+
     def test_full_kv_without_a_queue_does_not_veto_the_holder(self) -> None:
         """KV usage is a stock: a holder at 0.99 with nothing waiting and free slots keeps
         its affinity, and so does one whose usage is evictable cache (`active_token_usage`)

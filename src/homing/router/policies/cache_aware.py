@@ -306,9 +306,16 @@ class CacheAwarePolicy(BasePolicy):
         self, chosen: WorkerSnapshot, branch: str, found: Matches, prompt_tokens: int
     ) -> RouteDecision:
         wid = chosen.worker_id
-        tokens = found.tokens.get(wid, 0)
+        held = found.tokens
+        tokens = held.get(wid, 0)
         saved = found.effective(wid, self.config.weights.lower_tier_worth)
-        return RouteDecision(wid, branch, tokens, max(0, round(prompt_tokens - saved)))
+        best_id, best = "", 0
+        for holder, holds in held.items():
+            if holds > best:
+                best_id, best = holder, holds
+        return RouteDecision(
+            wid, branch, tokens, max(0, round(prompt_tokens - saved)), best_id, best
+        )
 
     def on_worker_removed(self, worker_id: str) -> None:
         """Take the worker's points off the ring."""
