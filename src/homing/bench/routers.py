@@ -13,9 +13,12 @@ figures. One invocation:
 3. starts `--workers` simulated SGLang workers (`homing sim`, llama-3.1-70b on 8x H100 by
    default) at `--speedup`, split over `--sim-procs` processes;
 4. for each run (homing round_robin, least_load, consistent_hash, cache_aware; then
-   `smg launch --policy cache_aware --block-size 16`): flushes every worker's cache
-   (FlushCache), starts the gateway as its own process, replays the trace open loop at
-   `speed * speedup` wall speed (`speed` in trace time), stops the gateway;
+   `smg launch --policy cache_aware --block-size 16`; a run named `smg_<policy>` runs smg
+   with that policy): flushes every worker's cache (FlushCache), starts the gateway as its
+   own process, replays the trace open loop at `speed * speedup` wall speed (`speed` in
+   trace time; each request with `x-request-id` "bench-<trace index>"), stops the gateway;
+   with `--affinity`, follows every worker's KV events meanwhile and judges each decision
+   against them (`homing.bench.affinity`: where the hits went);
 5. prints one table, writes `bench-out/routers.json` (one object per run) and the markdown
    table for docs/benchmarks.md; with `--plot DIR`, the five `homing.bench.plots` PNGs with
    the runs side by side, in simulated time.
@@ -37,7 +40,10 @@ the speed that makes `load` equal `--target-load` (0.70).
 Per run: `hit_rate` = sum cached / sum prompt tokens (usage of completed requests),
 `bound_fraction` = hit_rate / bound, TTFT p50/p95 and TPOT p95 (ms, simulated),
 `goodput_rps` = requests with TTFT <= 2 s and TPOT <= 50 ms per simulated second,
-`max_mean_load` = most requests on one worker / mean requests per worker, `errors`.
+`max_mean_load` = most requests on one worker / mean requests per worker, `errors`;
+`ttft_mean_ms` as the client measured it and `engine_ttft_mean_ms` as the sims measured it
+(arrival at the engine to the end of the first token's step): the difference is what the
+gateway and the client add, scaled by `speedup` like every client-side time.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ from typing import Any
 
 import aiohttp
 
+from homing.bench.affinity import CacheChange, judge, markdown
+from homing.bench.kv_trace import KvTrace, homing_routes, request_id, routed_requests
 from homing.bench.loadgen import completion_body
 from homing.bench.records import RequestRecord
 from homing.bench.report import Slo, summarize
@@ -198,12 +206,14 @@ async def replay(
     builder: PromptBuilder,
     wall_speed: float,
     timeout_s: float,
-) -> list[RequestRecord]:
-    """Open-loop replay of `requests` at `wall_speed`; one record per request (wall s)."""
+) -> tuple[list[RequestRecord], float]:
+    """Open-loop replay of `requests` at `wall_speed`; one record per request (wall s from
+    the start), and the Unix time of the start. Each request carries `x-request-id`
+    `kv_trace.request_id(index)`."""
     ordered = sorted(requests, key=lambda r: (r.arrival_s, r.index))
     bodies = [_body(target, builder.prompt_ids(r), r.output_tokens) for r in ordered]
     endpoint = target.url + ("/v1/completions" if target.api == "openai" else "/generate")
-    headers = {"content-type": "application/json", "accept": "text/event-stream"}
+    base_headers = {"content-type": "application/json", "accept": "text/event-stream"}
     loop = asyncio.get_running_loop()
     records: list[RequestRecord] = []
     connector = aiohttp.TCPConnector(limit=0)
@@ -211,8 +221,10 @@ async def replay(
         connector=connector, timeout=aiohttp.ClientTimeout(total=None)
     ) as session:
         t0 = loop.time()
+        started_at = time.time()
 
         async def one(body: bytes, rec: RequestRecord) -> None:
+            headers = {**base_headers, "x-request-id": request_id(rec.index)}
             stream: CompletionStream | GenerateStream = (
                 CompletionStream() if target.api == "openai" else GenerateStream()
             )
@@ -261,7 +273,7 @@ async def replay(
             records.append(rec)
             tasks.append(asyncio.create_task(one(body, rec)))
         await asyncio.gather(*tasks)
-    return records
+    return records, started_at
 
 
 def scaled(records: Sequence[RequestRecord], factor: float) -> list[RequestRecord]:
@@ -329,9 +341,15 @@ class Fleet:
 
     async def sim_stats(self) -> dict[str, float]:
         """Sidecar counters summed over the workers: modelled wall seconds and slip (wall
-        seconds of simulated progress lost because a sim fell behind), by sample name."""
+        seconds of simulated progress lost because a sim fell behind), first tokens and the
+        sum of their times to first token at the engine (simulated s), by sample name."""
         totals: Counter[str] = Counter()
-        names = ("homing_sim_modeled_wall_seconds_total", "homing_sim_slip_wall_seconds_total")
+        names = (
+            "homing_sim_modeled_wall_seconds_total",
+            "homing_sim_slip_wall_seconds_total",
+            "homing_sim_first_tokens_total",
+            "homing_sim_time_to_first_token_seconds_total",
+        )
         async with aiohttp.ClientSession() as session:
             for url in self.urls:
                 port = int(url.rsplit(":", 1)[1]) + 1
@@ -367,13 +385,14 @@ async def _wait_http(
 async def start_gateway(
     name: str, urls: Sequence[str], args: argparse.Namespace, log_path: Path
 ) -> tuple[asyncio.subprocess.Process, Target]:
-    """Start homing (policy `name`) or smg ("smg") over `urls`; wait until it serves."""
+    """Start homing (policy `name`) or smg (`name` "smg": its cache_aware; "smg_<policy>":
+    that policy) over `urls`; wait until it serves."""
     port = free_port()
     log = log_path.open("wb")
-    if name == "smg":
+    if is_smg(name):
         argv = [
             str(Path(sys.executable).with_name("smg")), "launch", "--host", "127.0.0.1",
-            "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
+            "--port", str(port), "--worker-urls", *urls, "--policy", smg_policy(name),
             "--block-size", str(BLOCK), "--log-level", "warn",
         ]  # fmt: skip
         target = Target(f"http://127.0.0.1:{port}", "generate", "x-smg-routed-worker-id", "")
@@ -392,9 +411,24 @@ async def start_gateway(
     async with aiohttp.ClientSession() as session:
         async with session.get(target.url + "/v1/models") as resp:
             target.model = (await resp.json())["data"][0]["id"]
-    if name != "smg":
+    if not is_smg(name):
         await _wait_http(target.url + "/ready", lambda text: True, 60)
     return proc, target
+
+
+def is_smg(name: str) -> bool:
+    """Whether run `name` is smg's ("smg" or "smg_<policy>")."""
+    return name == "smg" or name.startswith("smg_")
+
+
+def smg_policy(name: str) -> str:
+    """smg's `--policy` for run `name`."""
+    return "cache_aware" if name == "smg" else name.removeprefix("smg_")
+
+
+def run_label(name: str) -> str:
+    """Run `name` as the table names it: "smg cache_aware", "homing round_robin", ..."""
+    return f"smg {smg_policy(name)}" if is_smg(name) else f"homing {name}"
 
 
 async def stop_process(proc: asyncio.subprocess.Process) -> None:
@@ -444,6 +478,7 @@ def run_summary(
         "requests": summary["requests"],
         "slo_attainment": summary["slo_attainment"],
         "ttft_p99_ms": summary["ttft_ms"]["p99"],
+        "ttft_mean_ms": summary["ttft_ms"]["mean"],
         "tpot_p50_ms": summary["tpot_ms"]["p50"],
         "duration_sim_s": summary["duration_s"],
         "requests_per_worker": dict(zip(worker_ids, counts, strict=True)),
@@ -467,7 +502,7 @@ def format_table(rows: Sequence[dict[str, Any]], bound: float) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        name = "smg cache_aware" if r["policy"] == "smg" else f"homing {r['policy']}"
+        name = run_label(r["policy"])
         lines.append(
             f"| {name} | {pct(r['hit_rate'])} | {pct(r['bound_fraction'])} | "
             f"{ms(r['ttft_p50_ms'])} | {ms(r['ttft_p95_ms'])} | {ms(r['tpot_p95_ms'])} | "
@@ -510,18 +545,26 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         for name in args.runs:
             await fleet.flush()
             before = await fleet.sim_stats()
-            proc, target = await start_gateway(name, fleet.urls, args, out_dir / f"{name}.log")
+            trace = KvTrace(dict(zip(worker_ids, fleet.urls, strict=True)))
+            if args.affinity:
+                await trace.start()
+            log_path = out_dir / f"{name}.log"
+            proc, target = await start_gateway(name, fleet.urls, args, log_path)
             started = time.monotonic()
             try:
-                records = await replay(
+                records, sent_at = await replay(
                     target, requests, builder, speed * args.speedup, args.timeout_s
                 )
-                branches = await homing_branches(target) if name != "smg" else {}
+                branches = {} if is_smg(name) else await homing_branches(target)
             finally:
                 await stop_process(proc)
+                changes = await trace.stop()
             for r in records:
                 if r.worker is not None:
                     r.worker = url_to_id.get(r.worker, r.worker)
+            affinity = None
+            if args.affinity:
+                affinity = affinity_of(name, records, requests, builder, changes, sent_at, log_path)
             after = await fleet.sim_stats()
             if args.dump_records:
                 dump = out_dir / f"records-{name}.jsonl"
@@ -531,24 +574,32 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                         f.write("\n")
             row = run_summary(name, records, args, bound, worker_ids)
             if args.plot:
-                label = "smg cache_aware" if name == "smg" else f"homing {name}"
-                plotted[label] = scaled(records, args.speedup)
+                plotted[run_label(name)] = scaled(records, args.speedup)
             row["wall_s"] = round(time.monotonic() - started, 1)
             row["branches"] = branches
-            for key, sample in (
-                ("sim_slip_wall_s", "homing_sim_slip_wall_seconds_total"),
-                ("sim_modeled_wall_s", "homing_sim_modeled_wall_seconds_total"),
-            ):
-                row[key] = round(after.get(sample, 0.0) - before.get(sample, 0.0), 2)
+            if affinity is not None:
+                row["affinity"] = affinity
+            delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+            row["sim_slip_wall_s"] = round(delta["homing_sim_slip_wall_seconds_total"], 2)
+            row["sim_modeled_wall_s"] = round(delta["homing_sim_modeled_wall_seconds_total"], 2)
+            firsts = delta["homing_sim_first_tokens_total"]
+            row["engine_ttft_mean_ms"] = (
+                round(1000 * delta["homing_sim_time_to_first_token_seconds_total"] / firsts, 1)
+                if firsts
+                else None
+            )
             rows.append(row)
             print(
                 f"{name:>16}: hit {100 * row['hit_rate']:.1f}%  TTFT p50/p95 "
                 f"{row['ttft_p50_ms']}/{row['ttft_p95_ms']} ms  TPOT p95 {row['tpot_p95_ms']} ms  "
                 f"goodput {row['goodput_rps']}  max/mean {row['max_mean_load']}  errors "
                 f"{row['errors']}  ({row['wall_s']} s wall, sim slip "
-                f"{row['sim_slip_wall_s']} s)",
+                f"{row['sim_slip_wall_s']} s)  TTFT mean {row['ttft_mean_ms']} ms, at the "
+                f"engines {row['engine_ttft_mean_ms']} ms",
                 flush=True,
             )
+            if affinity is not None:
+                print(affinity["table_markdown"], flush=True)
     finally:
         await fleet.stop()
     table = format_table(rows, bound)
@@ -583,6 +634,38 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def affinity_of(
+    name: str,
+    records: Sequence[RequestRecord],
+    requests: Sequence[TraceRequest],
+    builder: PromptBuilder,
+    changes: Sequence[CacheChange],
+    sent_at: float,
+    log_path: Path,
+) -> dict[str, Any]:
+    """The run's `homing.bench.affinity` summary as a JSON object (with its markdown):
+    homing's decisions from its log's `route` objects, smg's at the client's send time."""
+    prompts = {r.index: builder.prompt_ids(r) for r in requests}
+    routes = None
+    if not is_smg(name):
+        with log_path.open(encoding="utf-8", errors="replace") as f:
+            routes = homing_routes(f)
+    routed = routed_requests(records, prompts, sent_at=sent_at, block_size=BLOCK, routes=routes)
+    _, summary = judge(routed, changes, BLOCK)
+    label = run_label(name)
+    return {
+        "requests": len(routed),
+        "kv_events": len(changes),
+        "prompt_tokens": summary.prompt_tokens,
+        "best_tokens": summary.best,
+        "held_tokens": summary.held,
+        "served_tokens": summary.served,
+        "evicted_tokens": summary.evicted,
+        "categories": {c: {"requests": n, "lost_tokens": lost} for c, n, lost, _ in summary.rows()},
+        "table_markdown": markdown(summary, label),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Options of `python -m homing.bench.routers`."""
     p = argparse.ArgumentParser(prog="homing.bench.routers", description=__doc__.splitlines()[0])
@@ -597,6 +680,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, default=0.0, help="trace speed (0: --target-load)")
     p.add_argument("--target-load", type=float, default=0.70)
     p.add_argument("--stream-interval", type=int, default=1)
+    p.add_argument(
+        "--affinity",
+        action="store_true",
+        help="follow the workers' KV events and judge each decision against them "
+        "(homing.bench.affinity)",
+    )
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--timeout-s", type=float, default=900.0)
