@@ -117,6 +117,16 @@ class SimMetricsCollector:
                 "Requests refused because the waiting queue was full.",
                 load.requests_rejected_total,
             )
+            yield counter(
+                "homing_sim_first_tokens",
+                "Requests that produced their first token.",
+                load.first_tokens_total,
+            )
+            yield counter(
+                "homing_sim_time_to_first_token_seconds",
+                "Sum of simulated seconds from arrival to the end of the first token's step.",
+                load.ttft_seconds_total,
+            )
         yield gauge("homing_sim_up", "1 while the worker serves.", 0.0 if load is None else 1.0)
         yield counter("homing_sim_steps", "Scheduler steps run.", snap.loop.steps)
         yield counter(

@@ -203,7 +203,9 @@ class LoadStats:
 
     gen_throughput / prefill_throughput: tokens/s over the last GEN_THROUGHPUT_WINDOW_S;
     cache_hit_rate: cached / prompt tokens of every admitted request so far; the `*_total`
-    figures count since the scheduler was created.
+    figures count since the scheduler was created; `first_tokens_total` requests produced a
+    first token, `ttft_seconds_total` the sum of their times from arrival to the end of the
+    step that produced it (simulated seconds).
     """
 
     num_running: int
@@ -226,6 +228,8 @@ class LoadStats:
     prefill_tokens_total: int = 0
     requests_finished_total: int = 0
     requests_rejected_total: int = 0
+    first_tokens_total: int = 0
+    ttft_seconds_total: float = 0.0
 
 
 @dataclass(eq=False)
@@ -294,6 +298,8 @@ class Scheduler:
         self._prefill_total = 0
         self._finished_total = 0
         self._rejected_total = 0
+        self._first_tokens_total = 0
+        self._ttft_total_s = 0.0
         self._recent: deque[tuple[float, int, int]] = deque()
         self.min_new_token_ratio = min(
             config.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0
@@ -415,6 +421,11 @@ class Scheduler:
             self.cache.checkpoint(state.handle, state.all_ids[: state.kv_len], now)
             self._emit_token(state, emitted, finished, now)
 
+        ended = now + duration
+        for state in emitted:
+            if len(state.output_ids) == 1:  # its first token: visible when the step ends
+                self._first_tokens_total += 1
+                self._ttft_total_s += ended - state.arrival
         outputs = []
         for state in emitted:
             if state.unsent and (state.req.request_id not in self._by_id or self._due(state)):
@@ -494,6 +505,8 @@ class Scheduler:
             prefill_tokens_total=self._prefill_total,
             requests_finished_total=self._finished_total,
             requests_rejected_total=self._rejected_total,
+            first_tokens_total=self._first_tokens_total,
+            ttft_seconds_total=self._ttft_total_s,
         )
 
     # ---- internals ----

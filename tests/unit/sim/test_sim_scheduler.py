@@ -191,6 +191,21 @@ class TestKvAdmission:
         assert second[0].duration_s < first[0].duration_s
         assert sched.load(now).cache_hit_rate == pytest.approx(1984 / 4000)
 
+    def test_time_to_first_token_sums_arrival_to_the_end_of_the_first_tokens_step(
+        self,
+    ) -> None:
+        """Two requests arriving at 0.0 and 0.5 get their first tokens at the end of the
+        steps that prefilled them; later tokens add nothing."""
+        sched = make()
+        sched.add_request(request("a", prompt_len=2000, max_new=3), 0.0)
+        first, now = run(sched)
+        sched.add_request(request("b", prompt_len=3000, max_new=4), now + 0.5)
+        second, _ = run(sched, now + 0.5)
+        want = first[0].duration_s + second[0].duration_s
+        load = sched.load(now)
+        assert load.first_tokens_total == 2
+        assert load.ttft_seconds_total == pytest.approx(want)
+
     def test_kv_pages_enter_the_cache_after_prefill_and_at_finish(self) -> None:
         """Prompt pages are stored when prefill completes, output pages when the request ends:
         each insert one event with all its new pages (a radix node, as SGLang's)."""
