@@ -1,7 +1,8 @@
 """KV-cache events as plain data, and their conversion from the wire (`KvEventBatch`).
 
 Rule of this file: the edge. `decode_batch`, `events_from_batch` and `ingest_batch` (the
-fast path for SGLang's one-block stored events) are the only places that read the protobuf;
+fast path for stored events: one block each, as SGLang's event queue sends them, or a run of
+pages, as its radix tree stores them) are the only places that read the protobuf;
 the index consumes the frozen dataclasses below, or plain bytes and ints, and never sees a
 message.
 
@@ -214,28 +215,38 @@ def _ingest_event(
         stored = ev.stored
         blocks = stored.blocks
         if (
-            len(blocks) == 1
+            len(blocks)
             and not stored.lora_name
             and not stored.cache_salt
             and not stored.kv_cache_spec_kind
             and not stored.kv_cache_spec_sliding_window
             and stored.locality != _REMOTE
         ):
-            block = blocks[0]
-            if not block.HasField("lora_id") and not len(block.extra_keys):
-                tier = stored.tier
-                if tier == _UNSPECIFIED:
-                    tier = _stored_tier(stored)
-                run.append(
+            # A run of pages (SGLang's radix node): one item per block, each block's parent
+            # the one before it, so it applies as that many one-block events would; a block
+            # in its own namespace (lora_id, extra keys) sends the event the slow way.
+            tier = stored.tier
+            if tier == _UNSPECIFIED:
+                tier = _stored_tier(stored)
+            parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
+            start = len(run)
+            append = run.append
+            for block in blocks:
+                if block.HasField("lora_id") or block.extra_keys:
+                    del run[start:]
+                    break
+                engine_hash = block.block_hash
+                ids = block.token_ids[:]
+                append(
                     (
-                        block.block_hash,
-                        stored.parent_block_hash if stored.HasField("parent_block_hash") else None,
-                        array("I", block.token_ids[:]).tobytes()
-                        if _LITTLE
-                        else token_bytes(block.token_ids[:]),
+                        engine_hash,
+                        parent,
+                        array("I", ids).tobytes() if _LITTLE else token_bytes(ids),
                         tier,
                     )
                 )
+                parent = engine_hash
+            else:
                 return run
         if run:
             counts.stored += sink.store_blocks(worker_id, run)
