@@ -102,6 +102,7 @@ PURE = (
     "homing.gateway.failover",
     "homing.gateway.accounting",
     "homing.config.reload_plan",
+    "homing.bench.affinity",
 )
 IO_MODULES = ("asyncio", "socket", "grpc", "aiohttp", "subprocess", "time", "redis", "os")
 

@@ -14,8 +14,8 @@ worker's and `lost = best - held`:
 - "nothing_cached": `best` is 0 (no worker held any of the prompt);
 - "taken": `lost` is 0 (the chosen worker held the longest prefix, or one as long);
 - for `lost > 0`, where the router said what its index believed (`Routed.index_*`):
-  - "stale_phantom": the index credited the chosen worker with more than it held (a
-    removal not applied, or applied late);
+  - "stale_phantom": the index credited the chosen worker, or the worker it named as the
+    best holder, with more than that worker held (a removal not applied, or applied late);
   - "stale_missing": no worker was credited with `best` tokens (a store not applied, or late);
   - "traded_<branch>": the index knew a worker held `best`, and the decision rule chose
     another (its branch: veto, spill, overflow, ring, ...);
@@ -54,8 +54,8 @@ class Routed:
     full blocks have the engine hashes `chain`, sent to `worker`, which reported `served`
     cached tokens. `index_branch`,
     `index_matched` and `index_best` are what the router's index said at the decision (the
-    chosen worker's prefix and the longest credited to any worker, tokens); None when the
-    router does not say."""
+    chosen worker's prefix and the longest credited to any worker, tokens) and
+    `index_best_worker` that worker; None when the router does not say."""
 
     request_id: str
     at: float
@@ -66,6 +66,7 @@ class Routed:
     index_branch: str | None = None
     index_matched: int | None = None
     index_best: int | None = None
+    index_best_worker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def judge(
         prefix = {w: _prefix_blocks(chain, blocks) * block_size for w, blocks in held_by.items()}
         best = max(prefix.values(), default=0)
         held = prefix.get(r.worker, 0)
-        category = _category(r, best, held)
+        category = _category(r, best, held, prefix)
         verdict = Judged(r.request_id, category, best, held, max(0, held - r.served))
         verdicts[i] = verdict
         summary.requests[verdict.category] += 1
@@ -162,7 +163,7 @@ def _prefix_blocks(chain: Sequence[int], blocks: set[int]) -> int:
     return n
 
 
-def _category(r: Routed, best: int, held: int) -> str:
+def _category(r: Routed, best: int, held: int, prefix: dict[str, int]) -> str:
     if best == 0:
         return "nothing_cached"
     if held >= best:
@@ -173,6 +174,8 @@ def _category(r: Routed, best: int, held: int) -> str:
         return "stale_phantom"
     if r.index_best < best:
         return "stale_missing"
+    if r.index_best_worker is not None and prefix.get(r.index_best_worker, 0) < best:
+        return "stale_phantom"  # the holder it knew of held less: the true one was unknown
     return f"traded_{r.index_branch or 'unknown'}"
 
 

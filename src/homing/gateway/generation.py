@@ -879,10 +879,11 @@ class Generation:
 
 
 def _route_fields(decision: RouteDecision, at: float) -> dict[str, object]:
-    """The request log's `route` object: the first decision's branch, the prompt tokens the
-    index credited to the chosen worker and to its best holder (`RouteDecision`), and when it
-    was taken (`at`, Unix seconds)."""
+    """The request log's `route` object: the first decision's chosen worker and branch, the
+    prompt tokens the index credited to that worker and to its best holder (`RouteDecision`),
+    and when it was taken (`at`, Unix seconds)."""
     return {
+        "worker": decision.worker_id,
         "branch": decision.branch,
         "matched_tokens": decision.matched_tokens,
         "best_worker": decision.best_worker_id,

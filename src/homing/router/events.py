@@ -223,8 +223,9 @@ def _ingest_event(
             and stored.locality != _REMOTE
         ):
             # A run of pages (SGLang's radix node): one item per block, each block's parent
-            # the one before it, so it applies as that many one-block events would; a block
-            # in its own namespace (lora_id, extra keys) sends the event the slow way.
+            # the one before it, so it applies as that many one-block events would. A block
+            # with a lora_id or extra keys sends the whole event the slow way
+            # (`event_from_proto`, which keys the event by its first block's namespace).
             tier = stored.tier
             if tier == _UNSPECIFIED:
                 tier = _stored_tier(stored)
@@ -280,11 +281,12 @@ def ingest_batch_python(
     """`ingest_batch` in pure Python, reading every event from the message: the fallback
     where `homing.router._kvwire` is not built, and the reference the native path matches.
 
-    Runs of stored events with one block and no namespace, sliding window, spec kind or
-    remote locality go to `sink.store_blocks` as `(engine_hash, parent or None, uint32-LE
-    token bytes, tier)`; a removed event goes to `sink.remove_blocks(worker_id, hashes,
-    tier or None, shared)`; anything else takes `event_from_proto` and `sink.apply`, in
-    stream order. Returns the counts of the events fed.
+    Runs of stored events (each of one block or of a run of pages, every block's parent the
+    one before it) with no namespace, sliding window, spec kind or remote locality go to
+    `sink.store_blocks` as `(engine_hash, parent or None, uint32-LE token bytes, tier)`; a
+    removed event goes to `sink.remove_blocks(worker_id, hashes, tier or None, shared)`;
+    anything else takes `event_from_proto` and `sink.apply`, in stream order. Returns the
+    counts of the events fed.
     """
     counts = BatchCounts()
     run: list[tuple[int, int | None, bytes, int]] = []

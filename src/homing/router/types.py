@@ -96,10 +96,11 @@ class RouteDecision:
     `matched_tokens`: prompt tokens the chosen worker holds per the index (0 if unknown).
     `uncached_tokens`: the prompt tokens it will have to prefill by the same estimate.
     `best_worker_id` / `best_tokens`: the worker the index credits with the longest prefix
-    of the prompt (any tier; the first such worker on a tie) and that prefix in tokens,
-    whether or not it was a candidate ("" and 0 when none holds any; None for a policy that
-    does not consult the index). `best_tokens - matched_tokens` is the cached prefix the
-    decision gave up, by the index's account.
+    of the prompt (any tier, every worker it tracks: candidates or not, approximate credits
+    included; the first such worker on a tie) and that prefix in tokens, up to the prompt's
+    last full block ("" and 0 when none holds any; None for a policy that does not consult
+    the index). `best_tokens - matched_tokens` is the prefix the decision gave up by the
+    index's account.
     """
 
     worker_id: str

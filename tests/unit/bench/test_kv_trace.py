@@ -91,3 +91,41 @@ def test_records_join_their_logged_route_or_fall_back_to_the_send_time() -> None
     assert judged[1].index_best is None and judged[1].index_branch is None
     assert judged[2].chain == tuple(block_hash_chain(prompts[2], BS))
     assert judged[2].prompt_len == len(prompts[2])
+
+
+def test_a_route_whose_worker_did_not_serve_the_request_says_nothing_of_its_index() -> None:
+    """Retried elsewhere: the first decision's index view is not judged against w1."""
+    prompts = {0: list(range(3 * BS + 1))}
+    rec = RequestRecord(index=0, scheduled_s=0.0, sent_prompt_tokens=49, max_tokens=4)
+    rec.worker, rec.cached_tokens, rec.send_s = "w1", 0, 1.0
+    route = {"worker": "w0", "branch": "exact_hit", "matched_tokens": 48,
+             "best_worker": "w0", "best_tokens": 48, "at": 5.0}  # fmt: skip
+    (judged,) = routed_requests(
+        [rec], prompts, sent_at=0.0, block_size=BS, routes={request_id(0): route}
+    )
+    assert (judged.at, judged.worker, judged.index_best, judged.index_best_worker) == (
+        5.0,
+        "w1",
+        None,
+        None,
+    )
+
+
+def test_missing_batches_are_counted_per_worker_and_load_records_are_not_batches() -> None:
+    def batch(seq: int, events: int = 1) -> bytes:
+        b = common_pb2.KvEventBatch(sequence_number=seq, timestamp=float(seq))
+        for i in range(events):
+            fill_proto_event(b.events.add(), AllBlocksCleared(), i)
+        return b.SerializeToString()
+
+    gaps: dict[str, int] = {}
+    stream = [("w0", batch(1)), ("w0", batch(1, events=0)), ("w0", batch(2)), ("w1", batch(7)),
+              ("w0", batch(5)), ("w1", batch(8))]  # fmt: skip
+    changes = list(changes_from_batches(stream, gaps))
+    assert len(changes) == 5 and gaps == {"w0": 2}
+
+
+def test_log_lines_that_are_not_json_objects_are_skipped() -> None:
+    lines = ['"request_done" but cut off {', '["request_done"]', json.dumps(
+        {"event": "request_done", "request_id": "a", "route": {"branch": "ring"}})]  # fmt: skip
+    assert homing_routes(lines) == {"a": {"branch": "ring"}}

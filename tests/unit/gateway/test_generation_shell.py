@@ -159,9 +159,9 @@ async def test_a_client_leaving_mid_stream_aborts_the_engine_request() -> None:
 
 
 async def test_the_request_record_carries_the_first_routing_decision() -> None:
-    """The log's `route` object: the branch, the prefix the index credited to the chosen
-    worker and to its best holder, and the decision's wall time (of the first decision, here
-    before the retry on w1)."""
+    """The log's `route` object: the chosen worker, the branch, the prefix the index
+    credited to it and to its best holder, and the decision's wall time, of the first
+    decision (w0), not of the retry that served the request (w1)."""
     clock = ManualClock()
     w0, w1 = FakeEngine(), FakeEngine()
     w0.script(Fail(grpc.StatusCode.UNAVAILABLE, "connection reset"))
@@ -177,6 +177,7 @@ async def test_the_request_record_carries_the_first_routing_decision() -> None:
         assert generation.worker_id == "w1"
         (record,) = done
         assert record.fields["route"] == {
+            "worker": "w0",  # the first decision's, not the retry's
             "branch": "round_robin",
             "matched_tokens": 0,
             "best_worker": None,  # round robin does not consult the index

@@ -962,3 +962,23 @@ def test_pure_python_decode_reads_the_whole_message() -> None:
     assert decoded.header.sequence_number == 3 and decoded.num_events == 1
     sink = RecordingSink()
     assert ingest_decoded(decoded, sink, "w") == BatchCounts(cleared=1)
+
+
+def test_a_run_with_a_namespaced_block_goes_the_slow_way_and_keeps_the_run_before_it() -> None:
+    """A one-block event joins the run; the next event, a run of pages whose second block
+    has a lora_id, is taken back out of it and applied whole as `event_from_proto` reads it:
+    the index holds what the plain events path builds, and the first event's block too."""
+    batch = common_pb2.KvEventBatch(sequence_number=1)
+    tokens = list(range(100, 100 + 3 * BS))
+    first = batch.events.add(event_id=1).stored
+    first.blocks.add(block_hash=11, token_ids=tokens[:BS])
+    rest = batch.events.add(event_id=2).stored
+    rest.parent_block_hash = 11
+    rest.blocks.add(block_hash=12, token_ids=tokens[BS : 2 * BS])
+    rest.blocks.add(block_hash=13, token_ids=tokens[2 * BS :], lora_id=5)
+    wire, plain = PrefixIndex(BS), PrefixIndex(BS)
+    counts = ingest_batch_python(batch, wire, "w0")
+    events.ingest_events(events.events_from_batch(batch), plain, "w0")
+    assert counts.stored == 3
+    assert wire.match(tokens) == plain.match(tokens) == {"w0": 3 * BS}
+    assert wire.match(tokens[:BS]) == {"w0": BS}
