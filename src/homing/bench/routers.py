@@ -565,6 +565,8 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             affinity = None
             if args.affinity:
                 affinity = affinity_of(name, records, requests, builder, changes, sent_at, log_path)
+                affinity["kv_stream_errors"] = trace.errors
+                affinity["kv_batches_missed"] = trace.gaps
             after = await fleet.sim_stats()
             if args.dump_records:
                 dump = out_dir / f"records-{name}.jsonl"
@@ -600,6 +602,12 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             )
             if affinity is not None:
                 print(affinity["table_markdown"], flush=True)
+                if trace.errors or trace.gaps:
+                    print(
+                        f"KV streams incomplete (the judged caches miss events): errors "
+                        f"{trace.errors}, batches missed {trace.gaps}",
+                        flush=True,
+                    )
     finally:
         await fleet.stop()
     table = format_table(rows, bound)
