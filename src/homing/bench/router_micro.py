@@ -14,6 +14,11 @@ write one JSON file. Figures (targets from issue 4):
   bytes the pool's subscription delivers) shaped like SGLang's (one stored block per event,
   with its parent hash; 512 events per batch, one scheduler step of 8k tokens), reading the
   wire bytes included. Target: >= 300,000.
+- run-shaped ingestion (blocks/s): the same conversations stored as SGLang's radix tree
+  records them, one stored event per run of pages (a conversation's own 64 blocks after
+  the shared system prompt, 16 events per batch), then evicted as one removed event per run;
+  stored and removed rates apart, `--run-blocks` blocks over 64 workers. Target: stored
+  >= 300,000 (as one-block events).
 - bytes per indexed block: `tracemalloc` growth of the index while `blocks` distinct blocks
   are ingested, divided by `num_blocks`. Target: <= 150.
 - native vs pure Python (`--compare-python`, on by default): the router's C extensions
@@ -254,6 +259,85 @@ def compare_decisions(
     return out
 
 
+RUN_EVENTS_PER_BATCH = 16
+
+
+def run_shaped_batches(
+    chains: Sequence[tuple[int, list[int], int]], removed: bool = False
+) -> list[common_pb2.KvEventBatch]:
+    """Wire batches with one event per chain `(prefix_id, tokens, first_block)`: a stored
+    run of its blocks from `first_block` (parent: the block before it), or with `removed`
+    the removal of that run; `RUN_EVENTS_PER_BATCH` events per batch."""
+    batches: list[common_pb2.KvEventBatch] = []
+    batch = common_pb2.KvEventBatch(sequence_number=1)
+    for prefix_id, tokens, first in chains:
+        if len(batch.events) >= RUN_EVENTS_PER_BATCH:
+            batches.append(batch)
+            batch = common_pb2.KvEventBatch(sequence_number=1 + len(batches))
+        ev = batch.events.add(event_id=prefix_id)
+        n = len(tokens) // BLOCK
+        if removed:
+            ev.removed.block_hashes.extend(_engine_hash(prefix_id, b) for b in range(first, n))
+            continue
+        stored = ev.stored
+        for b in range(first, n):
+            block = stored.blocks.add(block_hash=_engine_hash(prefix_id, b), block_size=BLOCK)
+            block.token_ids.extend(tokens[b * BLOCK : (b + 1) * BLOCK])
+        stored.tier = common_pb2.KV_CACHE_TIER_DEVICE
+        if first > 0:
+            stored.parent_block_hash = _engine_hash(0, first - 1)
+    if len(batch.events):
+        batches.append(batch)
+    return batches
+
+
+def run_ingest(blocks: int, workers: int = 64) -> dict[str, float]:
+    """Blocks/s of `Router.apply_kv_bytes` on run-shaped events (module docstring): about
+    `blocks` blocks of 2,048-token conversations stored as runs, then removed as runs."""
+    system = _tokens(0, SYSTEM_TOKENS)
+    shared = SYSTEM_TOKENS // BLOCK
+    own = 2048 // BLOCK - shared
+    router = Router("cache_aware", max_blocks=2 * blocks + workers * shared)
+    for w in range(workers):
+        for batch in stored_batches([(0, system, 0)]):
+            router.apply_kv_bytes(f"w{w}", batch.SerializeToString())
+    chains: dict[str, list[tuple[int, list[int], int]]] = {f"w{w}": [] for w in range(workers)}
+    total = 0
+    prefix_id = 1
+    while total < blocks:
+        chains[f"w{prefix_id % workers}"].append(
+            (prefix_id, system + _tokens(prefix_id, own * BLOCK), shared)
+        )
+        total += own
+        prefix_id += 1
+    stored = {w: [b.SerializeToString() for b in run_shaped_batches(c)] for w, c in chains.items()}
+    removed = {
+        w: [b.SerializeToString() for b in run_shaped_batches(c, removed=True)]
+        for w, c in chains.items()
+    }
+    apply = router.apply_kv_bytes
+    perf = time.perf_counter
+    t0 = perf()
+    for worker, data in stored.items():
+        for raw in data:
+            apply(worker, raw)
+    stored_s = perf() - t0
+    held = router.index.num_blocks
+    t0 = perf()
+    for worker, data in removed.items():
+        for raw in data:
+            apply(worker, raw)
+    removed_s = perf() - t0
+    assert held == total + shared and router.index.num_blocks == shared, (
+        "run-shaped events were not applied whole"
+    )
+    return {
+        "blocks": total,
+        "stored_blocks_per_s": round(total / stored_s),
+        "removed_blocks_per_s": round(total / removed_s),
+    }
+
+
 def compare_ingest(blocks: int, workers: int = 64) -> dict[str, float]:
     """Blocks/s of `Router.apply_kv_bytes` with and without the C extensions: two fresh
     routers fed the same `blocks` blocks (conversation shape of `Population`), batch by
@@ -421,6 +505,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{ingest_compare['python_blocks_per_s']:,} blocks/s",
             flush=True,
         )
+    runs = run_ingest(args.run_blocks)
+    print(
+        f"run-shaped ingest ({runs['blocks']:,} blocks, runs of "
+        f"{(2048 - SYSTEM_TOKENS) // BLOCK} blocks): "
+        f"stored {runs['stored_blocks_per_s']:,} blocks/s, removed "
+        f"{runs['removed_blocks_per_s']:,} blocks/s",
+        flush=True,
+    )
     per_block, measured_blocks = bytes_per_block(args.bytes_blocks)
     print(f"bytes per block: {per_block:.1f} ({measured_blocks:,} blocks)", flush=True)
     ingest_rate = sorted(ingest)[len(ingest) // 2]
@@ -436,6 +528,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decision_branches": branches,
         "ingest_blocks_per_s": round(ingest_rate),
         "ingest_blocks_per_s_runs": [round(x) for x in ingest],
+        "run_ingest": runs,
         "bytes_per_block": round(per_block, 1),
         "bytes_per_block_blocks": measured_blocks,
         "compare_python": {"decision_2048x64": compare, "ingest": ingest_compare},
@@ -451,6 +544,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "target": TARGET_INGEST,
             "value": round(ingest_rate),
             "met": ingest_rate >= TARGET_INGEST,
+        },
+        "run_ingest_stored_blocks_per_s": {
+            "target": TARGET_INGEST,
+            "value": runs["stored_blocks_per_s"],
+            "met": runs["stored_blocks_per_s"] >= TARGET_INGEST,
         },
         "bytes_per_block": {
             "target": TARGET_BYTES,
@@ -484,6 +582,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also measure the pure-Python fallback in this run (see module docstring)",
     )
     parser.add_argument("--compare-ingest-blocks", type=int, default=200_000)
+    parser.add_argument(
+        "--run-blocks", type=int, default=500_000, help="blocks of the run-shaped ingestion"
+    )
     parser.add_argument("--churn", type=int, default=0, help="unique prompts (0: skip)")
     parser.add_argument("--churn-budget", type=int, default=200_000)
     parser.add_argument("--json", default="bench-out/router-micro.json")

@@ -10,11 +10,12 @@ def parse_events(
     """The events of the serialized `KvEventBatch` `raw`, in stream order, as items:
 
     - a `list` of `(engine_hash, parent_engine_hash or None, token bytes, tier)`: a run of
-      consecutive stored events of the fast shape (one block without lora_id or extra
-      keys; no lora_name, cache_salt, kv_cache_spec_kind, non-zero sliding window or
-      REMOTE locality). Token bytes are the token ids as uint32 little-endian; tier is the
-      `tier` field when set and not UNSPECIFIED, else the block's `cache_level + 1` when
-      set, else DEVICE.
+      consecutive stored events of the fast shape (blocks without lora_id or extra keys;
+      no lora_name, cache_salt, kv_cache_spec_kind, non-zero sliding window or REMOTE
+      locality), one tuple per block: an event's first block has its
+      `parent_block_hash`, each later block the hash of the one before it. Token bytes are
+      the token ids as uint32 little-endian; tier is the `tier` field when set and not
+      UNSPECIFIED, else the first block's `cache_level + 1` when set, else DEVICE.
     - a `tuple` `(engine_hashes, tier or None, shared)` for a removed event: tier as for
       stored events but None when neither is set; `shared` when locality is REMOTE.
     - an `int`: the index in `batch.events` of any other event (cleared, other stored

@@ -167,3 +167,20 @@ def test_apply_events_takes_a_simulators_plain_events() -> None:
         ("w0", BatchCounts(cleared=1), None),
     ]
     assert recorder.flushes == [("w0", "exact_mode"), ("w0", "cleared")]
+
+
+def test_bench_routers_run_shaped_events_store_and_remove_whole_runs() -> None:
+    """`make bench-router`'s run-shaped ingestion: one stored event per conversation run
+    (64 chained blocks under the shared system prompt) and one removed event per run; the
+    bench itself checks the index held every block and kept only the system prompt."""
+    from homing.bench import router_micro
+
+    chains = [(1, list(range(2048)), 64), (2, list(range(5000, 7048)), 64)]
+    stored = router_micro.run_shaped_batches(chains)
+    assert [len(e.stored.blocks) for b in stored for e in b.events] == [64, 64]
+    assert stored[0].events[0].stored.parent_block_hash == router_micro._engine_hash(0, 63)
+    removed = router_micro.run_shaped_batches(chains, removed=True)
+    assert [len(e.removed.block_hashes) for b in removed for e in b.events] == [64, 64]
+    figures = router_micro.run_ingest(blocks=640, workers=4)
+    assert figures["blocks"] == 640
+    assert figures["stored_blocks_per_s"] > 0 and figures["removed_blocks_per_s"] > 0

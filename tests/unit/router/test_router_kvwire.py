@@ -300,7 +300,7 @@ class Gen:
         elif kind == "extra_keys":
             key = st.blocks[0].extra_keys.add()
             rng.choice([lambda: None, lambda: setattr(key, "text", "x")])()
-        if kind != "fast":
+        if kind not in ("fast", "multi"):
             return "index"
         # in range for the native reader: a named tier, non-negative int32 cache_level/locality
         tier_ok = tier is None or 0 <= tier <= 4
@@ -368,19 +368,24 @@ class Gen:
         return batch, expected
 
 
-def classify(items: list[Any], n_events: int) -> list[str]:
-    """The per-event classification of `parse_events` output (checks int indices)."""
+def classify(items: list[Any], batch: common_pb2.KvEventBatch) -> list[str]:
+    """The per-event classification of `parse_events` output for `batch` (checks int
+    indices, and that a run holds one tuple per block of the events it covers)."""
     out: list[str] = []
     for item in items:
         if type(item) is list:
             assert item, "empty run"
-            out.extend("fast" for _ in item)
+            covered = 0
+            while covered < len(item):
+                covered += len(batch.events[len(out)].stored.blocks)
+                out.append("fast")
+            assert covered == len(item)
         elif type(item) is tuple:
             out.append("removed")
         else:
             assert type(item) is int and item == len(out)
             out.append("index")
-    assert len(out) == n_events
+    assert len(out) == len(batch.events)
     # consecutive runs are merged
     for a, b in itertools.pairwise(items):
         assert not (type(a) is list and type(b) is list)
@@ -399,7 +404,7 @@ def test_random_batches_feed_the_same_calls() -> None:
     for _ in range(150):
         batch, expected = gen.batch(gen.rng.randint(0, 40))
         items = _kvwire.parse_events(batch.SerializeToString())
-        assert classify(items, len(batch.events)) == expected
+        assert classify(items, batch) == expected
         for kind in expected:
             seen[kind] += 1
         sink, counts = run_both(batch)
@@ -454,6 +459,37 @@ def test_fast_values() -> None:
             (-1, None, tokens + (2**31).to_bytes(4, "little"), 1),
             (I64_MIN, -1, (5).to_bytes(4, "little"), 3),
             (I64_MAX, 0, b"", 3),
+        ]
+    ]
+    run_both(batch)
+
+
+@needs_native
+def test_a_run_of_pages_reads_as_chained_blocks() -> None:
+    """A stored event of three blocks (SGLang's radix node): one tuple per block, the first
+    with the event's parent, each later one with the block before it; the tier from the
+    event, else the first block's cache_level; the next event's blocks join the same run."""
+    assert _kvwire is not None
+    batch = common_pb2.KvEventBatch()
+    st = batch.events.add(event_id=1).stored
+    st.parent_block_hash = 7
+    for h, t in ((11, 1), (12, 2), (13, 3)):
+        st.blocks.add(block_hash=h, token_ids=[t, t], cache_level=1 if h == 11 else 0)
+    st = batch.events.add(event_id=2).stored
+    st.blocks.add(block_hash=21, token_ids=[9])
+    st.blocks.add(block_hash=22, token_ids=[8])
+    st.tier = common_pb2.KV_CACHE_TIER_DEVICE
+
+    def u32(*ids: int) -> bytes:
+        return b"".join(i.to_bytes(4, "little") for i in ids)
+
+    assert _kvwire.parse_events(batch.SerializeToString()) == [
+        [
+            (11, 7, u32(1, 1), 2),
+            (12, 11, u32(2, 2), 2),
+            (13, 12, u32(3, 3), 2),
+            (21, None, u32(9), 1),
+            (22, 21, u32(8), 1),
         ]
     ]
     run_both(batch)
@@ -624,7 +660,8 @@ def test_unpacked_and_split_repeated_scalars() -> None:
 # merge, wire types the schema does not give): (stored payload, reason)
 DOUBTFUL_STORED = [
     (fl(1, fv(1, 1) + fv(1, 2)), "block_hash twice"),
-    (fl(1, fv(1, 1)) + fl(1, fv(1, 2)), "two blocks"),
+    (fl(1, fv(1, 1)) + fl(1, fv(1, 2) + fv(4, 0)), "the second block's lora_id"),
+    (fl(1, fv(1, 1)) + fl(1, fv(1, 2) + fv(2, 2**32)), "the second block's token above uint32"),
     (fl(1, fv(1, 1) + fv(2, 2**32)), "token id above uint32"),
     (fl(1, fv(1, 1) + fl(2, varint(2**40))), "packed token id above uint32"),
     (fl(1, fv(1, 1) + fv(5, 1) + fv(5, 2)), "cache_level twice"),

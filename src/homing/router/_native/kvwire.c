@@ -357,13 +357,16 @@ read_block(Parser *ps, const uint8_t *p, const uint8_t *end, Block *out)
     return 0;
 }
 
-/* KvBlocksStored of the fast shape as (engine_hash, parent | None, token bytes, tier) in
- * *out; BAIL for any other shape, -1 on error. */
+/* KvBlocksStored of the fast shape as a list of (engine_hash, parent | None, token bytes,
+ * tier), one per block in order, each block's parent the one before it (the first's the
+ * event's parent_block_hash); BAIL for any other shape, -1 on error. */
 static int
 read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
 {
-    const uint8_t *block = NULL, *block_end = NULL;
-    int blocks = 0, has_parent = 0, has_tier = 0, has_locality = 0;
+    const uint8_t *const start = p;
+    const uint8_t *first = NULL, *first_end = NULL;
+    Py_ssize_t blocks = 0;
+    int has_parent = 0, has_tier = 0, has_locality = 0;
     uint64_t parent = 0, tier = 0, locality = 0;
     while (p < end) {
         uint32_t field;
@@ -374,14 +377,16 @@ read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
         if (read_tag(ps, &p, end, &field, &wt) < 0)
             return -1;
         switch (field) {
-        case 1: /* repeated KvBlock blocks */
-            if (wt != WT_LEN || blocks)
-                return BAIL; /* the fast shape has exactly one block */
+        case 1: /* repeated KvBlock blocks: read in order below */
+            if (wt != WT_LEN)
+                return BAIL;
             if (read_len(ps, &p, end, &s, &len) < 0)
                 return -1;
-            block = s;
-            block_end = s + len;
-            blocks = 1;
+            if (blocks == 0) {
+                first = s;
+                first_end = s + len;
+            }
+            blocks++;
             break;
         case 2: /* optional int64 parent_block_hash */
         case 3: /* optional KvCacheTier tier */
@@ -455,7 +460,7 @@ read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
     if (has_tier && tier > TIER_MAX)
         return BAIL; /* an unknown or negative tier: kept verbatim by the Python path */
     Block b;
-    int rc = read_block(ps, block, block_end, &b);
+    int rc = read_block(ps, first, first_end, &b); /* the tier may be its cache_level */
     if (rc != 0)
         return rc;
     int64_t resolved;
@@ -466,28 +471,65 @@ read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
     else
         resolved = TIER_DEVICE;
 
-    PyObject *item = PyTuple_New(4);
-    if (item == NULL)
-        return -1;
-    PyObject *v0 = PyLong_FromLongLong(b.block_hash);
-    PyObject *v1;
-    if (has_parent)
-        v1 = PyLong_FromLongLong((long long)(int64_t)parent);
-    else
-        v1 = Py_NewRef(Py_None);
-    PyObject *v2 = PyBytes_FromStringAndSize((const char *)ps->scratch,
-                                             (Py_ssize_t)(4 * b.tokens));
-    PyObject *v3 = PyLong_FromLongLong(resolved);
-    /* PyTuple_SET_ITEM steals; a NULL slot is fine for the tuple's dealloc */
-    PyTuple_SET_ITEM(item, 0, v0);
-    PyTuple_SET_ITEM(item, 1, v1);
-    PyTuple_SET_ITEM(item, 2, v2);
-    PyTuple_SET_ITEM(item, 3, v3);
-    if (v0 == NULL || v1 == NULL || v2 == NULL || v3 == NULL) {
-        Py_DECREF(item);
-        return -1;
+    PyObject *items = PyList_New(blocks);
+    PyObject *tier_obj = PyLong_FromLongLong(resolved);
+    PyObject *parent_obj = has_parent ? PyLong_FromLongLong((long long)(int64_t)parent)
+                                      : Py_NewRef(Py_None);
+    if (items == NULL || tier_obj == NULL || parent_obj == NULL) {
+        rc = -1;
+        goto done;
     }
-    *out = item;
+    /* the second pass: every field was read above, so only the blocks can stop it */
+    Py_ssize_t i = 0;
+    p = start;
+    while (p < end && i < blocks) {
+        uint32_t field;
+        int wt;
+        const uint8_t *s;
+        size_t len;
+        if (read_tag(ps, &p, end, &field, &wt) < 0) {
+            rc = -1;
+            goto done;
+        }
+        if (field != 1) {
+            if (skip_value(ps, &p, end, field, wt, 2) < 0) {
+                rc = -1;
+                goto done;
+            }
+            continue;
+        }
+        if (read_len(ps, &p, end, &s, &len) < 0) {
+            rc = -1;
+            goto done;
+        }
+        rc = read_block(ps, s, s + len, &b);
+        if (rc != 0)
+            goto done; /* BAIL (a namespaced block) or -1 */
+        PyObject *hash_obj = PyLong_FromLongLong(b.block_hash);
+        PyObject *data = PyBytes_FromStringAndSize((const char *)ps->scratch,
+                                                   (Py_ssize_t)(4 * b.tokens));
+        PyObject *item = NULL;
+        if (hash_obj != NULL && data != NULL)
+            item = PyTuple_Pack(4, hash_obj, parent_obj, data, tier_obj);
+        Py_XDECREF(data);
+        if (item == NULL) {
+            Py_XDECREF(hash_obj);
+            rc = -1;
+            goto done;
+        }
+        PyList_SET_ITEM(items, i, item); /* steals */
+        i++;
+        Py_SETREF(parent_obj, hash_obj); /* the next block's parent */
+    }
+    rc = 0;
+done:
+    Py_XDECREF(tier_obj);
+    Py_XDECREF(parent_obj);
+    if (rc != 0) {
+        Py_XDECREF(items);
+        return rc;
+    }
+    *out = items;
     return 0;
 }
 
@@ -617,8 +659,8 @@ read_removed(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
 /* The kinds of KvCacheEvent's oneof data. */
 enum { EV_NONE, EV_STORED, EV_REMOVED, EV_OTHER };
 
-/* One KvCacheEvent: 0 with *out a stored 4-tuple (*kind EV_STORED) or a removed 3-tuple
- * (EV_REMOVED); BAIL for an event Python reads; -1 on error. */
+/* One KvCacheEvent: 0 with *out a list of stored 4-tuples, one per block (*kind EV_STORED),
+ * or a removed 3-tuple (EV_REMOVED); BAIL for an event Python reads; -1 on error. */
 static int
 read_event(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out, int *kind)
 {
@@ -731,14 +773,17 @@ walk_batch(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject *result,
         if (rc < 0)
             goto error;
         if (rc == 0 && kind == EV_STORED) {
-            if (run == NULL && (run = PyList_New(0)) == NULL) {
-                Py_DECREF(item);
-                goto error;
+            /* item: the event's blocks, a list; the run continues with them */
+            if (run == NULL) {
+                run = item;
             }
-            rc = PyList_Append(run, item);
-            Py_DECREF(item);
-            if (rc < 0)
-                goto error;
+            else {
+                Py_ssize_t n = PyList_GET_SIZE(run);
+                rc = PyList_SetSlice(run, n, n, item);
+                Py_DECREF(item);
+                if (rc < 0)
+                    goto error;
+            }
         }
         else {
             if (flush_run(result, &run) < 0) {
@@ -773,7 +818,8 @@ PyDoc_STRVAR(parse_events_doc,
              "parse_events(raw, /)\n--\n\n"
              "The events of a serialized KvEventBatch, in stream order, as a list of items:\n"
              "a list of (engine_hash, parent_engine_hash | None, token bytes, tier) for a run\n"
-             "of consecutive one-block stored events of the fast shape; (engine_hashes, tier\n"
+             "of consecutive stored events of the fast shape, one per block (a block's parent\n"
+             "the one before it within an event); (engine_hashes, tier\n"
              "| None, shared) for a removed event; the int index in batch.events of any other\n"
              "event (Python reads it from the message). ValueError: malformed bytes.");
 
