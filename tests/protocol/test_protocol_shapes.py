@@ -441,6 +441,24 @@ async def _running(client: EngineClient) -> int:
     return sum(load.num_running_reqs for load in (await client.loads()).loads)
 
 
+def _without_leftover_clears(
+    batches: list[common_pb2.KvEventBatch],
+) -> list[common_pb2.KvEventBatch]:
+    """`batches` less those before the first stored event that hold only cleared events: the
+    worker was flushed just before this subscription opened (the session fleet hands it out
+    flushed), and SGLang publishes that flush's cleared event a moment after FlushCache
+    returns, so it can reach the new subscription first."""
+    out: list[common_pb2.KvEventBatch] = []
+    stored = False
+    for b in batches:
+        kinds = {e.WhichOneof("data") for e in b.events}
+        if not stored and kinds == {"cleared"}:
+            continue
+        stored = stored or "stored" in kinds
+        out.append(b)
+    return out
+
+
 async def _record_kv(
     stub: pb_grpc.SglangSchedulerStub, client: EngineClient, shapes: dict[str, Any]
 ) -> list[int]:
@@ -472,10 +490,11 @@ async def _record_kv(
         shapes["flush"] = {"success": flushed}
 
         def cleared(batches: list[common_pb2.KvEventBatch]) -> bool:
-            return _has_event(batches, "cleared")
+            return _has_event(_without_leftover_clears(batches), "cleared")
 
         await kv.until(cleared, "a cleared event after FlushCache", WAIT_S)
-        shapes["kv_events"] = kv_shape(kv.batches, fill_pages, extend_pages)
+        batches = _without_leftover_clears(kv.batches)
+        shapes["kv_events"] = kv_shape(batches, fill_pages, extend_pages)
     finally:
         await kv.close()
     return tokens
