@@ -382,6 +382,34 @@ async def _wait_http(
     raise RuntimeError(f"{url} not ready within {timeout_s} s")
 
 
+async def _wait_smg_generates(target: Target, timeout_s: float) -> None:
+    """Until smg answers a one-token /generate (it lists its model before its tokenizer is
+    registered, and answers 503 "tokenizer_not_ready" until then). The prompt is shorter
+    than a page, so it leaves nothing in any cache. RuntimeError past `timeout_s`."""
+    body = json.dumps(
+        {"model": target.model, "input_ids": [1], "stream": False,
+         "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    status = None
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.post(
+                    target.url + "/generate",
+                    data=body,
+                    headers={"content-type": "application/json"},
+                ) as resp:
+                    status = resp.status
+                    await resp.read()
+                    if status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"smg answered no /generate within {timeout_s} s (last status {status})")
+
+
 async def start_gateway(
     name: str, urls: Sequence[str], args: argparse.Namespace, log_path: Path
 ) -> tuple[asyncio.subprocess.Process, Target]:
@@ -413,6 +441,8 @@ async def start_gateway(
             target.model = (await resp.json())["data"][0]["id"]
     if not is_smg(name):
         await _wait_http(target.url + "/ready", lambda text: True, 60)
+    else:
+        await _wait_smg_generates(target, 60.0)
     return proc, target
 
 
