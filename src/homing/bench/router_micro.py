@@ -11,9 +11,9 @@ write one JSON file. Figures (targets from issue 4):
   one worker) extended by new tokens, so the lookup walks its whole cached prefix: the
   worst case for the index. Target: p99 <= 100 us at 2k tokens and 64 workers.
 - event ingestion (blocks/s): `Router.apply_kv_bytes` on serialized `KvEventBatch`es (the
-  bytes the pool's subscription delivers) shaped like SGLang's (one stored block per event,
-  with its parent hash; 512 events per batch, one scheduler step of 8k tokens), reading the
-  wire bytes included. Target: >= 300,000.
+  bytes the pool's subscription delivers) of one stored block per event (with its parent
+  hash; 512 events per batch, one scheduler step of 8k tokens), reading the wire bytes
+  included. Target: >= 300,000.
 - run-shaped ingestion (blocks/s): the same conversations stored as SGLang's radix tree
   records them, one stored event per run of pages (a conversation's own 64 blocks after
   the shared system prompt, 16 events per batch), then evicted as one removed event per run;

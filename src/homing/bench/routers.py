@@ -382,18 +382,22 @@ async def _wait_http(
     raise RuntimeError(f"{url} not ready within {timeout_s} s")
 
 
-async def _wait_smg_generates(target: Target, timeout_s: float) -> None:
+async def _wait_smg_generates(
+    target: Target, timeout_s: float, proc: asyncio.subprocess.Process
+) -> None:
     """Until smg answers a one-token /generate (it lists its model before its tokenizer is
     registered, and answers 503 "tokenizer_not_ready" until then). The prompt is shorter
-    than a page, so it leaves nothing in any cache. RuntimeError past `timeout_s`."""
+    than a page, so no engine caches it. RuntimeError past `timeout_s` or when smg exits."""
     body = json.dumps(
         {"model": target.model, "input_ids": [1], "stream": False,
          "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
     )  # fmt: skip
     deadline = time.monotonic() + timeout_s
     status = None
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as session:
         while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise RuntimeError(f"smg exited with {proc.returncode} before it served")
             try:
                 async with session.post(
                     target.url + "/generate",
@@ -404,7 +408,7 @@ async def _wait_smg_generates(target: Target, timeout_s: float) -> None:
                     await resp.read()
                     if status == 200:
                         return
-            except aiohttp.ClientError:
+            except (aiohttp.ClientError, TimeoutError):
                 pass
             await asyncio.sleep(0.5)
     raise RuntimeError(f"smg answered no /generate within {timeout_s} s (last status {status})")
@@ -442,7 +446,7 @@ async def start_gateway(
     if not is_smg(name):
         await _wait_http(target.url + "/ready", lambda text: True, 60)
     else:
-        await _wait_smg_generates(target, 60.0)
+        await _wait_smg_generates(target, 60.0, proc)
     return proc, target
 
 
@@ -574,12 +578,12 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for name in args.runs:
             await fleet.flush()
-            before = await fleet.sim_stats()
             trace = KvTrace(dict(zip(worker_ids, fleet.urls, strict=True)))
             if args.affinity:
                 await trace.start()
             log_path = out_dir / f"{name}.log"
             proc, target = await start_gateway(name, fleet.urls, args, log_path)
+            before = await fleet.sim_stats()  # after smg's readiness request, if any
             started = time.monotonic()
             try:
                 records, sent_at = await replay(

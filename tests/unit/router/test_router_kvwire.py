@@ -1019,3 +1019,21 @@ def test_a_run_with_a_namespaced_block_goes_the_slow_way_and_keeps_the_run_befor
     assert counts.stored == 3
     assert wire.match(tokens) == plain.match(tokens) == {"w0": 3 * BS}
     assert wire.match(tokens[:BS]) == {"w0": BS}
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param(fl(1, fv(1, 1) + fv(2, 5)) + fl(1, fv(1, 2) + fv(5, -1)), id="later_level"),
+        pytest.param(fl(1, fv(1, 1)) + fl(1, fv(1, 2) + fl(6, b"")), id="later_extra_key"),
+        pytest.param(fl(1, fv(1, 1)) + fl(1, fv(1, 2)) + fv(2, 9) + fv(3, 2), id="scalars_after"),
+        pytest.param(fl(1, fv(1, 1)) + fl(1, b"") + fl(1, fv(1, 3)), id="empty_middle_block"),
+        pytest.param(fl(1, fv(1, 1)) + fv(7, 0) + fl(1, fv(1, 2)), id="scalar_between"),
+    ],
+)
+def test_odd_runs_of_pages_feed_the_calls_python_makes(stored: bytes) -> None:
+    """Runs whose later blocks or fields sit oddly: native and Python make the same calls
+    (the reader takes the run or hands it back, never something else)."""
+    sink = RecordingSink()
+    ingest_raw(fl(3, fl(2, stored)), sink)

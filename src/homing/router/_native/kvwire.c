@@ -357,13 +357,34 @@ read_block(Parser *ps, const uint8_t *p, const uint8_t *end, Block *out)
     return 0;
 }
 
-/* KvBlocksStored of the fast shape as a list of (engine_hash, parent | None, token bytes,
- * tier), one per block in order, each block's parent the one before it (the first's the
- * event's parent_block_hash); BAIL for any other shape, -1 on error. */
+/* The 4-tuple of block b (its tokens in the scratch): (hash, parent_obj, token bytes,
+ * tier_obj); *hash_out a new reference to the hash. NULL (with an exception) on failure. */
+static PyObject *
+block_item(Parser *ps, const Block *b, PyObject *parent_obj, PyObject *tier_obj,
+           PyObject **hash_out)
+{
+    PyObject *hash_obj = PyLong_FromLongLong(b->block_hash);
+    PyObject *data = PyBytes_FromStringAndSize((const char *)ps->scratch,
+                                               (Py_ssize_t)(4 * b->tokens));
+    PyObject *item = NULL;
+    if (hash_obj != NULL && data != NULL)
+        item = PyTuple_Pack(4, hash_obj, parent_obj, data, tier_obj);
+    Py_XDECREF(data);
+    if (item == NULL) {
+        Py_XDECREF(hash_obj);
+        return NULL;
+    }
+    *hash_out = hash_obj;
+    return item;
+}
+
+/* KvBlocksStored of the fast shape as (engine_hash, parent | None, token bytes, tier) in
+ * *out: that tuple for a one-block event, a list of them for a run of pages, one per block
+ * in order, each block's parent the one before it (the first's the event's
+ * parent_block_hash); BAIL for any other shape, -1 on error. */
 static int
 read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
 {
-    const uint8_t *const start = p;
     const uint8_t *first = NULL, *first_end = NULL;
     Py_ssize_t blocks = 0;
     int has_parent = 0, has_tier = 0, has_locality = 0;
@@ -471,17 +492,39 @@ read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
     else
         resolved = TIER_DEVICE;
 
-    PyObject *items = PyList_New(blocks);
+    PyObject *items = NULL, *first_item = NULL, *hash_obj = NULL;
     PyObject *tier_obj = PyLong_FromLongLong(resolved);
     PyObject *parent_obj = has_parent ? PyLong_FromLongLong((long long)(int64_t)parent)
                                       : Py_NewRef(Py_None);
-    if (items == NULL || tier_obj == NULL || parent_obj == NULL) {
+    if (tier_obj == NULL || parent_obj == NULL) {
         rc = -1;
         goto done;
     }
-    /* the second pass: every field was read above, so only the blocks can stop it */
-    Py_ssize_t i = 0;
-    p = start;
+    /* the first block, still in the scratch */
+    first_item = block_item(ps, &b, parent_obj, tier_obj, &hash_obj);
+    if (first_item == NULL) {
+        rc = -1;
+        goto done;
+    }
+    if (blocks == 1) { /* SGLang's event queue shape: the tuple itself */
+        *out = first_item;
+        first_item = NULL;
+        Py_DECREF(hash_obj);
+        rc = 0;
+        goto done;
+    }
+    items = PyList_New(blocks);
+    if (items == NULL) {
+        Py_DECREF(hash_obj);
+        rc = -1;
+        goto done;
+    }
+    PyList_SET_ITEM(items, 0, first_item); /* steals */
+    first_item = NULL;
+    Py_SETREF(parent_obj, hash_obj); /* the next block's parent */
+    /* the later blocks: every field was read above, so only a block can stop this */
+    Py_ssize_t i = 1;
+    p = first_end;
     while (p < end && i < blocks) {
         uint32_t field;
         int wt;
@@ -505,15 +548,8 @@ read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
         rc = read_block(ps, s, s + len, &b);
         if (rc != 0)
             goto done; /* BAIL (a namespaced block) or -1 */
-        PyObject *hash_obj = PyLong_FromLongLong(b.block_hash);
-        PyObject *data = PyBytes_FromStringAndSize((const char *)ps->scratch,
-                                                   (Py_ssize_t)(4 * b.tokens));
-        PyObject *item = NULL;
-        if (hash_obj != NULL && data != NULL)
-            item = PyTuple_Pack(4, hash_obj, parent_obj, data, tier_obj);
-        Py_XDECREF(data);
+        PyObject *item = block_item(ps, &b, parent_obj, tier_obj, &hash_obj);
         if (item == NULL) {
-            Py_XDECREF(hash_obj);
             rc = -1;
             goto done;
         }
@@ -521,16 +557,20 @@ read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
         i++;
         Py_SETREF(parent_obj, hash_obj); /* the next block's parent */
     }
-    rc = 0;
-done:
-    Py_XDECREF(tier_obj);
-    Py_XDECREF(parent_obj);
-    if (rc != 0) {
-        Py_XDECREF(items);
-        return rc;
+    if (i != blocks) { /* the first pass counted them: unreachable */
+        PyErr_SetString(PyExc_SystemError, "kvwire: a stored event's blocks changed count");
+        rc = -1;
+        goto done;
     }
     *out = items;
-    return 0;
+    items = NULL;
+    rc = 0;
+done:
+    Py_XDECREF(first_item);
+    Py_XDECREF(items);
+    Py_XDECREF(tier_obj);
+    Py_XDECREF(parent_obj);
+    return rc;
 }
 
 /* One int64 block hash appended to the scratch (as int64_t). */
@@ -659,8 +699,9 @@ read_removed(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
 /* The kinds of KvCacheEvent's oneof data. */
 enum { EV_NONE, EV_STORED, EV_REMOVED, EV_OTHER };
 
-/* One KvCacheEvent: 0 with *out a list of stored 4-tuples, one per block (*kind EV_STORED),
- * or a removed 3-tuple (EV_REMOVED); BAIL for an event Python reads; -1 on error. */
+/* One KvCacheEvent: 0 with *out a stored 4-tuple or, for a run of pages, a list of them
+ * (*kind EV_STORED), or a removed 3-tuple (EV_REMOVED); BAIL for an event Python reads;
+ * -1 on error. */
 static int
 read_event(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out, int *kind)
 {
@@ -773,17 +814,21 @@ walk_batch(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject *result,
         if (rc < 0)
             goto error;
         if (rc == 0 && kind == EV_STORED) {
-            /* item: the event's blocks, a list; the run continues with them */
-            if (run == NULL) {
-                run = item;
+            /* item: the event's block (a tuple) or blocks (a list); the run continues */
+            if (run == NULL && (run = PyList_New(0)) == NULL) {
+                Py_DECREF(item);
+                goto error;
+            }
+            if (PyTuple_CheckExact(item)) {
+                rc = PyList_Append(run, item);
             }
             else {
                 Py_ssize_t n = PyList_GET_SIZE(run);
                 rc = PyList_SetSlice(run, n, n, item);
-                Py_DECREF(item);
-                if (rc < 0)
-                    goto error;
             }
+            Py_DECREF(item);
+            if (rc < 0)
+                goto error;
         }
         else {
             if (flush_run(result, &run) < 0) {
