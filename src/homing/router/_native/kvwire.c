@@ -500,17 +500,31 @@ read_stored(Parser *ps, const uint8_t *p, const uint8_t *end, PyObject **out)
         rc = -1;
         goto done;
     }
-    /* the first block, still in the scratch */
+    if (blocks == 1) {
+        /* SGLang's event-queue shape, the hot path: the tuple itself, stealing what it holds */
+        PyObject *item = PyTuple_New(4);
+        PyObject *h = PyLong_FromLongLong(b.block_hash);
+        PyObject *data = PyBytes_FromStringAndSize((const char *)ps->scratch,
+                                                   (Py_ssize_t)(4 * b.tokens));
+        if (item == NULL || h == NULL || data == NULL) {
+            Py_XDECREF(item);
+            Py_XDECREF(h);
+            Py_XDECREF(data);
+            rc = -1;
+            goto done;
+        }
+        PyTuple_SET_ITEM(item, 0, h);
+        PyTuple_SET_ITEM(item, 1, parent_obj);
+        PyTuple_SET_ITEM(item, 2, data);
+        PyTuple_SET_ITEM(item, 3, tier_obj);
+        parent_obj = tier_obj = NULL;
+        *out = item;
+        return 0;
+    }
+    /* a run of pages: the first block, still in the scratch, then the others */
     first_item = block_item(ps, &b, parent_obj, tier_obj, &hash_obj);
     if (first_item == NULL) {
         rc = -1;
-        goto done;
-    }
-    if (blocks == 1) { /* SGLang's event queue shape: the tuple itself */
-        *out = first_item;
-        first_item = NULL;
-        Py_DECREF(hash_obj);
-        rc = 0;
         goto done;
     }
     items = PyList_New(blocks);
