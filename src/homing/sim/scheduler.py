@@ -422,12 +422,11 @@ class Scheduler:
             self._emit_token(state, emitted, finished, now)
 
         ended = now + duration
+        outputs = []
         for state in emitted:
             if len(state.output_ids) == 1:  # its first token: visible when the step ends
                 self._first_tokens_total += 1
                 self._ttft_total_s += ended - state.arrival
-        outputs = []
-        for state in emitted:
             if state.unsent and (state.req.request_id not in self._by_id or self._due(state)):
                 outputs.append(
                     RequestOutput(

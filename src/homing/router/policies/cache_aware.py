@@ -309,10 +309,9 @@ class CacheAwarePolicy(BasePolicy):
         held = found.tokens
         tokens = held.get(wid, 0)
         saved = found.effective(wid, self.config.weights.lower_tier_worth)
-        best_id, best = "", 0
-        for holder, holds in held.items():
-            if holds > best:
-                best_id, best = holder, holds
+        # the first worker of the longest match (max keeps the first on a tie)
+        best_id = max(held, key=held.__getitem__) if held else ""
+        best = held[best_id] if held else 0
         return RouteDecision(
             wid, branch, tokens, max(0, round(prompt_tokens - saved)), best_id, best
         )
