@@ -222,7 +222,7 @@ async def test_dead_worker_is_never_chosen_for_affinity(app4: App) -> None:
     assert all(worker != victim for _, worker, _ in results)
     affinity = {
         branch: router.chosen[(victim, branch)] - before[(victim, branch)]
-        for branch in ("exact_hit", "approx_hit", "spill")
+        for branch in ("exact_hit", "approx_hit")
     }
-    assert affinity == {"exact_hit": 0, "approx_hit": 0, "spill": 0}
+    assert affinity == {"exact_hit": 0, "approx_hit": 0}
     assert victim not in router.index.match(prompt)

@@ -18,7 +18,7 @@ worker's and `lost = best - held`:
     best holder, with more than that worker held (a removal not applied, or applied late);
   - "stale_missing": no worker was credited with `best` tokens (a store not applied, or late);
   - "traded_<branch>": the index knew a worker held `best`, and the decision rule chose
-    another (its branch: veto, spill, overflow, ring, ...);
+    another (its branch: veto, overflow, ring, ...);
 - "missed": `lost > 0` and the router reported nothing of its index (smg).
 
 Separately, `evicted_in_flight` sums `held - served` where the engine reported fewer cached

@@ -13,7 +13,7 @@ workers per phase at scrape time. Names follow Prometheus conventions: `homing_`
 
 Router series (labels in braces; `model` on all):
 - `homing_router_decisions_total{policy, branch}`: routing decisions by branch
-  ("exact_hit", "approx_hit", "spill", "veto", "ring", "overflow", "overload",
+  ("exact_hit", "approx_hit", "veto", "ring", "overflow", "overload",
   "round_robin", "load"; see `homing.router.types.RouteDecision`).
 - `homing_router_matched_prefix_tokens`: histogram of the chosen worker's cached prefix.
 - `homing_router_cached_tokens_total{worker}` / `homing_router_prefill_tokens_total{worker}`:

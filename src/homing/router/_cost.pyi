@@ -27,6 +27,7 @@ def cheapest(
     max_token_usage: float,
     max_waiting: float,
     bound: int | None,
+    useful: float,
     oldest: dict[str, float],
     sums: dict[str, int],
     pending: Callable[[str, float], int],
@@ -34,7 +35,8 @@ def cheapest(
     /,
 ) -> tuple[Any, float, float, float] | None:
     """The cost pass of `CacheAwarePolicy._cheapest_python`: vetoed worker ids are appended
-    to `vetoed`; returns (cheapest eligible snapshot, largest and smallest effective match
-    among eligible workers, largest effective match of a vetoed worker) in tokens, or None
-    when every worker is vetoed. `pending(worker, since)` is called when a worker's oldest
-    ledger entry predates its load record (it drops the absorbed entries)."""
+    to `vetoed`; returns (the winner: the cheapest eligible snapshot among those whose
+    effective match is near the largest when it is `useful`, the largest and smallest
+    effective match among eligible workers, the largest effective match of a vetoed worker)
+    in tokens, or None when every worker is vetoed. `pending(worker, since)` is called when a
+    worker's oldest ledger entry predates its load record (it drops the absorbed entries)."""

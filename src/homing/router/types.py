@@ -84,11 +84,9 @@ class RouteDecision:
     """The chosen worker and why.
 
     `branch` names the rule that decided, for logs and metrics:
-    - "exact_hit" / "approx_hit": the scoring rule chose a worker holding a useful prefix
-      (credited by its KV events / by the router's own approximate records);
-    - "spill": a worker held a useful prefix but the scoring rule found another cheaper
-      (its queue or load outweighed the hit);
-    - "veto": the holder of a useful prefix was overloaded, so affinity was not allowed;
+    - "exact_hit" / "approx_hit": a worker holding the longest useful prefix (or one near
+      it) was chosen (credited by its KV events / by the router's own approximate records);
+    - "veto": the holder of a longer useful prefix was overloaded, so it was passed over;
     - "ring": no useful prefix; the consistent-hash ring's first choice took it;
     - "overflow": no useful prefix; the ring walked past full workers;
     - "overload": every candidate was overloaded; the cheapest of all was chosen;

@@ -93,10 +93,10 @@ def test_each_lost_prefix_is_classified_by_what_the_index_said() -> None:
     assert one(index_branch="ring", index_matched=32, index_best=32) == "stale_missing"
     assert one(index_branch="exact_hit", index_matched=64, index_best=64) == "stale_phantom"
     # it credited w1 (not the true holder w0) with all 64: a phantom hid the holder
-    phantom = one(index_branch="spill", index_matched=32, index_best=64, index_best_worker="w1")
+    phantom = one(index_branch="veto", index_matched=32, index_best=64, index_best_worker="w1")
     assert phantom == "stale_phantom"
-    assert one(index_branch="spill", index_matched=32, index_best=64, index_best_worker="w0") == (
-        "traded_spill"
+    assert one(index_branch="veto", index_matched=32, index_best=64, index_best_worker="w0") == (
+        "traded_veto"
     )
 
 

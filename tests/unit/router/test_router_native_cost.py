@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import random
 from types import SimpleNamespace
 
@@ -37,7 +38,7 @@ def _scenario(rng: random.Random) -> tuple[list[WorkerSnapshot], Matches, Dispat
             token_usage=rng.choice([0, 0.3, 0.94, 0.95, 0.99]),
             active_token_usage=rng.choice([None, None, 0.1, 0.95, 0.99]),
             max_running_requests=rng.choice([0, 8, 16, 256]),
-            queued_prefill_tokens=rng.choice([None, 0, 100, 5000]),
+            queued_prefill_tokens=rng.choice([None, 0, 100, 5000, 40_000]),
             load_at=rng.choice([None, 1.0, 2.0, 3.0]),
             draining=rng.random() < 0.05,
         )
@@ -57,7 +58,8 @@ def _scenario(rng: random.Random) -> tuple[list[WorkerSnapshot], Matches, Dispat
 @needs_native
 def test_cost_pass_equals_the_python_pass_on_random_scenarios() -> None:
     """Same winner, same largest/smallest/vetoed effective match, same vetoed list, and the
-    same ledger afterwards, for random loads, tiers, ties, vetoes and pending dispatches."""
+    same ledger afterwards, for random loads, tiers, ties, vetoes, useful margins and
+    pending dispatches."""
     rng = random.Random(11)
     weights = [CostWeights(), CostWeights(prefill=1.0, decode=0.0), CostWeights(queue=0.0)]
     for trial in range(3000):
@@ -79,8 +81,9 @@ def test_cost_pass_equals_the_python_pass_on_random_scenarios() -> None:
         prompt = rng.choice([0, 16, 1000, 2048, 4096])
         vetoed_c: list[str] = []
         vetoed_py: list[str] = []
-        got = policies[0]._cheapest(workers, found, prompt, bound, vetoed_c)
-        want = policies[1]._cheapest_python(workers, found, prompt, bound, vetoed_py)
+        useful = rng.choice([math.inf, 16, 100, 1000])
+        got = policies[0]._cheapest(workers, found, prompt, bound, vetoed_c, useful)
+        want = policies[1]._cheapest_python(workers, found, prompt, bound, vetoed_py, useful)
         assert vetoed_c == vetoed_py
         if want is None:
             assert got is None
@@ -138,8 +141,9 @@ def test_hostile_inputs_raise_instead_of_crashing() -> None:
         return 0
 
     best = native.cheapest(
-        workers, {}, None, 100, 3.0, 1.0, 128.0, 0.8, 0.95, 32, None, oldest, sums, pending, []
-    )
+        workers, {}, None, 100, 3.0, 1.0, 128.0, 0.8, 0.95, 32, None, math.inf, oldest,
+        sums, pending, [],
+    )  # fmt: skip
     assert best is not None and best[0].worker_id == "w0"
     huge = [WorkerSnapshot(worker_id="a", running=2**63 - 1, waiting=1)]
     with pytest.raises(OverflowError, match="request counts out of range"):

@@ -150,20 +150,26 @@ class TestCacheAware:
         store(self.index, "w1", PROMPT[:192])
         assert self.policy.select(REQUEST, FOUR).worker_id == "w1"
 
-    def test_queued_prefill_outweighs_a_hit(self) -> None:
-        """A holder with more queued prefill than the hit saves loses ("spill")."""
+    def test_a_holder_keeps_its_hit_over_a_shorter_queue_elsewhere(self) -> None:
+        """Affinity first: a holder with more queued prefill than its hit saves still takes
+        the request ("exact_hit"; the cost rule alone never trades a hit away)."""
         store(self.index, "w0", PROMPT)
-        workers = [snap("w0", queued_prefill_tokens=5000), snap("w1")]
+        workers = [
+            snap("w0", running=1, queued_prefill_tokens=3000),
+            snap("w1", running=1, queued_prefill_tokens=1000),
+        ]  # cost 3,000 + 128 against 1,000 + 3 x 256 + 128; mean queue 2,000
         decision = self.policy.select(REQUEST, workers)
-        assert (decision.worker_id, decision.branch) == ("w1", "spill")
+        assert (decision.worker_id, decision.branch) == ("w0", "exact_hit")
 
     def test_own_dispatches_since_the_last_record_count_as_queue(self) -> None:
-        """The ledger's tokens sent after the load record make the holder costlier."""
+        """Between two holders of the prompt, the ledger's tokens sent after the load record
+        make one costlier; those sent before it were absorbed by the record."""
         ledger = DispatchLedger()
         policy = CacheAwarePolicy(self.index, ledger=ledger)
         store(self.index, "w0", PROMPT)
-        workers = [snap("w0", load_at=10.0), snap("w1", load_at=10.0)]
-        assert policy.select(REQUEST, workers).worker_id == "w0"
+        store(self.index, "w1", PROMPT)
+        workers = [snap("w0", load_at=10.0), snap("w1", load_at=10.0), snap("w2")]
+        assert policy.select(REQUEST, workers).worker_id == "w0"  # a tie, broken by id
         ledger.record("w0", 9.0, 100_000)  # before the record: already counted by the engine
         assert policy.select(REQUEST, workers).worker_id == "w0"
         ledger.record("w0", 11.0, 100_000)  # after it: not yet in the engine's figures
@@ -253,14 +259,16 @@ class TestCacheAware:
         store(self.index, "w1", PROMPT)
         assert self.policy.select(REQUEST, FOUR[:2]).worker_id == "w1"
 
-    def test_weights_are_configurable(self) -> None:
-        """With a huge decode weight load decides, not the prefix."""
-        policy = CacheAwarePolicy(
-            self.index, CacheAwareConfig(weights=CostWeights(decode=10_000.0), min_bound=100)
-        )
+    def test_weights_decide_among_holders_of_near_equal_prefixes(self) -> None:
+        """Holders within the useful margin (16 tokens here) of the longest prefix compete on
+        cost: one block less but less load wins by default (3 x 16 < 128 x 2), a heavy
+        prefill weight keeps the longest; a worker holding nothing never competes."""
         store(self.index, "w0", PROMPT)
-        workers = [snap("w0", in_flight=3), snap("w1", in_flight=1)]
-        assert policy.select(REQUEST, workers).worker_id == "w1"
+        store(self.index, "w1", PROMPT[:-BS])
+        workers = [snap("w0", in_flight=3), snap("w1", in_flight=1), snap("w2")]
+        assert self.policy.select(REQUEST, workers).worker_id == "w1"
+        heavy = CacheAwareConfig(weights=CostWeights(prefill=1000.0))
+        assert CacheAwarePolicy(self.index, heavy).select(REQUEST, workers).worker_id == "w0"
 
     def test_draining_workers_are_skipped_unless_all_drain(self) -> None:
         """A draining holder gets nothing while another worker can serve."""

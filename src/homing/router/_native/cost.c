@@ -181,19 +181,144 @@ dict_number(PyObject *d, PyObject *key, double *out)
     return take_double(v, out);
 }
 
+/* One worker of the pass: its snapshot (borrowed from the pass's tuple), id (owned), effective
+ * match, cost, load and whether it is vetoed. */
+typedef struct {
+    PyObject *w;
+    PyObject *wid;
+    double eff, cost;
+    long long load;
+    int over;
+} row_t;
+
+/* Fill *r for snapshot w (pass 1 of `cheapest`); -1 with an exception set. */
+static int
+read_row(PyObject *w, row_t *r, PyObject *matched, PyObject *device, double prompt_tokens,
+         double a, double b, double d, double h, double max_usage, double max_waiting,
+         int check, double cap, PyObject *oldest, PyObject *sums, PyObject *pending)
+{
+    PyObject *wid = field(w, F_WORKER_ID);
+    if (wid == NULL)
+        return -1;
+    r->w = w;
+    r->wid = wid;
+    double tokens, eff;
+    if (dict_number(matched, wid, &tokens) < 0)
+        return -1;
+    if (device == Py_None) {
+        eff = tokens;
+    }
+    else {
+        double dev = 0.0;
+        if (tokens != 0.0 && dict_number(device, wid, &dev) < 0)
+            return -1;
+        eff = dev + h * (tokens - dev);
+    }
+    long long in_flight, running, waiting, load;
+    if (field_ll(w, F_WAITING, &waiting) < 0 || field_ll(w, F_RUNNING, &running) < 0 ||
+        field_ll(w, F_IN_FLIGHT, &in_flight) < 0)
+        return -1;
+    if (checked_load(in_flight, running, waiting, &load) < 0) {
+        overflow();
+        return -1;
+    }
+    int over = 0;
+    if (check && (running != 0 || waiting != 0 || in_flight != 0)) { /* idle: never vetoed */
+        over = (double)load >= cap || (double)waiting >= max_waiting;
+        if (!over) {
+            /* non-evictable usage when reported, else token_usage (filters.kv_usage) */
+            PyObject *active = field(w, F_ACTIVE_USAGE);
+            if (active == NULL)
+                return -1;
+            double usage;
+            if (active == Py_None) {
+                Py_DECREF(active);
+                if (field_double(w, F_TOKEN_USAGE, &usage) < 0)
+                    return -1;
+            }
+            else if (take_double(active, &usage) < 0) {
+                return -1;
+            }
+            if (usage >= max_usage) {
+                long long window;
+                if (field_ll(w, F_MAX_RUNNING, &window) < 0)
+                    return -1;
+                over = waiting > 0 || (window > 0 && load >= window);
+            }
+        }
+    }
+    PyObject *q = field(w, F_QUEUED);
+    if (q == NULL)
+        return -1;
+    double queued = 0.0;
+    if (q != Py_None) {
+        queued = PyFloat_AsDouble(q);
+        if (queued == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(q);
+            return -1;
+        }
+    }
+    Py_DECREF(q);
+    PyObject *first = PyDict_GetItemWithError(oldest, wid);
+    if (first == NULL && PyErr_Occurred())
+        return -1;
+    if (first != NULL) {
+        Py_INCREF(first);
+        double first_at = PyFloat_AsDouble(first);
+        Py_DECREF(first);
+        if (first_at == -1.0 && PyErr_Occurred())
+            return -1;
+        PyObject *since = field(w, F_LOAD_AT);
+        if (since == NULL)
+            return -1;
+        double extra;
+        int fast = since == Py_None;
+        if (!fast) {
+            double since_at = PyFloat_AsDouble(since);
+            if (since_at == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(since);
+                return -1;
+            }
+            fast = first_at >= since_at;
+        }
+        if (fast) {
+            Py_DECREF(since);
+            if (dict_number(sums, wid, &extra) < 0)
+                return -1;
+        }
+        else {
+            PyObject *got = PyObject_CallFunctionObjArgs(pending, wid, since, NULL);
+            Py_DECREF(since);
+            if (got == NULL)
+                return -1;
+            extra = PyFloat_AsDouble(got);
+            Py_DECREF(got);
+            if (extra == -1.0 && PyErr_Occurred())
+                return -1;
+        }
+        queued += extra;
+    }
+    double uncached = prompt_tokens - eff;
+    r->eff = eff;
+    r->load = load;
+    r->over = over;
+    r->cost = (uncached > 0 ? a * uncached : 0.0) + b * queued + d * (double)load;
+    return 0;
+}
+
 /* cheapest(workers, matched, device, prompt_tokens, a, b, d, h, max_usage, max_waiting,
- *          cap, oldest, sums, pending, vetoed)
+ *          cap, useful, oldest, sums, pending, vetoed)
  *   -> (best, best_eff, floor, vetoed_eff) | None
  * See CacheAwarePolicy._cheapest_python; `cap` None: no veto at all. */
 static PyObject *
 cheapest(PyObject *self, PyObject *args)
 {
     PyObject *workers, *matched, *device, *cap_obj, *oldest, *sums, *pending, *vetoed;
-    double prompt_tokens, a, b, d, h, max_usage, max_waiting;
-    if (!PyArg_ParseTuple(args, "OO!OdddddddOO!O!OO!:cheapest", &workers, &PyDict_Type,
+    double prompt_tokens, a, b, d, h, max_usage, max_waiting, useful;
+    if (!PyArg_ParseTuple(args, "OO!OdddddddOdO!O!OO!:cheapest", &workers, &PyDict_Type,
                           &matched, &device, &prompt_tokens, &a, &b, &d, &h, &max_usage,
-                          &max_waiting, &cap_obj, &PyDict_Type, &oldest, &PyDict_Type, &sums,
-                          &pending, &PyList_Type, &vetoed))
+                          &max_waiting, &cap_obj, &useful, &PyDict_Type, &oldest,
+                          &PyDict_Type, &sums, &pending, &PyList_Type, &vetoed))
         return NULL;
     if (device != Py_None && !PyDict_Check(device)) {
         PyErr_SetString(PyExc_TypeError, "device must be a dict or None");
@@ -211,160 +336,77 @@ cheapest(PyObject *self, PyObject *args)
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
-    PyObject *best = NULL; /* owned */
-    PyObject *best_id = NULL; /* owned */
-    PyObject *wid = NULL;  /* owned, per worker */
-    double best_cost = INFINITY, best_eff = 0.0, vetoed_eff = 0.0, floor_eff = INFINITY;
-    long long best_load = 0;
+    row_t small[64];
+    row_t *rows = n <= 64 ? small : PyMem_Malloc((size_t)n * sizeof(row_t));
+    if (rows == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t filled = 0;
+    PyObject *out = NULL;
+    for (; filled < n; filled++) {
+        rows[filled].wid = NULL;
+        if (read_row(PyTuple_GET_ITEM(seq, filled), &rows[filled], matched, device,
+                     prompt_tokens, a, b, d, h, max_usage, max_waiting, check, cap, oldest,
+                     sums, pending) < 0) {
+            filled++; /* its wid, if read, is released below */
+            goto done;
+        }
+    }
+    double best_eff = 0.0, vetoed_eff = 0.0, floor_eff = INFINITY;
+    int any = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *w = PyTuple_GET_ITEM(seq, i);
-        wid = field(w, F_WORKER_ID);
-        if (wid == NULL)
-            goto fail;
-        double tokens, eff;
-        if (dict_number(matched, wid, &tokens) < 0)
-            goto fail;
-        if (device == Py_None) {
-            eff = tokens;
+        row_t *r = &rows[i];
+        if (r->over) {
+            if (PyList_Append(vetoed, r->wid) < 0)
+                goto done;
+            if (r->eff > vetoed_eff)
+                vetoed_eff = r->eff;
+            continue;
         }
-        else {
-            double dev = 0.0;
-            if (tokens != 0.0 && dict_number(device, wid, &dev) < 0)
-                goto fail;
-            eff = dev + h * (tokens - dev);
-        }
-        long long in_flight, running, waiting, load;
-        if (field_ll(w, F_WAITING, &waiting) < 0 || field_ll(w, F_RUNNING, &running) < 0 ||
-            field_ll(w, F_IN_FLIGHT, &in_flight) < 0)
-            goto fail;
-        if (checked_load(in_flight, running, waiting, &load) < 0) {
-            overflow();
-            goto fail;
-        }
-        if (check && (running != 0 || waiting != 0 || in_flight != 0)) { /* idle: never vetoed */
-            int over = (double)load >= cap || (double)waiting >= max_waiting;
-            if (!over) {
-                /* non-evictable usage when reported, else token_usage (filters.kv_usage) */
-                PyObject *active = field(w, F_ACTIVE_USAGE);
-                if (active == NULL)
-                    goto fail;
-                double usage;
-                if (active == Py_None) {
-                    Py_DECREF(active);
-                    if (field_double(w, F_TOKEN_USAGE, &usage) < 0)
-                        goto fail;
-                }
-                else if (take_double(active, &usage) < 0) {
-                    goto fail;
-                }
-                if (usage >= max_usage) {
-                    long long window;
-                    if (field_ll(w, F_MAX_RUNNING, &window) < 0)
-                        goto fail;
-                    over = waiting > 0 || (window > 0 && load >= window);
-                }
-            }
-            if (over) {
-                if (PyList_Append(vetoed, wid) < 0)
-                    goto fail;
-                if (eff > vetoed_eff)
-                    vetoed_eff = eff;
-                Py_CLEAR(wid);
-                continue;
-            }
-        }
-        if (eff > best_eff)
-            best_eff = eff;
-        if (eff < floor_eff)
-            floor_eff = eff;
-        PyObject *q = field(w, F_QUEUED);
-        if (q == NULL)
-            goto fail;
-        double queued = 0.0;
-        if (q != Py_None) {
-            queued = PyFloat_AsDouble(q);
-            if (queued == -1.0 && PyErr_Occurred()) {
-                Py_DECREF(q);
-                goto fail;
-            }
-        }
-        Py_DECREF(q);
-        PyObject *first = PyDict_GetItemWithError(oldest, wid);
-        if (first == NULL && PyErr_Occurred())
-            goto fail;
-        if (first != NULL) {
-            Py_INCREF(first);
-            double first_at = PyFloat_AsDouble(first);
-            Py_DECREF(first);
-            if (first_at == -1.0 && PyErr_Occurred())
-                goto fail;
-            PyObject *since = field(w, F_LOAD_AT);
-            if (since == NULL)
-                goto fail;
-            double extra;
-            int fast = since == Py_None;
-            if (!fast) {
-                double since_at = PyFloat_AsDouble(since);
-                if (since_at == -1.0 && PyErr_Occurred()) {
-                    Py_DECREF(since);
-                    goto fail;
-                }
-                fast = first_at >= since_at;
-            }
-            if (fast) {
-                Py_DECREF(since);
-                if (dict_number(sums, wid, &extra) < 0)
-                    goto fail;
+        any = 1;
+        if (r->eff > best_eff)
+            best_eff = r->eff;
+        if (r->eff < floor_eff)
+            floor_eff = r->eff;
+    }
+    if (!any) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    double near = -INFINITY;
+    if (best_eff - floor_eff >= useful) {
+        double spare = best_eff - floor_eff - useful;
+        near = best_eff - (useful < spare ? useful : spare);
+    }
+    row_t *best = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        row_t *r = &rows[i];
+        if (r->over || r->eff < near)
+            continue;
+        int take = best == NULL || r->cost < best->cost;
+        if (!take && r->cost == best->cost) {
+            if (r->load != best->load) {
+                take = r->load < best->load;
             }
             else {
-                PyObject *got = PyObject_CallFunctionObjArgs(pending, wid, since, NULL);
-                Py_DECREF(since);
-                if (got == NULL)
-                    goto fail;
-                extra = PyFloat_AsDouble(got);
-                Py_DECREF(got);
-                if (extra == -1.0 && PyErr_Occurred())
-                    goto fail;
-            }
-            queued += extra;
-        }
-        double uncached = prompt_tokens - eff;
-        double cost = (uncached > 0 ? a * uncached : 0.0) + b * queued + d * (double)load;
-        int take = best == NULL || cost < best_cost;
-        if (!take && cost == best_cost) {
-            if (load != best_load) {
-                take = load < best_load;
-            }
-            else {
-                int lt = PyObject_RichCompareBool(wid, best_id, Py_LT);
+                int lt = PyObject_RichCompareBool(r->wid, best->wid, Py_LT);
                 if (lt < 0)
-                    goto fail;
+                    goto done;
                 take = lt;
             }
         }
-        if (take) {
-            Py_INCREF(w);
-            Py_XSETREF(best, w);
-            Py_XSETREF(best_id, wid);
-            wid = NULL;
-            best_cost = cost;
-            best_load = load;
-        }
-        Py_CLEAR(wid);
+        if (take)
+            best = r;
     }
+    out = Py_BuildValue("(Oddd)", best->w, best_eff, floor_eff, vetoed_eff);
+done:
+    for (Py_ssize_t i = 0; i < filled; i++)
+        Py_XDECREF(rows[i].wid);
+    if (rows != small)
+        PyMem_Free(rows);
     Py_DECREF(seq);
-    Py_XDECREF(best_id);
-    if (best == NULL)
-        Py_RETURN_NONE;
-    PyObject *out = Py_BuildValue("(Oddd)", best, best_eff, floor_eff, vetoed_eff);
-    Py_DECREF(best);
     return out;
-fail:
-    Py_XDECREF(wid);
-    Py_XDECREF(best);
-    Py_XDECREF(best_id);
-    Py_DECREF(seq);
-    return NULL;
 }
 
 static PyMethodDef cost_methods[] = {
@@ -374,7 +416,8 @@ static PyMethodDef cost_methods[] = {
      "waiting) over workers, and whether one drains."},
     {"cheapest", cheapest, METH_VARARGS,
      "cheapest(workers, matched, device, prompt_tokens, a, b, d, h, max_usage, max_waiting, "
-     "cap, oldest, sums, pending, vetoed) -> (best, best_eff, floor, vetoed_eff) | None: "
+     "cap, useful, oldest, sums, pending, vetoed) -> (best, best_eff, floor, "
+     "vetoed_eff) | None: "
      "cache_aware's cost pass (CacheAwarePolicy._cheapest_python)."},
     {NULL, NULL, 0, NULL},
 };

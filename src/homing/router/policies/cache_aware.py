@@ -1,21 +1,24 @@
-"""`cache_aware` (default): prefix affinity from the affinity index, priced by one cost rule,
-with bounded-load consistent hashing for cold prefixes and an overload veto.
+"""`cache_aware` (default): prefix affinity from the affinity index within a bound on each
+worker's load, with bounded-load consistent hashing for cold prefixes.
 
-Rule of this file: affinity never overrides an overloaded worker, and a request with no
-useful cached prefix anywhere goes where its session or first block hashes. In order:
+Rule of this file: affinity first. Only the veto (an overloaded worker) moves a request off
+the worker holding its longest useful prefix; load and queue only choose among holders of
+near-equal prefixes; a request with no useful cached prefix anywhere goes where its session
+or first block hashes. In order:
 
 1. No candidates -> `NoWorkerAvailable`. Draining workers are dropped (unless all drain).
-2. Veto (`filters.overloaded`; never an idle worker: nothing running or waiting, nothing of
-   ours in flight): waiting queue >= 32 requests, or non-evictable KV usage >= 0.95 while the engine
-   queues or its admission window is full, or load >= the affinity capacity
-   `load_bound(L, n, c_hit = 1.5, hit_min_bound = 8)` (`ring`; 1.5 is SGLang's and smg's
-   balance_rel_threshold). If every candidate is vetoed, the cheapest of all by the cost
-   rule wins ("overload").
+2. Veto (never an idle worker: nothing running or waiting, nothing of ours in flight):
+   `filters.overloaded` (waiting queue >= 32 requests, or non-evictable KV usage >= 0.95
+   while the engine queues or its admission window is full, or load >= the affinity
+   capacity `load_bound(L, n, c_hit = 1.5, hit_min_bound = 8)`, `ring`; 1.5 is SGLang's
+   and smg's balance_rel_threshold; L counts the engine's running and waiting requests or
+   ours in flight, whichever is more). If every candidate is vetoed, the near-best of all
+   ("overload").
 3. Matches (`PrefixIndex.lookup`): E_w = D_w + h * (T_w - D_w) effective cached tokens (T_w
-   any tier, D_w device, h the lower-tier worth). The best eligible worker's advantage is
-   `max E_w - min E_w` over eligible workers (0 for a worker holding nothing); it is useful
-   when >= max(block_size, min_match_ratio * P) with min_match_ratio 0.05 (a prefix every
-   worker holds, such as a system prompt cached everywhere, tells them apart by nothing).
+   any tier, D_w device, h the lower-tier worth). The advantage is `max E_w - min E_w` over
+   eligible workers (0 for a worker holding nothing); it is useful when >= u = max(
+   block_size, min_match_ratio * P) with min_match_ratio 0.05 (a prefix every worker holds,
+   such as a system prompt cached everywhere, tells them apart by nothing).
 4. No useful advantage: bounded-load consistent hashing (c = 1.25, min_bound 4; vetoed
    workers count as full) keyed by the session key, else by the first prompt block past
    the prefix every eligible worker already holds (`policies.consistent_hash.routing_key`;
@@ -27,20 +30,27 @@ useful cached prefix anywhere goes where its session or first block hashes. In o
    useful prefix. Both refinements are ours: keying past the common prefix stops every new
    conversation from starting at one ring point when a system prompt is cached everywhere;
    the choices cut TTFT for cold prompts of very different lengths (Mooncake: 1k-120k).
-5. Useful advantage: the eligible worker with the lowest
+5. Useful advantage: among eligible workers whose E_w is within `min(u, best - floor - u)`
+   of the best (so each has a useful advantage of its own), the lowest
 
        cost_w = a * (P - E_w) + b * Q_w + d * L_w          (`homing.router.cost`)
 
-   wins; ties by lower load, then worker id. Branch "exact_hit" / "approx_hit" when the
-   winner's own advantage is useful (credited by KV events / approximate records), else
-   "spill" (its queue outweighed the hit), or "veto" when the best holder was vetoed.
+   wins; ties by lower load, then worker id. Branch "exact_hit" / "approx_hit" (credited by
+   KV events / approximate records), or "veto" when a vetoed worker held more.
+
+Why no spill (a holder traded for a shorter queue by the cost rule alone): on the Mooncake
+replay of `make bench-routers` such spills recompute the hit, duplicate the prefix in a
+second cache and move the conversation; they cost 3-4 points of hit rate with no lower TTFT
+at the engines, and a veto on queued prefill tokens (1.5-2x the mean plus the prompt) lost
+more than they did (docs/benchmarks.md). The count bound caps a holder's queue instead.
 
 Defaults (`CacheAwareConfig`): weights a = 3, b = 1, d = 128 tokens per request, h = 0.8
 (`CostWeights`, derivation there), ring c = 1.25 with min_bound 4, affinity c_hit = 1.5
-with hit_min_bound 8, 3 ring choices, 160 virtual nodes, thresholds of
-`OverloadThresholds`. The cost pass (`_cheapest_python`) inlines `cost.estimated_cost` for
-speed (tested equal), and runs in C (`homing.router._cost`, the same steps in double
-precision; tested equal on random scenarios) where that extension is built.
+with hit_min_bound 8, queued-work factor 1.5, 3 ring choices, 160 virtual nodes,
+thresholds of `OverloadThresholds`. The pass (`_cheapest_python`) inlines
+`cost.estimated_cost` for speed (tested equal), and runs in C (`homing.router._cost`, the
+same steps in double precision; tested equal on random scenarios) where that extension is
+built.
 """
 
 from __future__ import annotations
@@ -134,25 +144,25 @@ class CacheAwarePolicy(BasePolicy):
         n = len(candidates)
         bound = load_bound(total, n, cfg.load_factor, cfg.min_bound)
         hit_bound = load_bound(total, n, cfg.hit_load_factor, cfg.hit_min_bound)
+        useful = max(self.index.block_size, math.ceil(cfg.min_match_ratio * prompt_tokens))
         vetoed: list[str] = []
-        scored = self._cheapest(candidates, found, prompt_tokens, hit_bound, vetoed)
+        scored = self._cheapest(candidates, found, prompt_tokens, hit_bound, vetoed, useful)
         if scored is None:  # every candidate is overloaded
-            chosen = self._cheapest(candidates, found, prompt_tokens, None, [])
+            chosen = self._cheapest(candidates, found, prompt_tokens, None, [], useful)
             assert chosen is not None
             return self._decision(chosen[0], "overload", found, prompt_tokens)
         chosen, best_eff, floor, vetoed_eff = scored
         if not found.tokens:
             return self._ring(request, candidates, set(vetoed), bound, found, False, 0.0)
         worth = cfg.weights.lower_tier_worth
-        useful = max(self.index.block_size, math.ceil(cfg.min_match_ratio * prompt_tokens))
         vetoed_holder = vetoed_eff - floor >= useful
         if best_eff - floor < useful:
             return self._ring(request, candidates, set(vetoed), bound, found, vetoed_holder, floor)
-        advantage = found.effective(chosen.worker_id, worth) - floor
-        if advantage >= useful:
-            branch = "approx_hit" if chosen.worker_id in found.approximate else "exact_hit"
+        # the near-best rule gave the winner a useful advantage of its own
+        if vetoed_holder and vetoed_eff > found.effective(chosen.worker_id, worth):
+            branch = "veto"
         else:
-            branch = "veto" if vetoed_holder else "spill"
+            branch = "approx_hit" if chosen.worker_id in found.approximate else "exact_hit"
         return self._decision(chosen, branch, found, prompt_tokens)
 
     def _cheapest(
@@ -162,17 +172,18 @@ class CacheAwarePolicy(BasePolicy):
         prompt_tokens: int,
         bound: int | None,
         vetoed: list[str],
+        useful: float = math.inf,
     ) -> tuple[WorkerSnapshot, float, float, float] | None:
         """`_cheapest_python`, in C (`homing.router._cost`) when it is built."""
         if native_cost is None:
-            return self._cheapest_python(workers, found, prompt_tokens, bound, vetoed)
+            return self._cheapest_python(workers, found, prompt_tokens, bound, vetoed, useful)
         cfg = self.config
         w = cfg.weights
         ledger = self.ledger
         return native_cost.cheapest(
             workers, found.tokens, found.device, prompt_tokens, w.prefill, w.queue, w.decode,
             w.lower_tier_worth, cfg.overload.max_token_usage, cfg.overload.max_waiting, bound,
-            ledger.oldest, ledger.sums, ledger.pending, vetoed,
+            useful, ledger.oldest, ledger.sums, ledger.pending, vetoed,
         )  # fmt: skip
 
     def _cheapest_python(
@@ -182,13 +193,22 @@ class CacheAwarePolicy(BasePolicy):
         prompt_tokens: int,
         bound: int | None,
         vetoed: list[str],
+        useful: float = math.inf,
     ) -> tuple[WorkerSnapshot, float, float, float] | None:
-        """One pass over `workers`: those `filters.overloaded(workers, thresholds, bound)`
-        would return (inlined; no veto at all when `bound` is None) go to `vetoed`; among
-        the others, the worker of least `cost_w` (inlined `cost.estimated_cost` and
-        `DispatchLedger.pending`; ties by load, then id), the largest effective match and
-        the smallest (0 when one of them holds nothing); last, the largest effective match
-        of a vetoed worker (0 when none). None when every worker is vetoed."""
+        """Three steps over `workers` (`bound` None: no veto at all):
+
+        1. per worker: its effective match, load, the veto of
+           `filters.overloaded(workers, thresholds, bound)` (inlined) and `cost_w` (inlined
+           `cost.estimated_cost`, queued prefill with `DispatchLedger.pending`);
+        2. vetoed ids go to `vetoed` in order;
+        3. among the others, the largest effective match `best` and the smallest `floor`
+           (0 when one of them holds nothing), and the winner: the worker of least cost
+           (ties by load, then id) among those whose match is within `tol` of `best`, with
+           `tol = min(useful, best - floor - useful)` when `best - floor >= useful` (so the
+           winner's own advantage is useful too), else among all of them.
+
+        Returns (winner, best, floor, largest effective match of a vetoed worker (0 when
+        none)), or None when every worker is vetoed."""
         cfg = self.config
         weights = cfg.weights
         a, b, d, h = weights.prefill, weights.queue, weights.decode, weights.lower_tier_worth
@@ -201,12 +221,7 @@ class CacheAwarePolicy(BasePolicy):
         sums = ledger.sums
         matched = found.tokens.get
         device = found.device
-        best: WorkerSnapshot | None = None
-        best_cost = math.inf
-        best_load = 0
-        best_eff = 0.0
-        vetoed_eff = 0.0
-        floor = math.inf
+        rows: list[tuple[WorkerSnapshot, float, int, bool, float]] = []
         for w in workers:
             wid = w.worker_id
             if device is None:
@@ -221,6 +236,7 @@ class CacheAwarePolicy(BasePolicy):
             in_flight = w.in_flight
             if in_flight > load:
                 load = in_flight
+            over = False
             if check and (running or waiting or in_flight):  # an idle one is never vetoed
                 over = load >= cap or waiting >= max_waiting
                 if not over:
@@ -229,15 +245,6 @@ class CacheAwarePolicy(BasePolicy):
                         usage = w.token_usage
                     window = w.max_running_requests
                     over = usage >= max_usage and (waiting > 0 or 0 < window <= load)
-                if over:
-                    vetoed.append(wid)
-                    if eff > vetoed_eff:
-                        vetoed_eff = eff
-                    continue
-            if eff > best_eff:
-                best_eff = eff
-            if eff < floor:
-                floor = eff
             queued = w.queued_prefill_tokens or 0
             first = oldest(wid)
             if first is not None:
@@ -245,14 +252,41 @@ class CacheAwarePolicy(BasePolicy):
                 queued += sums[wid] if since is None or first >= since else pending(wid, since)
             uncached = prompt_tokens - eff
             cost = (a * uncached if uncached > 0 else 0.0) + b * queued + d * load
+            rows.append((w, eff, load, over, cost))
+        best_eff = 0.0
+        vetoed_eff = 0.0
+        floor = math.inf
+        eligible = []
+        for row in rows:
+            w, eff, _, over, _ = row
+            if over:
+                vetoed.append(w.worker_id)
+                if eff > vetoed_eff:
+                    vetoed_eff = eff
+                continue
+            if eff > best_eff:
+                best_eff = eff
+            if eff < floor:
+                floor = eff
+            eligible.append(row)
+        if not eligible:
+            return None
+        near = -math.inf
+        if best_eff - floor >= useful:
+            near = best_eff - min(useful, best_eff - floor - useful)
+        best: WorkerSnapshot | None = None
+        best_cost = math.inf
+        best_load = 0
+        for w, eff, load, _, cost in eligible:
+            if eff < near:
+                continue
             if (
                 best is None
                 or cost < best_cost
-                or (cost == best_cost and (load, wid) < (best_load, best.worker_id))
+                or (cost == best_cost and (load, w.worker_id) < (best_load, best.worker_id))
             ):
                 best, best_cost, best_load = w, cost, load
-        if best is None:
-            return None
+        assert best is not None
         return best, best_eff, floor, vetoed_eff
 
     def _ring(
