@@ -24,11 +24,15 @@ ENGINES = ("sim", "sglang")
 
 STARTUP_TIMEOUT_S = {"sim": 60.0, "sglang": 300.0}
 
+SMALL_POOL_TOKENS = 1024
+"""A KV pool a few prompts fill (tokens; 64 pages of 16), for workers meant to evict."""
 
-def _command(engine: str, port: int) -> list[str]:
+
+def _command(engine: str, port: int, kv_tokens: int | None = None) -> list[str]:
     base = [sys.executable, "-m", "homing"]
     if engine == "sim":
-        return [*base, "sim", "--workers", "1", "--port", str(port), "--speedup", "10"]
+        pool = [] if kv_tokens is None else ["--kv-capacity-tokens", str(kv_tokens)]
+        return [*base, "sim", "--workers", "1", "--port", str(port), "--speedup", "10", *pool]
     return [
         *base,
         "worker",
@@ -46,6 +50,7 @@ def _command(engine: str, port: int) -> list[str]:
         "--sglang-arg=--grammar-backend",
         "--sglang-arg=xgrammar",
         "--sglang-arg=--constrained-json-disable-any-whitespace",
+        *([] if kv_tokens is None else ["--max-total-tokens", str(kv_tokens)]),
     ]
 
 
@@ -66,10 +71,13 @@ class EngineWorker:
 
 @dataclass
 class Fleet:
-    """Workers of one engine kind; `close()` stops them all."""
+    """Workers of one engine kind; `close()` stops them all. `kv_tokens`: their KV pool size
+    in tokens (None: the engine's default here, 65,536 for `homing worker`, the timing
+    model's for `homing sim`)."""
 
     engine: str
     workers: list[EngineWorker] = field(default_factory=list)
+    kv_tokens: int | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -145,7 +153,7 @@ class Fleet:
     def _spawn(self, port: int) -> EngineWorker:
         env = {**os.environ, **(fast_start_env() if self.engine == "sglang" else {})}
         process = subprocess.Popen(
-            _command(self.engine, port),
+            _command(self.engine, port, self.kv_tokens),
             env=env,
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,

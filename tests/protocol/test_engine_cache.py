@@ -1,7 +1,8 @@
 """The engines' own KV events drive routing, on the simulator and on real SGLang: a prompt's
 blocks reach the affinity index, its repeat goes to the worker holding them and is served from
-its cache, and a worker killed with SIGKILL and started again loses its index entries and gets
-no credit for prefixes it no longer holds."""
+its cache, a prefix the engine evicts loses its credit while the prefixes it keeps still
+route to it, and a worker killed with SIGKILL and started again loses its index entries and
+gets no credit for prefixes it no longer holds."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import uuid
 
 import aiohttp
 import pytest
-from engine_fleet import Fleet
+from engine_fleet import SMALL_POOL_TOKENS, EngineWorker, Fleet
 from helpers import eventually
 
 from homing.app import App
-from homing.engines.client import EngineClient, GenerateParams
+from homing.engines.client import EngineClient, GenerateDone, GenerateParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -106,7 +107,66 @@ async def test_a_killed_and_restarted_worker_has_no_stale_credit(
     assert pool.state(holder).kv_stream == "open"
 
 
-async def _engine_generate(url: str, prompt: list[int]) -> None:
+@pytest.mark.timeout(360)  # may start the session fleet, and starts a worker of its own
+async def test_an_evicted_prefix_loses_its_credit_and_a_kept_one_still_routes(
+    small_pool_gateway: App, small_pool_worker: EngineWorker
+) -> None:
+    """A worker whose KV pool is full evicts its least recently used prefix A and publishes
+    `removed` for its pages: the index then credits A to no worker, and the engine itself
+    reports nothing of A cached where it reported all of A's blocks before; prefix B, used
+    after each prompt that filled the pool, is kept, still credited to that worker, routed
+    to it and served from its cache. A repeat of A through homing reports what the index
+    credits its worker with (nothing), and A stored again is credited again."""
+    app = small_pool_gateway
+    assert app.pool is not None and app.router is not None
+    index = app.router.index
+    url = small_pool_worker.url
+    small = next(w.worker_id for w in app.pool.workers() if w.url == url)
+
+    # The worker's stored events reach the index (tried a few times: what it stores before
+    # homing's subscription reaches the engine is not replayed).
+    for _ in range(5):
+        warm = _prompt(app, blocks=2)
+        await _engine_generate(url, warm)
+        if await eventually(lambda p=warm: _matched(app, p).get(small, 0) == 2 * BLOCK, 3):
+            break
+    else:
+        raise AssertionError(f"no stored event reached the index: {app.pool.state(small)}")
+
+    # A, then B, sent to the small worker directly, credited to it alone, then routed to it
+    # by homing and served whole from its cache (B last: A is now its least recently used).
+    full = 6 * BLOCK
+    a, b = _prompt(app, blocks=6), _prompt(app, blocks=6)
+    for prompt in (a, b):
+        done = await _engine_generate(url, prompt)
+        assert done.cached_tokens == 0
+        assert await eventually(lambda p=prompt: _matched(app, p) == {small: full}, 10)
+        assert await _complete(app, prompt) == (small, full)
+
+    # Fill the pool: each filler needs about half of it, so the second cannot fit beside A,
+    # B and the first (LRU evicts A first), and B, used after each, stays the most recent.
+    removed = index.stats.removed
+    filler_blocks = SMALL_POOL_TOKENS // BLOCK // 2 - 2
+    for _ in range(3):
+        done = await _engine_generate(url, _prompt(app, blocks=filler_blocks))
+        assert done.cached_tokens == 0
+        assert await _complete(app, b) == (small, full)
+    assert await eventually(lambda: _matched(app, a) == {}, 10), _matched(app, a)
+    assert index.stats.removed >= removed + len(a) // BLOCK
+    assert _matched(app, b) == {small: full}
+
+    # homing's repeat of A reports what the index credits its worker with: nothing.
+    worker, cached = await _complete(app, a)
+    assert cached == 0, worker
+    if worker != small:  # the engine's own word: it no longer holds A
+        assert (await _engine_generate(url, a)).cached_tokens == 0
+    # A, stored anew on the small worker, is credited to it again and routed by its credit.
+    assert await eventually(lambda: _matched(app, a).get(small) == full, 10), _matched(app, a)
+    worker, cached = await _complete(app, a)
+    assert (cached, _matched(app, a).get(worker)) == (full, full)
+
+
+async def _engine_generate(url: str, prompt: list[int]) -> GenerateDone:
     """One short greedy generation sent to the worker directly (not through homing)."""
     client = EngineClient(url, worker_id="direct")
     try:
@@ -117,6 +177,8 @@ async def _engine_generate(url: str, prompt: list[int]) -> None:
             temperature=0.0,
             stream=False,
         )
-        assert [item async for item in client.generate(params)]
+        items = [item async for item in client.generate(params)]
+        assert items and isinstance(items[-1], GenerateDone), items
+        return items[-1]
     finally:
         await client.close()

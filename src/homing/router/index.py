@@ -45,10 +45,11 @@ approximation of LRU: lookups mark their matched path recently used (and a re-st
 block another worker holds marks it); eviction walks the dict from its oldest end, gives
 marked blocks a second chance (moved to the young end) and drops the others. Leaf first: a
 chain stored in one event is inserted deepest block first, and a lookup marks the whole
-matched path, so a used parent is never older than its children. Blocks stored one per
-event (SGLang's shape) enter parent first; unused ones then leave oldest first, a batch
-taking whole chains, and a descendant orphaned at a batch boundary (unreachable, since
-lookups walk from the root) is among the oldest left and goes with the next batch.
+matched path, so a used parent is never older than its children (SGLang publishes a
+radix run of pages as one event). Blocks stored one per event enter parent first; unused
+ones then leave oldest first, a batch taking whole chains, and a descendant orphaned at a
+batch boundary (unreachable, since lookups walk from the root) is among the oldest left
+and goes with the next batch.
 """
 
 from __future__ import annotations
