@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROTOS := $(wildcard proto/homing/v1/*.proto)
 
-.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers bench-overhead bench-autoscale chaos lint format clean redis-server prometheus tmux systemd wrk native-deps apt-libxxhash
+.PHONY: run test sglang-cpu proto bench bench-sim bench-gateway bench-stops bench-router bench-routers bench-routers-chat bench-overhead bench-autoscale chaos lint format clean redis-server prometheus tmux systemd wrk native-deps apt-libxxhash
 
 NATIVE := setup.py $(wildcard src/homing/router/_native/*.c)
 
@@ -185,6 +185,16 @@ bench-routers: proto
 	$(PY) -m homing.bench.routers --trace ../shared/traces/mooncake/conversation_trace.jsonl \
 	    --limit 2000 --workers 8 --model llama-3.1-70b --gpu H100 --tp 8 --speedup 3 \
 	    --target-load 0.70 --json bench-out/routers.json --plot bench-out/routers-plots
+
+## make bench-routers-chat: the same five runs on the synthetic multi-tenant chat trace
+## (homing.bench.chat_trace: 32 tenants' shared system prompts, growing conversations;
+## 1,973 requests over 125 s of trace), same fleet and load, at 1x: its ~16 requests/s
+## at 3x left a 2-core machine's sims behind (~13 min)
+bench-routers-chat: proto
+	mkdir -p bench-out
+	$(PY) -m homing.bench.routers --trace chat --limit 2000 --workers 8 --model llama-3.1-70b \
+	    --gpu H100 --tp 8 --speedup 1 --target-load 0.70 --json bench-out/routers-chat.json \
+	    --plot bench-out/routers-chat-plots
 
 ## make bench-overhead: homing's and smg's CPU per request and per streamed token, requests/s,
 ## added first-byte latency and peak RSS, side by side over 2 instant simulated workers, and

@@ -4,8 +4,10 @@ against the same simulated workers, with the cache flushed between runs.
 Rule of this file: the evaluation's shell (processes, sockets, clocks) plus two pure offline
 figures. One invocation:
 
-1. loads the first `--limit` requests of the Mooncake conversation trace and builds their
-   prompts (`homing.bench.traces`, deterministic token ids);
+1. loads the first `--limit` requests of the Mooncake conversation trace (or `--trace`'s
+   file, or with `--trace chat[:key=value,...]` the synthetic multi-tenant chat trace of
+   `homing.bench.chat_trace`) and builds their prompts (`homing.bench.traces`,
+   deterministic token ids);
 2. computes offline (pure): the *bound*, the prefix-cache hit rate of one LRU cache with the
    pool's total KV capacity on the same requests in arrival order (prompt blocks only, each
    request's path touched leaf first; an upper bound: it ignores running requests' KV and
@@ -14,7 +16,8 @@ figures. One invocation:
    default) at `--speedup`, split over `--sim-procs` processes;
 4. for each run (homing round_robin, least_load, consistent_hash, cache_aware; then
    `smg launch --policy cache_aware --block-size 16`; a run named `smg_<policy>` runs smg
-   with that policy): flushes every worker's cache (FlushCache), starts the gateway as its
+   with that policy; "POLICY@FILE" runs homing's POLICY with `--config FILE`, e.g. other
+   `[router]` weights): flushes every worker's cache (FlushCache), starts the gateway as its
    own process, replays the trace open loop at `speed * speedup` wall speed (`speed` in
    trace time; each request with `x-request-id` "bench-<trace index>"), stops the gateway;
    with `--affinity`, follows every worker's KV events meanwhile and judges each decision
@@ -54,6 +57,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -65,6 +69,7 @@ from typing import Any
 import aiohttp
 
 from homing.bench.affinity import CacheChange, judge, markdown
+from homing.bench.chat_trace import chat_requests, is_chat_spec
 from homing.bench.kv_trace import KvTrace, homing_routes, request_id, routed_requests
 from homing.bench.loadgen import completion_body
 from homing.bench.records import RequestRecord
@@ -429,15 +434,20 @@ async def start_gateway(
         ]  # fmt: skip
         target = Target(f"http://127.0.0.1:{port}", "generate", "x-smg-routed-worker-id", "")
     else:
+        policy, config = homing_run(name)
         argv = [
             sys.executable, "-m", "homing", "serve", "--port", str(port),
-            "--grpc-port", str(free_port()), "--policy", name, "--log-level", "info",
+            "--grpc-port", str(free_port()), "--policy", policy, "--log-level", "info",
         ]  # fmt: skip
+        if config is not None:
+            argv += ["--config", str(config)]
         for url in urls:
             argv += ["--worker", url]
         target = Target(f"http://127.0.0.1:{port}", "openai", "x-homing-worker", "")
+    # its own admin socket and state: another homing (a second bench) may run beside it
+    env = {**os.environ, "HOMING_STATE_DIR": tempfile.mkdtemp(prefix="homing-bench-")}
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL
+        *argv, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL, env=env
     )
     await _wait_http(target.url + "/v1/models", lambda text: '"id"' in text, 180, proc)
     async with aiohttp.ClientSession() as session:
@@ -460,9 +470,23 @@ def smg_policy(name: str) -> str:
     return "cache_aware" if name == "smg" else name.removeprefix("smg_")
 
 
+def homing_run(name: str) -> tuple[str, Path | None]:
+    """Run `name` of homing as (its `--policy`, its `--config` file or None): "POLICY" or
+    "POLICY@FILE" (a TOML file of homing's config, e.g. `[router]` weights to compare)."""
+    policy, _, config = name.partition("@")
+    return policy, Path(config) if config else None
+
+
+def run_slug(name: str) -> str:
+    """Run `name` as a file-name stem: "POLICY@dir/a6.toml" -> "POLICY@a6"."""
+    policy, config = homing_run(name)
+    return policy if config is None else f"{policy}@{config.stem}"
+
+
 def run_label(name: str) -> str:
-    """Run `name` as the table names it: "smg cache_aware", "homing round_robin", ..."""
-    return f"smg {smg_policy(name)}" if is_smg(name) else f"homing {name}"
+    """Run `name` as the table names it: "smg cache_aware", "homing round_robin",
+    "homing cache_aware@a6", ..."""
+    return f"smg {smg_policy(name)}" if is_smg(name) else f"homing {run_slug(name)}"
 
 
 async def stop_process(proc: asyncio.subprocess.Process) -> None:
@@ -545,9 +569,17 @@ def format_table(rows: Sequence[dict[str, Any]], bound: float) -> str:
     return "\n".join(lines)
 
 
+def load_requests(trace: str, limit: int | None) -> list[TraceRequest]:
+    """`--trace`'s first `limit` requests: a trace file (`traces.load_trace`), or the
+    synthetic multi-tenant chat trace for "chat[:key=value,...]" (`homing.bench.chat_trace`)."""
+    if is_chat_spec(trace):
+        return chat_requests(trace, limit)
+    return load_trace(trace, limit=limit)
+
+
 async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """The whole evaluation (module docstring); returns the JSON document."""
-    requests = load_trace(args.trace, limit=args.limit)
+    requests = load_requests(args.trace, args.limit)
     builder = PromptBuilder()
     timing = TimingModel.from_names(args.model, args.gpu, args.tp)
     limits = resolve_limits(timing, page_size=BLOCK)
@@ -581,7 +613,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             trace = KvTrace(dict(zip(worker_ids, fleet.urls, strict=True)))
             if args.affinity:
                 await trace.start()
-            log_path = out_dir / f"{name}.log"
+            log_path = out_dir / f"{run_slug(name)}.log"
             proc, target = await start_gateway(name, fleet.urls, args, log_path)
             before = await fleet.sim_stats()  # after smg's readiness request, if any
             started = time.monotonic()
@@ -603,7 +635,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                 affinity["kv_batches_missed"] = trace.gaps
             after = await fleet.sim_stats()
             if args.dump_records:
-                dump = out_dir / f"records-{name}.jsonl"
+                dump = out_dir / f"records-{run_slug(name)}.jsonl"
                 with dump.open("w", encoding="utf-8") as f:
                     for r in records:
                         f.write(json.dumps({k: getattr(r, k) for k in RequestRecord.__slots__}))
@@ -626,7 +658,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             )
             rows.append(row)
             print(
-                f"{name:>16}: hit {100 * row['hit_rate']:.1f}%  TTFT p50/p95 "
+                f"{run_slug(name):>16}: hit {100 * row['hit_rate']:.1f}%  TTFT p50/p95 "
                 f"{row['ttft_p50_ms']}/{row['ttft_p95_ms']} ms  TPOT p95 {row['tpot_p95_ms']} ms  "
                 f"goodput {row['goodput_rps']}  max/mean {row['max_mean_load']}  errors "
                 f"{row['errors']}  ({row['wall_s']} s wall, sim slip "
@@ -711,7 +743,12 @@ def affinity_of(
 def build_parser() -> argparse.ArgumentParser:
     """Options of `python -m homing.bench.routers`."""
     p = argparse.ArgumentParser(prog="homing.bench.routers", description=__doc__.splitlines()[0])
-    p.add_argument("--trace", default=DEFAULT_TRACE)
+    p.add_argument(
+        "--trace",
+        default=DEFAULT_TRACE,
+        help="a Mooncake .jsonl / Azure .csv file, or 'chat[:key=value,...]' for the synthetic "
+        "multi-tenant chat trace (homing.bench.chat_trace; keys are ChatConfig's fields)",
+    )
     p.add_argument("--limit", type=int, default=2000)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--sim-procs", type=int, default=2, help="processes hosting the workers")
@@ -731,7 +768,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--timeout-s", type=float, default=900.0)
-    p.add_argument("--runs", nargs="+", default=[*HOMING_POLICIES, "smg"])
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        default=[*HOMING_POLICIES, "smg"],
+        help='runs in order: a homing policy, "POLICY@CONFIG.toml" (homing with that config), '
+        '"smg" (its cache_aware) or "smg_POLICY"',
+    )
     p.add_argument("--json", default="bench-out/routers.json")
     p.add_argument(
         "--dump-records", action="store_true", help="also write records-<run>.jsonl per run"
