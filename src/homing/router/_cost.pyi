@@ -4,7 +4,7 @@ Same decisions as `CacheAwarePolicy._cheapest_python` (tests/unit/router/
 test_router_native_cost.py); costs in double precision.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 def bind(snapshot_type: type, /) -> None:
@@ -40,3 +40,18 @@ def cheapest(
     effective match among eligible workers, the largest effective match of a vetoed worker)
     in tokens, or None when every worker is vetoed. `pending(worker, since)` is called when a
     worker's oldest ledger entry predates its load record (it drops the absorbed entries)."""
+
+def ring_loads(
+    workers: Sequence[Any],
+    queue: float,
+    decode: float,
+    oldest: dict[str, float],
+    sums: dict[str, int],
+    pending: Callable[[str, float], int],
+    vetoed: Container[str],
+    full: int,
+    /,
+) -> tuple[dict[str, int], dict[str, float]]:
+    """`CacheAwarePolicy._ring_loads_python`: per worker id its load (`full` for an id in
+    `vetoed`) and its queue and decode cost `queue * Q + decode * L` (prompt-token
+    equivalents), Q its queued prefill tokens with the ledger's pending ones."""

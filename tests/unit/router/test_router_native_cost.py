@@ -97,6 +97,29 @@ def test_cost_pass_equals_the_python_pass_on_random_scenarios() -> None:
 
 
 @needs_native
+def test_ring_loads_equal_the_python_ones_on_random_scenarios() -> None:
+    """The ring's loads (vetoed workers at `full`) and queue and decode costs from C are the
+    Python pass's, and leave the ledger in the same state."""
+    rng = random.Random(17)
+    native = cache_aware.native_cost
+    assert native is not None
+    for trial in range(2000):
+        workers, _, ledger = _scenario(rng)
+        vetoed = {w.worker_id for w in workers if rng.random() < 0.3}
+        full = rng.choice([0, 4, 20])
+        config = CacheAwareConfig(weights=CostWeights(queue=rng.choice([0.0, 1.0, 2.5])))
+        policy = CacheAwarePolicy(PrefixIndex(16), config, copy.deepcopy(ledger))
+        want = policy._ring_loads_python(workers, vetoed, full)
+        weights = config.weights
+        got = native.ring_loads(
+            workers, weights.queue, weights.decode, ledger.oldest, ledger.sums, ledger.pending,
+            vetoed, full,
+        )  # fmt: skip
+        assert got == want, trial
+        assert (ledger.sums, ledger.oldest) == (policy.ledger.sums, policy.ledger.oldest)
+
+
+@needs_native
 def test_load_total_and_other_snapshot_types() -> None:
     """Objects that are not `WorkerSnapshot`s are read by attribute name, with the same
     answer; the load total and the draining flag match the Python sum."""

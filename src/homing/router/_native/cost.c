@@ -409,6 +409,57 @@ done:
     return out;
 }
 
+/* ring_loads(workers, b, d, oldest, sums, pending, vetoed, full) -> (loads, costs)
+ * See CacheAwarePolicy._ring_loads_python. */
+static PyObject *
+ring_loads(PyObject *self, PyObject *args)
+{
+    PyObject *workers, *oldest, *sums, *pending, *vetoed, *full;
+    double b, d;
+    if (!PyArg_ParseTuple(args, "OddO!O!OOO:ring_loads", &workers, &b, &d, &PyDict_Type,
+                          &oldest, &PyDict_Type, &sums, &pending, &vetoed, &full))
+        return NULL;
+    PyObject *seq = PySequence_Tuple(workers);
+    if (seq == NULL)
+        return NULL;
+    PyObject *none = PyDict_New(); /* no matches: the cost is b * Q + d * L */
+    PyObject *loads = PyDict_New();
+    PyObject *costs = PyDict_New();
+    PyObject *out = NULL;
+    if (none == NULL || loads == NULL || costs == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(seq); i++) {
+        row_t r;
+        r.wid = NULL;
+        if (read_row(PyTuple_GET_ITEM(seq, i), &r, none, Py_None, 0.0, 0.0, b, d, 0.0, 0.0,
+                     0.0, 0, 0.0, oldest, sums, pending) < 0) {
+            Py_XDECREF(r.wid);
+            goto done;
+        }
+        int is_vetoed = PySequence_Contains(vetoed, r.wid);
+        PyObject *load = is_vetoed < 0   ? NULL
+                         : is_vetoed ? Py_NewRef(full)
+                                     : PyLong_FromLongLong(r.load);
+        PyObject *cost = load == NULL ? NULL : PyFloat_FromDouble(r.cost);
+        int rc = cost == NULL || PyDict_SetItem(loads, r.wid, load) < 0 ||
+                         PyDict_SetItem(costs, r.wid, cost) < 0
+                     ? -1
+                     : 0;
+        Py_XDECREF(load);
+        Py_XDECREF(cost);
+        Py_DECREF(r.wid);
+        if (rc < 0)
+            goto done;
+    }
+    out = PyTuple_Pack(2, loads, costs);
+done:
+    Py_XDECREF(none);
+    Py_XDECREF(loads);
+    Py_XDECREF(costs);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef cost_methods[] = {
     {"bind", bind, METH_O, "bind(snapshot_type): read its fields through its slots."},
     {"load_total", load_total, METH_O,
@@ -419,6 +470,10 @@ static PyMethodDef cost_methods[] = {
      "cap, useful, oldest, sums, pending, vetoed) -> (best, best_eff, floor, "
      "vetoed_eff) | None: "
      "cache_aware's cost pass (CacheAwarePolicy._cheapest_python)."},
+    {"ring_loads", ring_loads, METH_VARARGS,
+     "ring_loads(workers, b, d, oldest, sums, pending, vetoed, full) -> (loads, costs): "
+     "each worker's load (full when in vetoed) and b * Q + d * L "
+     "(CacheAwarePolicy._ring_loads_python)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,10 +10,9 @@ or first block hashes. In order:
 2. Veto (never an idle worker: nothing running or waiting, nothing of ours in flight):
    `filters.overloaded` (waiting queue >= 32 requests, or non-evictable KV usage >= 0.95
    while the engine queues or its admission window is full, or load >= the affinity
-   capacity `load_bound(L, n, c_hit = 1.5, hit_min_bound = 8)`, `ring`; 1.5 is SGLang's
-   and smg's balance_rel_threshold; L counts the engine's running and waiting requests or
-   ours in flight, whichever is more). If every candidate is vetoed, the near-best of all
-   ("overload").
+   capacity `load_bound(L, n, c_hit = 2, hit_min_bound = 8)`, `ring`; L counts the
+   engine's running and waiting requests or ours in flight, whichever is more). If every
+   candidate is vetoed, the near-best of all ("overload").
 3. Matches (`PrefixIndex.lookup`): E_w = D_w + h * (T_w - D_w) effective cached tokens (T_w
    any tier, D_w device, h the lower-tier worth). The advantage is `max E_w - min E_w` over
    eligible workers (0 for a worker holding nothing); it is useful when >= u = max(
@@ -22,7 +21,7 @@ or first block hashes. In order:
 4. No useful advantage: bounded-load consistent hashing (c = 1.25, min_bound 4; vetoed
    workers count as full) keyed by the session key, else by the first prompt block past
    the prefix every eligible worker already holds (`policies.consistent_hash.routing_key`;
-   the first block when they hold nothing in common). Of the key's first `ring_choices` (3)
+   the first block when they hold nothing in common). Of the key's first `ring_choices` (8)
    workers clockwise under the bound, the one of least queue and decode cost
    (`b * Q + d * L`) takes it (the power of d choices, Mitzenmacher 2001, on the ring: a key
    still maps to a fixed short list of workers). "ring" when no full or vetoed worker was
@@ -45,8 +44,8 @@ at the engines, and a veto on queued prefill tokens (1.5-2x the mean plus the pr
 more than they did (docs/benchmarks.md). The count bound caps a holder's queue instead.
 
 Defaults (`CacheAwareConfig`): weights a = 3, b = 1, d = 128 tokens per request, h = 0.8
-(`CostWeights`, derivation there), ring c = 1.25 with min_bound 4, affinity c_hit = 1.5
-with hit_min_bound 8, queued-work factor 1.5, 3 ring choices, 160 virtual nodes,
+(`CostWeights`, derivation there), ring c = 1.25 with min_bound 4, affinity c_hit = 2
+with hit_min_bound 8, 8 ring choices, 160 virtual nodes,
 thresholds of `OverloadThresholds`. The pass (`_cheapest_python`) inlines
 `cost.estimated_cost` for speed (tested equal), and runs in C (`homing.router._cost`, the
 same steps in double precision; tested equal on random scenarios) where that extension is
@@ -56,7 +55,7 @@ built.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -80,9 +79,18 @@ if native_cost is not None:
         pass
 
 #: Balance factor of the affinity veto: a prefix holder may take a request while its load
-#: is under `load_bound(L, n, 1.5, min_bound)`, SGLang's and smg's `balance_rel_threshold`
-#: default (1.5). Looser than the ring's c = 1.25 because a hit saves real work.
-DEFAULT_HIT_LOAD_FACTOR = 1.5
+#: is under `load_bound(L, n, 2, min_bound)`. Looser than the ring's c = 1.25 because a hit
+#: saves real work, and looser than smg's `balance_rel_threshold` (1.5, which smg applies
+#: only past an absolute gap of 64 requests): on the Mooncake replay of `make
+#: bench-routers` 1.5 vetoed holders of long prefixes (2-5 requests of 1,000 losing 20-55k
+#: cached tokens) while max/mean requests per worker stayed within 1.1 at 2.
+DEFAULT_HIT_LOAD_FACTOR = 2.0
+
+#: Ring candidates compared by queue and decode cost for a cold prefix: the power of d
+#: choices with d = 8 (all of an 8-worker pool): Mooncake's prompts run from 1k to 120k
+#: tokens, so the queued prefill of a few candidates differs by seconds (measured against
+#: d = 3 in one run each on the same replay: a lower max/mean load, no worse TTFT).
+DEFAULT_RING_CHOICES = 8
 
 #: Floor of the affinity capacity (requests): below 8 in flight a prefix holder is never
 #: vetoed for load (smg's spill gate never drops under an absolute margin either).
@@ -102,7 +110,7 @@ class CacheAwareConfig:
     hit_load_factor: float = DEFAULT_HIT_LOAD_FACTOR
     min_bound: int = DEFAULT_MIN_BOUND
     hit_min_bound: int = DEFAULT_HIT_MIN_BOUND
-    ring_choices: int = 3
+    ring_choices: int = DEFAULT_RING_CHOICES
     vnodes: int = DEFAULT_VNODES
     overload: OverloadThresholds = field(default_factory=OverloadThresholds)
 
@@ -302,39 +310,50 @@ class CacheAwarePolicy(BasePolicy):
         """Bounded-load ring choice keyed past the `shared_tokens` every eligible worker
         holds; vetoed workers count as full. Of the key's first `ring_choices` workers under
         the bound, the one of least queue and decode cost (`b * Q + d * L`) takes it."""
-        by_id = {w.worker_id: w for w in candidates}
-        self.ring.ensure(by_id)
-
-        def load_of(worker_id: str) -> int | None:
-            w = by_id.get(worker_id)
-            if w is None:
-                return None
-            if worker_id in vetoed:
-                return bound
-            load = w.running + w.waiting
-            return w.in_flight if w.in_flight > load else load
-
+        weights = self.config.weights
+        if native_cost is not None:
+            ledger = self.ledger
+            loads, costs = native_cost.ring_loads(
+                candidates, weights.queue, weights.decode, ledger.oldest, ledger.sums,
+                ledger.pending, vetoed, bound,
+            )  # fmt: skip
+        else:
+            loads, costs = self._ring_loads_python(candidates, vetoed, bound)
+        self.ring.ensure(loads)
         bs = self.index.block_size
         key = routing_key(request, bs, int(shared_tokens) // bs)
-        options = self.ring.candidates_by(key, load_of, bound, self.config.ring_choices)
+        options = self.ring.candidates_by(key, loads.get, bound, self.config.ring_choices)
         if not options:  # unreachable while some candidate is eligible
-            chosen_id = min((w for w in by_id if w not in vetoed), key=lambda w: (load_of(w), w))
+            chosen_id = min((w for w in loads if w not in vetoed), key=lambda w: (loads[w], w))
             passed = 1
         else:
-            weights = self.config.weights
-            ledger = self.ledger
-
-            def queue_cost(item: tuple[str, int]) -> tuple[float, int]:
-                w = by_id[item[0]]
-                queued = (w.queued_prefill_tokens or 0) + ledger.pending(w.worker_id, w.load_at)
-                return (weights.queue * queued + weights.decode * (load_of(item[0]) or 0), item[1])
-
-            chosen_id, passed = min(options, key=queue_cost)
+            chosen_id, passed = min(options, key=lambda item: (costs[item[0]], item[1]))
         if vetoed_holder:
             branch = "veto"
         else:
             branch = "ring" if passed == 0 else "overflow"
-        return self._decision(by_id[chosen_id], branch, found, len(request.prompt_ids))
+        chosen = next(w for w in candidates if w.worker_id == chosen_id)
+        return self._decision(chosen, branch, found, len(request.prompt_ids))
+
+    def _ring_loads_python(
+        self, workers: Sequence[WorkerSnapshot], vetoed: Container[str], full: int
+    ) -> tuple[dict[str, int], dict[str, float]]:
+        """Per worker id: its load `max(in_flight, running + waiting)` (`full` for an id in
+        `vetoed`: it counts as full on the ring), and its queue and decode cost `b * Q + d *
+        L` (Q its queued prefill tokens with the ledger's pending ones, as in `cost_w`)."""
+        weights = self.config.weights
+        pending = self.ledger.pending
+        loads: dict[str, int] = {}
+        costs: dict[str, float] = {}
+        for w in workers:
+            wid = w.worker_id
+            load = w.running + w.waiting
+            if w.in_flight > load:
+                load = w.in_flight
+            queued = (w.queued_prefill_tokens or 0) + pending(wid, w.load_at)
+            loads[wid] = full if wid in vetoed else load
+            costs[wid] = weights.queue * queued + weights.decode * load
+        return loads, costs
 
     def _decision(
         self, chosen: WorkerSnapshot, branch: str, found: Matches, prompt_tokens: int
