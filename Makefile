@@ -188,8 +188,8 @@ bench-routers: proto
 
 ## make bench-routers-chat: the same five runs on the synthetic multi-tenant chat trace
 ## (homing.bench.chat_trace: 32 tenants' shared system prompts, growing conversations;
-## 1,973 requests over 125 s of trace), same fleet and load, at 1x: its ~16 requests/s
-## at 3x left a 2-core machine's sims behind (~13 min)
+## 1,973 requests over 125 s of trace), same fleet and load, at 1x: ~16 requests/s,
+## ~48 at 3x, left a 2-core machine's sims behind (~13 min)
 bench-routers-chat: proto
 	mkdir -p bench-out
 	$(PY) -m homing.bench.routers --trace chat --limit 2000 --workers 8 --model llama-3.1-70b \

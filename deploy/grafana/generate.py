@@ -444,7 +444,7 @@ def build() -> dict[str, Any]:
             ids,
             "Router decisions by branch",
             "Routing decisions per second: exact_hit/approx_hit (prefix affinity), ring "
-            "(consistent hash of a cold prefix), spill/overflow/overload (load), ...",
+            "(consistent hash of a cold prefix), veto/overflow/overload (load), ...",
             "ops",
             [(_rate("homing_router_decisions_total", "branch"), "{{branch}}")],
             stack=True,

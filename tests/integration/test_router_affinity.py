@@ -16,7 +16,14 @@ from helpers import eventually, own_app
 from homing.app import App
 from homing.config import EngineSettings, GatewaySettings, HomingConfig, SimSettings
 from homing.engines.pool import WorkerPool
-from homing.router import RouteDecision, Router, RouteRequest, load_bound, snapshot_from_state
+from homing.router import (
+    CacheAwareConfig,
+    RouteDecision,
+    Router,
+    RouteRequest,
+    load_bound,
+    snapshot_from_state,
+)
 from homing.router.testing import RecordingObserver
 
 SYSTEM = list(range(20_000, 22_000))  # a 2,000-token system prompt
@@ -115,16 +122,17 @@ def load_and_bound(pool: WorkerPool) -> Callable[[RouteDecision], tuple[int, int
     """A `RecordingObserver` hook: per decision, the chosen worker's load and the capacity
     that applied, computed from the pool at that moment with the router's own load measure
     (`WorkerSnapshot.load`: the larger of the gateway's in-flight count and the worker's last
-    reported running + waiting): the ring's c = 1.25 (floor 4) for placements by hashing, the
-    affinity c_hit = 1.5 (floor 8) for prefix hits."""
+    reported running + waiting): the ring's c (floor) for placements by hashing, the
+    affinity c_hit (floor) for prefix hits, both the policy's defaults (`CacheAwareConfig`)."""
+    config = CacheAwareConfig()
 
     def measure(decision: RouteDecision) -> tuple[int, int]:
         loads = {w.worker_id: snapshot_from_state(w).load for w in pool.healthy_workers()}
         total, n = sum(loads.values()), len(loads)
         if decision.branch in ("ring", "overflow"):
-            bound = load_bound(total, n, 1.25, 4)
+            bound = load_bound(total, n, config.load_factor, config.min_bound)
         else:
-            bound = load_bound(total, n, 1.5, 8)
+            bound = load_bound(total, n, config.hit_load_factor, config.hit_min_bound)
         return loads[decision.worker_id], bound
 
     return measure

@@ -107,7 +107,7 @@ async def test_a_killed_and_restarted_worker_has_no_stale_credit(
     assert pool.state(holder).kv_stream == "open"
 
 
-@pytest.mark.timeout(360)  # may start the session fleet, and starts a worker of its own
+@pytest.mark.timeout(600)  # may start the session fleet (300 s), and a worker of its own
 async def test_an_evicted_prefix_loses_its_credit_and_a_kept_one_still_routes(
     small_pool_gateway: App, small_pool_worker: EngineWorker
 ) -> None:
@@ -115,11 +115,10 @@ async def test_an_evicted_prefix_loses_its_credit_and_a_kept_one_still_routes(
     `removed` for its pages: the index then credits A to no worker, and the engine itself
     reports nothing of A cached where it reported all of A's blocks before; prefix B, used
     after each prompt that filled the pool, is kept, still credited to that worker, routed
-    to it and served from its cache. A repeat of A through homing reports what the index
-    credits its worker with (nothing), and A stored again is credited again."""
+    to it and served from its cache. A repeat of A through homing is served with what the
+    index credits its worker with (nothing), and A stored again is credited again."""
     app = small_pool_gateway
     assert app.pool is not None and app.router is not None
-    index = app.router.index
     url = small_pool_worker.url
     small = next(w.worker_id for w in app.pool.workers() if w.url == url)
 
@@ -144,18 +143,18 @@ async def test_an_evicted_prefix_loses_its_credit_and_a_kept_one_still_routes(
         assert await _complete(app, prompt) == (small, full)
 
     # Fill the pool: each filler needs about half of it, so the second cannot fit beside A,
-    # B and the first (LRU evicts A first), and B, used after each, stays the most recent.
-    removed = index.stats.removed
+    # B and the first (LRU evicts the warm-up prompt, then A), and B, used after each, stays
+    # the most recent.
     filler_blocks = SMALL_POOL_TOKENS // BLOCK // 2 - 2
     for _ in range(3):
         done = await _engine_generate(url, _prompt(app, blocks=filler_blocks))
         assert done.cached_tokens == 0
         assert await _complete(app, b) == (small, full)
     assert await eventually(lambda: _matched(app, a) == {}, 10), _matched(app, a)
-    assert index.stats.removed >= removed + len(a) // BLOCK
     assert _matched(app, b) == {small: full}
 
-    # homing's repeat of A reports what the index credits its worker with: nothing.
+    # homing's repeat of A: the engine that served it reports nothing cached, as the index
+    # credits it with nothing.
     worker, cached = await _complete(app, a)
     assert cached == 0, worker
     if worker != small:  # the engine's own word: it no longer holds A

@@ -120,6 +120,10 @@ class ChatConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be finite, got {value}")
         positive = ("tenants", "users_per_tenant", "system_blocks", "max_turns")
         for name in positive:
             if getattr(self, name) < 1:

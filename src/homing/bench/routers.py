@@ -55,6 +55,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -420,10 +421,11 @@ async def _wait_smg_generates(
 
 
 async def start_gateway(
-    name: str, urls: Sequence[str], args: argparse.Namespace, log_path: Path
+    name: str, urls: Sequence[str], args: argparse.Namespace, log_path: Path, state_dir: Path
 ) -> tuple[asyncio.subprocess.Process, Target]:
-    """Start homing (policy `name`) or smg (`name` "smg": its cache_aware; "smg_<policy>":
-    that policy) over `urls`; wait until it serves."""
+    """Start homing (policy `name`; its admin socket and state in `state_dir`) or smg
+    (`name` "smg": its cache_aware; "smg_<policy>": that policy) over `urls`; wait until it
+    serves."""
     port = free_port()
     log = log_path.open("wb")
     if is_smg(name):
@@ -445,7 +447,7 @@ async def start_gateway(
             argv += ["--worker", url]
         target = Target(f"http://127.0.0.1:{port}", "openai", "x-homing-worker", "")
     # its own admin socket and state: another homing (a second bench) may run beside it
-    env = {**os.environ, "HOMING_STATE_DIR": tempfile.mkdtemp(prefix="homing-bench-")}
+    env = {**os.environ, "HOMING_STATE_DIR": str(state_dir)}
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL, env=env
     )
@@ -607,14 +609,15 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     url_to_id = dict(zip(fleet.urls, worker_ids, strict=True))
     rows: list[dict[str, Any]] = []
     plotted: dict[str, list[RequestRecord]] = {}
+    states = Path(tempfile.mkdtemp(prefix="homing-bench-"))
     try:
-        for name in args.runs:
+        for i, name in enumerate(args.runs):
             await fleet.flush()
             trace = KvTrace(dict(zip(worker_ids, fleet.urls, strict=True)))
             if args.affinity:
                 await trace.start()
             log_path = out_dir / f"{run_slug(name)}.log"
-            proc, target = await start_gateway(name, fleet.urls, args, log_path)
+            proc, target = await start_gateway(name, fleet.urls, args, log_path, states / str(i))
             before = await fleet.sim_stats()  # after smg's readiness request, if any
             started = time.monotonic()
             try:
@@ -676,6 +679,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                     )
     finally:
         await fleet.stop()
+        shutil.rmtree(states, ignore_errors=True)
     table = format_table(rows, bound)
     print(table, flush=True)
     if plotted:

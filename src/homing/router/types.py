@@ -89,7 +89,7 @@ class RouteDecision:
     - "veto": the holder of a longer useful prefix was overloaded, so it was passed over;
     - "ring": no useful prefix; the consistent-hash ring's first choice took it;
     - "overflow": no useful prefix; the ring walked past full workers;
-    - "overload": every candidate was overloaded; the cheapest of all was chosen;
+    - "overload": every candidate was overloaded; the near-best of all was chosen;
     - "round_robin" / "load": the policies of those names.
     `matched_tokens`: prompt tokens the chosen worker holds per the index (0 if unknown).
     `uncached_tokens`: the prompt tokens it will have to prefill by the same estimate.

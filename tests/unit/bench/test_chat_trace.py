@@ -225,7 +225,16 @@ class TestSpec:
         assert (config.tenants, config.rate, config.partial, config.seed) == (8, 2.5, "fresh", 7)
 
     @pytest.mark.parametrize(
-        "spec", ["chat:tenant=8", "chat:tenants", "chat:tenants=x", "chat:partial=half", "chats"]
+        "spec",
+        [
+            "chat:tenant=8",
+            "chat:tenants",
+            "chat:tenants=x",
+            "chat:partial=half",
+            "chats",
+            "chat:duration_s=inf",  # would never end
+            "chat:warmup_s=nan",
+        ],
     )
     def test_bad_specs_are_refused(self, spec: str) -> None:
         """Unknown keys, missing or mistyped values, and out-of-range knobs raise ValueError."""

@@ -28,7 +28,7 @@ needs_native = pytest.mark.skipif(cache_aware.native_cost is None, reason="not b
 
 
 def _scenario(rng: random.Random) -> tuple[list[WorkerSnapshot], Matches, DispatchLedger]:
-    n = rng.choice([1, 2, 5, 16, 64])
+    n = rng.choice([1, 2, 5, 16, 64, 65, 200])  # over 64: rows on the heap, not the stack
     workers = [
         WorkerSnapshot(
             worker_id=f"w{rng.randrange(100):02d}" if rng.random() < 0.3 else f"w{i}",
@@ -117,6 +117,30 @@ def test_ring_loads_equal_the_python_ones_on_random_scenarios() -> None:
         )  # fmt: skip
         assert got == want, trial
         assert (ledger.sums, ledger.oldest) == (policy.ledger.sums, policy.ledger.oldest)
+
+
+@needs_native
+def test_ring_loads_raise_what_their_inputs_raise() -> None:
+    """A `pending` that raises, a snapshot without its fields and a `vetoed` whose membership
+    test raises each surface as that exception, not a crash or a partial answer."""
+    native = cache_aware.native_cost
+    assert native is not None
+    workers = [WorkerSnapshot(worker_id="w0", load_at=5.0)]
+
+    def failing(wid: str, since: float) -> int:
+        raise RuntimeError("ledger gone")
+
+    with pytest.raises(RuntimeError, match="ledger gone"):
+        native.ring_loads(workers, 1.0, 128.0, {"w0": 1.0}, {"w0": 3}, failing, set(), 4)
+    with pytest.raises(AttributeError):
+        native.ring_loads([object()], 1.0, 128.0, {}, {}, failing, set(), 4)
+
+    class Hostile:
+        def __contains__(self, item: object) -> bool:
+            raise KeyError(item)
+
+    with pytest.raises(KeyError):
+        native.ring_loads(workers, 1.0, 128.0, {}, {}, failing, Hostile(), 4)
 
 
 @needs_native

@@ -157,7 +157,7 @@ class TestCacheAware:
         workers = [
             snap("w0", running=1, queued_prefill_tokens=3000),
             snap("w1", running=1, queued_prefill_tokens=1000),
-        ]  # cost 3,000 + 128 against 1,000 + 3 x 256 + 128; mean queue 2,000
+        ]  # cost 3,000 + 128 against 1,000 + 3 x 256 + 128
         decision = self.policy.select(REQUEST, workers)
         assert (decision.worker_id, decision.branch) == ("w0", "exact_hit")
 
@@ -221,8 +221,8 @@ class TestCacheAware:
             decision = self.policy.select(REQUEST, [holder, *others])
             assert (decision.worker_id, decision.branch) == ("w0", "exact_hit")
 
-    def test_everyone_overloaded_takes_the_cheapest(self) -> None:
-        """When every worker is over a threshold the cheapest of all wins ("overload")."""
+    def test_everyone_overloaded_takes_the_near_best(self) -> None:
+        """When every worker is over a threshold the near-best of all wins ("overload")."""
         store(self.index, "w1", PROMPT)
         busy = {"running": 4, "waiting": 1, "token_usage": 0.99}
         workers = [snap("w0", **busy), snap("w1", **busy)]
@@ -265,10 +265,37 @@ class TestCacheAware:
         prefill weight keeps the longest; a worker holding nothing never competes."""
         store(self.index, "w0", PROMPT)
         store(self.index, "w1", PROMPT[:-BS])
-        workers = [snap("w0", in_flight=3), snap("w1", in_flight=1), snap("w2")]
+        queued = {"queued_prefill_tokens": 10_000}  # w2 would be cheapest if it competed
+        workers = [snap("w0", in_flight=3, **queued), snap("w1", in_flight=1, **queued), snap("w2")]
         assert self.policy.select(REQUEST, workers).worker_id == "w1"
         heavy = CacheAwareConfig(weights=CostWeights(prefill=1000.0))
         assert CacheAwarePolicy(self.index, heavy).select(REQUEST, workers).worker_id == "w0"
+
+    def test_near_best_leaves_out_a_holder_without_a_useful_advantage(self) -> None:
+        """When the best advantage is under twice the useful margin the tolerance shrinks to
+        what keeps every competitor useful: best 256 over a floor of 240 (u = 16), so the
+        holder of 240 (advantage 0 over the floor) never competes, however idle."""
+        store(self.index, "w0", PROMPT)
+        store(self.index, "w1", PROMPT[:-BS])
+        store(self.index, "w2", PROMPT[:-BS])
+        workers = [snap("w0", in_flight=5, queued_prefill_tokens=10_000), snap("w1"), snap("w2")]
+        decision = self.policy.select(REQUEST, workers)
+        assert (decision.worker_id, decision.branch) == ("w0", "exact_hit")
+
+    def test_a_veto_that_changed_nothing_is_not_called_a_veto(self) -> None:
+        """A vetoed holder of the whole prompt, an eligible holder of as much and a cheaper
+        near-best one: the choice is an ordinary hit, since the veto took nothing away."""
+        store(self.index, "w0", PROMPT)
+        store(self.index, "w1", PROMPT)
+        store(self.index, "w2", PROMPT[:-BS])
+        workers = [
+            snap("w0", waiting=40),
+            snap("w1", in_flight=3, queued_prefill_tokens=10_000),
+            snap("w2"),
+            snap("w3"),
+        ]
+        decision = self.policy.select(REQUEST, workers)
+        assert (decision.worker_id, decision.branch) == ("w2", "exact_hit")
 
     def test_draining_workers_are_skipped_unless_all_drain(self) -> None:
         """A draining holder gets nothing while another worker can serve."""

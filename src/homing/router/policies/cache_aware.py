@@ -37,11 +37,11 @@ or first block hashes. In order:
    wins; ties by lower load, then worker id. Branch "exact_hit" / "approx_hit" (credited by
    KV events / approximate records), or "veto" when a vetoed worker held more.
 
-Why no spill (a holder traded for a shorter queue by the cost rule alone): on the Mooncake
-replay of `make bench-routers` such spills recompute the hit, duplicate the prefix in a
-second cache and move the conversation; they cost 3-4 points of hit rate with no lower TTFT
-at the engines, and a veto on queued prefill tokens (1.5-2x the mean plus the prompt) lost
-more than they did (docs/benchmarks.md). The count bound caps a holder's queue instead.
+Why no spill (a holder traded for a shorter queue by the cost rule alone): such a spill
+recomputes the hit, duplicates the prefix in a second cache and moves the conversation; on
+the Mooncake replay of `make bench-routers` spills gave up 54k cached tokens of 2.9M held
+(4 points of the hit-rate bound), and a veto on queued prefill tokens (1.5-2x the mean plus
+the prompt) gave up more (docs/benchmarks.md). The count bound caps a holder's queue.
 
 Defaults (`CacheAwareConfig`): weights a = 3, b = 1, d = 128 tokens per request, h = 0.8
 (`CostWeights`, derivation there), ring c = 1.25 with min_bound 4, affinity c_hit = 2
@@ -83,13 +83,13 @@ if native_cost is not None:
 #: saves real work, and looser than smg's `balance_rel_threshold` (1.5, which smg applies
 #: only past an absolute gap of 64 requests): on the Mooncake replay of `make
 #: bench-routers` 1.5 vetoed holders of long prefixes (2-5 requests of 1,000 losing 20-55k
-#: cached tokens) while max/mean requests per worker stayed within 1.1 at 2.
+#: cached tokens), while max/mean requests per worker read 1.05-1.18 at 2.
 DEFAULT_HIT_LOAD_FACTOR = 2.0
 
 #: Ring candidates compared by queue and decode cost for a cold prefix: the power of d
 #: choices with d = 8 (all of an 8-worker pool): Mooncake's prompts run from 1k to 120k
-#: tokens, so the queued prefill of a few candidates differs by seconds (measured against
-#: d = 3 in one run each on the same replay: a lower max/mean load, no worse TTFT).
+#: tokens, so the queued prefill of a few candidates differs by seconds (against d = 3 in
+#: one run each on the same replay: lower max/mean load and engine TTFT, client TTFT mixed).
 DEFAULT_RING_CHOICES = 8
 
 #: Floor of the affinity capacity (requests): below 8 in flight a prefix holder is never
@@ -162,12 +162,11 @@ class CacheAwarePolicy(BasePolicy):
         chosen, best_eff, floor, vetoed_eff = scored
         if not found.tokens:
             return self._ring(request, candidates, set(vetoed), bound, found, False, 0.0)
-        worth = cfg.weights.lower_tier_worth
         vetoed_holder = vetoed_eff - floor >= useful
         if best_eff - floor < useful:
             return self._ring(request, candidates, set(vetoed), bound, found, vetoed_holder, floor)
         # the near-best rule gave the winner a useful advantage of its own
-        if vetoed_holder and vetoed_eff > found.effective(chosen.worker_id, worth):
+        if vetoed_holder and vetoed_eff > best_eff:  # the veto took a longer prefix away
             branch = "veto"
         else:
             branch = "approx_hit" if chosen.worker_id in found.approximate else "exact_hit"
