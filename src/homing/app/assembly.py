@@ -116,7 +116,8 @@ class Assembly(AppParts):
         starts it, its tokenizer, admission and metrics."""
         cfg = self.config
         router_settings = model_router_settings(cfg.router, spec)
-        router = router_from_settings(router_settings, clock=self.clock)
+        cap = cfg.admission.max_in_flight_per_replica
+        router = router_from_settings(router_settings, clock=self.clock, max_in_flight=cap)
         holder: list[str] = []  # the model's name, once known, for the metrics
 
         def on_transition(w: WorkerState, before: Phase, action: Action) -> None:
@@ -168,7 +169,8 @@ class Assembly(AppParts):
             tokenizer = await asyncio.to_thread(tokenizer_from_bundle, bundle)
         model_id = pool.served_model_name
         holder.append(model_id)
-        apply_model_settings(router, router_settings, model_id)
+        cap = self.config.admission.max_in_flight_per_replica
+        apply_model_settings(router, router_settings, model_id, max_in_flight=cap)
         intervals = StreamIntervalPolicy(
             spec.stream_interval, clock=self.clock, maximum=spec.max_stream_interval
         )
@@ -231,7 +233,11 @@ class Assembly(AppParts):
             metrics=self.gateway_metrics,
             # The router's own overload thresholds: admission queues exactly when the router
             # would find no replica it is willing to load further.
-            thresholds=policy_configs(router, model.model_id)[1].overload,
+            thresholds=policy_configs(
+                router,
+                model.model_id,
+                max_in_flight=self.config.admission.max_in_flight_per_replica,
+            )[1].overload,
             clock=self.clock,
         )
         self.admissions[model.model_id] = admission

@@ -81,8 +81,16 @@ class Reloading(AppParts):
         assert self.fleet is not None
         specs = zip(self.config.served_models(), new.served_models(), strict=True)
         for (was, spec), m in zip(specs, self.fleet.models.values(), strict=True):
-            before = policy_configs(model_router_settings(self.config.router, was), m.model_id)
-            after = policy_configs(model_router_settings(new.router, spec), m.model_id)
+            before = policy_configs(
+                model_router_settings(self.config.router, was),
+                m.model_id,
+                max_in_flight=self.config.admission.max_in_flight_per_replica,
+            )
+            after = policy_configs(
+                model_router_settings(new.router, spec),
+                m.model_id,
+                max_in_flight=new.admission.max_in_flight_per_replica,
+            )
             policy, cache_aware, consistent_hash = after
             if after != before:  # a new policy starts with fresh state (its ring, counters)
                 m.router.set_policy(

@@ -31,10 +31,14 @@ class OverloadThresholds:
     `max_waiting`: requests in the engine's waiting queue at or above which it is vetoed;
     32 is where a 70B TP8 worker's queue holds more than ~10 s of prefill at Mooncake's
     ~14k-token prompts (SGLang's own default `--max-queued-requests` is unbounded).
+    `max_in_flight`: requests per worker at or above which it is vetoed (admission's
+    `max_in_flight_per_replica`, so the router never sends a request admission let through
+    to a worker admission counts as full; None: no such cap).
     """
 
     max_token_usage: float = 0.95
     max_waiting: int = 32
+    max_in_flight: int | None = None
 
 
 def not_draining(workers: Sequence[WorkerSnapshot]) -> Sequence[WorkerSnapshot]:

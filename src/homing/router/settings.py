@@ -30,10 +30,11 @@ def _weights(w: CostWeightSettings) -> CostWeights:
 
 
 def policy_configs(
-    settings: RouterSettings, model: str | None = None
+    settings: RouterSettings, model: str | None = None, *, max_in_flight: int | None = None
 ) -> tuple[str, CacheAwareConfig, ConsistentHashConfig]:
     """The policy name and the configs of the two configurable built-in policies for
-    `model` (router-wide values when `model` is None or has no override)."""
+    `model` (router-wide values when `model` is None or has no override); `max_in_flight`:
+    admission's per-replica cap, which cache_aware's veto and ring bound respect too."""
     override = settings.models.get(model) if model is not None else None
     policy = settings.policy
     weights = settings.weights
@@ -55,7 +56,9 @@ def policy_configs(
         ring_choices=settings.ring_choices,
         vnodes=settings.vnodes,
         overload=OverloadThresholds(
-            max_token_usage=settings.max_token_usage, max_waiting=settings.max_waiting
+            max_token_usage=settings.max_token_usage,
+            max_waiting=settings.max_waiting,
+            max_in_flight=max_in_flight,
         ),
     )
     consistent_hash = ConsistentHashConfig(
@@ -69,9 +72,12 @@ def index_budget_blocks(settings: RouterSettings) -> int:
     return max(1, int(settings.index_budget_mb * 2**20 // BYTES_PER_BLOCK_ESTIMATE))
 
 
-def router_from_settings(settings: RouterSettings, *, clock: Clock | None = None) -> Router:
-    """A `Router` with the router-wide policy, weights, budget and TTL of `settings`."""
-    policy, cache_aware, consistent_hash = policy_configs(settings)
+def router_from_settings(
+    settings: RouterSettings, *, clock: Clock | None = None, max_in_flight: int | None = None
+) -> Router:
+    """A `Router` with the router-wide policy, weights, budget and TTL of `settings`
+    (`max_in_flight`: as in `policy_configs`)."""
+    policy, cache_aware, consistent_hash = policy_configs(settings, max_in_flight=max_in_flight)
     return Router(
         policy,
         block_size=settings.block_size,
@@ -84,11 +90,15 @@ def router_from_settings(settings: RouterSettings, *, clock: Clock | None = None
     )
 
 
-def apply_model_settings(router: Router, settings: RouterSettings, model: str) -> bool:
+def apply_model_settings(
+    router: Router, settings: RouterSettings, model: str, *, max_in_flight: int | None = None
+) -> bool:
     """Switch `router` to `model`'s override of policy and weights, if `settings.models`
-    has one; True when it did."""
+    has one; True when it did (`max_in_flight`: as in `policy_configs`)."""
     if model not in settings.models:
         return False
-    policy, cache_aware, consistent_hash = policy_configs(settings, model)
+    policy, cache_aware, consistent_hash = policy_configs(
+        settings, model, max_in_flight=max_in_flight
+    )
     router.set_policy(policy, cache_aware=cache_aware, consistent_hash=consistent_hash)
     return True

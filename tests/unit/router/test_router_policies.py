@@ -282,6 +282,21 @@ class TestCacheAware:
         decision = self.policy.select(REQUEST, workers)
         assert (decision.worker_id, decision.branch) == ("w0", "exact_hit")
 
+    def test_admissions_per_replica_cap_bounds_hits_and_the_ring(self) -> None:
+        """With `max_in_flight` 2 (admission's per-replica cap) a holder with 2 in flight is
+        vetoed far below the affinity capacity's floor of 8, and the ring places a cold
+        prompt only on a worker under 2."""
+        capped = CacheAwareConfig(overload=OverloadThresholds(max_in_flight=2))
+        policy = CacheAwarePolicy(self.index, capped)
+        store(self.index, "w0", PROMPT)
+        workers = [snap("w0", in_flight=2), snap("w1", in_flight=1), snap("w2", in_flight=2)]
+        decision = policy.select(REQUEST, workers)
+        assert (decision.worker_id, decision.branch) == ("w1", "veto")
+        assert CacheAwarePolicy(self.index).select(REQUEST, workers).worker_id == "w0"
+        cold = RouteRequest(list(range(50_000, 50_256)))
+        for _ in range(20):
+            assert policy.select(cold, workers).worker_id == "w1"
+
     def test_a_veto_that_changed_nothing_is_not_called_a_veto(self) -> None:
         """A vetoed holder of the whole prompt, an eligible holder of as much and a cheaper
         near-best one: the choice is an ordinary hit, since the veto took nothing away."""

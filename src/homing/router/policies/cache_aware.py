@@ -11,8 +11,10 @@ or first block hashes. In order:
    `filters.overloaded` (waiting queue >= 32 requests, or non-evictable KV usage >= 0.95
    while the engine queues or its admission window is full, or load >= the affinity
    capacity `load_bound(L, n, c_hit = 2, hit_min_bound = 8)`, `ring`; L counts the
-   engine's running and waiting requests or ours in flight, whichever is more). If every
-   candidate is vetoed, the near-best of all ("overload").
+   engine's running and waiting requests or ours in flight, whichever is more; both this
+   bound and the ring's are capped at `OverloadThresholds.max_in_flight`, admission's
+   per-replica cap, when it is set). If every candidate is vetoed, the near-best of all
+   ("overload").
 3. Matches (`PrefixIndex.lookup`): E_w = D_w + h * (T_w - D_w) effective cached tokens (T_w
    any tier, D_w device, h the lower-tier worth). The advantage is `max E_w - min E_w` over
    eligible workers (0 for a worker holding nothing); it is useful when >= u = max(
@@ -152,6 +154,9 @@ class CacheAwarePolicy(BasePolicy):
         n = len(candidates)
         bound = load_bound(total, n, cfg.load_factor, cfg.min_bound)
         hit_bound = load_bound(total, n, cfg.hit_load_factor, cfg.hit_min_bound)
+        cap = cfg.overload.max_in_flight  # admission's per-replica cap: a hard bound for both
+        if cap is not None:
+            bound, hit_bound = min(bound, cap), min(hit_bound, cap)
         useful = max(self.index.block_size, math.ceil(cfg.min_match_ratio * prompt_tokens))
         vetoed: list[str] = []
         scored = self._cheapest(candidates, found, prompt_tokens, hit_bound, vetoed, useful)
