@@ -25,6 +25,7 @@ import aiohttp
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
+from homing import GRPC_EXPERIMENTS_ENV, GRPC_EXPERIMENTS_INHERITED
 from homing.bench.overhead.floor import FloorClient
 from homing.bench.overhead.procfs import cpu_seconds
 from homing.bench.overhead.targets import (
@@ -107,7 +108,11 @@ class Stack:
                 group.create_task(self._start_homing(HOMING, scratch))
             if HOMING_BEFORE in self.targets:
                 assert self.before_src is not None
-                pythonpath = {"PYTHONPATH": str(self.before_src)}
+                # the older tree as it ran: gRPC's experiments as this process found them
+                pythonpath = {
+                    "PYTHONPATH": str(self.before_src),
+                    GRPC_EXPERIMENTS_ENV: GRPC_EXPERIMENTS_INHERITED or "",
+                }
                 group.create_task(self._start_homing(HOMING_BEFORE, scratch, env=pythonpath))
             if HOMING_SI8 in self.targets:
                 group.create_task(self._start_homing(HOMING_SI8, scratch, config=si8_config))
