@@ -108,12 +108,10 @@ class Stack:
                 group.create_task(self._start_homing(HOMING, scratch))
             if HOMING_BEFORE in self.targets:
                 assert self.before_src is not None
-                # the older tree as it ran: gRPC's experiments as this process found them
-                pythonpath = {
-                    "PYTHONPATH": str(self.before_src),
-                    GRPC_EXPERIMENTS_ENV: GRPC_EXPERIMENTS_INHERITED or "",
-                }
-                group.create_task(self._start_homing(HOMING_BEFORE, scratch, env=pythonpath))
+                pythonpath = {"PYTHONPATH": str(self.before_src)}
+                group.create_task(
+                    self._start_homing(HOMING_BEFORE, scratch, env=pythonpath, as_found=True)
+                )
             if HOMING_SI8 in self.targets:
                 group.create_task(self._start_homing(HOMING_SI8, scratch, config=si8_config))
             if HOMING_NOMETRICS in self.targets:
@@ -141,9 +139,12 @@ class Stack:
         scratch: Path,
         env: dict[str, str] | None = None,
         config: Path | None = None,
+        as_found: bool = False,
     ) -> None:
         """`homing serve` over the workers as `name`: `env` added to ours, `config` its
-        `--config` (the flags given here override what it says)."""
+        `--config` (the flags given here override what it says). `as_found`: with
+        `GRPC_EXPERIMENTS` as this process found it, before homing set its default (an older
+        tree decides for itself, as it did when it ran alone)."""
         port, grpc_port = free_port(), free_port()
         argv = [
             sys.executable, "-m", "homing", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -155,9 +156,12 @@ class Stack:
             argv += ["--worker", url]
         state = scratch / f"{name}-state"  # its own admin socket, whatever else runs here
         state.mkdir()
-        await self._spawn(
-            name, argv, env={**os.environ, "HOMING_STATE_DIR": str(state), **(env or {})}, cwd=None
-        )
+        child_env = {**os.environ, "HOMING_STATE_DIR": str(state), **(env or {})}
+        if as_found:
+            child_env.pop(GRPC_EXPERIMENTS_ENV, None)
+            if GRPC_EXPERIMENTS_INHERITED is not None:
+                child_env[GRPC_EXPERIMENTS_ENV] = GRPC_EXPERIMENTS_INHERITED
+        await self._spawn(name, argv, env=child_env, cwd=None)
         self.http_urls[name] = f"http://127.0.0.1:{port}"
         if name == HOMING:
             self.grpc_target = f"127.0.0.1:{grpc_port}"
