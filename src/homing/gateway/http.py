@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -542,7 +543,8 @@ class ChunkBuilder:
             + ',"logprobs":null,"finish_reason":null}]'
             + (',"usage":null' if prepared.include_usage else "")
             + "}\n\n"
-        )
+        ).encode()
+        self._heads: dict[int, bytes] = {}  # choice index -> the event's bytes before the text
         #: The request's logprob shapes, None when it asked for none.
         self.logprobs = (
             LogprobFormat(prepared.model.tokenizer, prepared.top_logprobs)
@@ -565,8 +567,13 @@ class ChunkBuilder:
         return self.chunk(item.index, content=item.text, logprobs=shaped)
 
     def content_event(self, index: int, text: str) -> bytes:
-        """The SSE event (`data: ...` and the blank line) of `chunk(index, content=text)`."""
-        return f"{self._head}{index}{self._field}{_json_dumps(text)}{self._tail}".encode()
+        """The SSE event (`data: ...` and the blank line) of `chunk(index, content=text)`:
+        orjson's string, the same bytes as `json_dumps`'s encoded (UnicodeEncodeError
+        becomes orjson's TypeError for a lone surrogate, which no tokenizer gives)."""
+        head = self._heads.get(index)
+        if head is None:
+            head = self._heads[index] = f"{self._head}{index}{self._field}".encode()
+        return head + orjson.dumps(text) + self._tail
 
     def delta_chunk(
         self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None
