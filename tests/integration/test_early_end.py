@@ -204,7 +204,7 @@ async def test_cut_stream_whose_client_stopped_reading_is_logged_drained(app: Ap
     try:
 
         def piling_up() -> bool:
-            return any(g._queue.qsize() > 50 for g in app.service._open)
+            return any(len(g._events) > 50 for g in app.service._open)
 
         with capture_logs() as logs:
             assert await eventually(piling_up, within_s=30.0)

@@ -41,7 +41,7 @@ async def test_events_of_a_client_that_stops_reading_stay_bounded(app: App) -> N
     try:
 
         def pending() -> int:
-            return max((g._queue.qsize() for g in app.service._open), default=0)
+            return max((len(g._events) for g in app.service._open), default=0)
 
         assert await eventually(lambda: pending() >= MAX_PENDING_EVENTS, within_s=30.0)
         highest = 0

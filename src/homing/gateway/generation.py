@@ -35,11 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, cast
 
 import grpc
 import structlog
@@ -61,6 +60,7 @@ from homing.gateway.accounting import (
     quota_tokens,
     request_record,
 )
+from homing.gateway.channel import EventChannel
 from homing.gateway.decoding import ChoiceDecoder, DetailedDecoder, DetailedStep, LoggedToken
 from homing.gateway.errors import (
     APIError,
@@ -192,14 +192,10 @@ class Generation:
         # A non-streamed answer is one engine message per choice, unless stop strings
         # (matched here) need the tokens as they come, to end the choice at its stop.
         self._engine_streams = prepared.stream or bool(prepared.stop_set)
-        self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
-        self._room = asyncio.Event()  # set while the queue is below MAX_PENDING_EVENTS
-        self._room.set()
         # One task per choice reads its engine stream ahead of the consumer, so events that
-        # pile up meanwhile go out together.
+        # pile up meanwhile go out together; they wait here, in order, for the consumer.
+        self._events: EventChannel[Event | BaseException] = EventChannel(MAX_PENDING_EVENTS)
         self._tasks: list[asyncio.Task[None]] = []
-        # Items taken from the streams but not yet by the consumer, in order.
-        self._pending: deque[Event | BaseException] = deque()
         self._tried: list[str] = []  # workers routed to, in order
         # The engine ends a choice at its first stop token id (not under ignore_eos, SGLang's
         # rule); that token is counted but, as SGLang and vLLM do, not shown.
@@ -270,7 +266,7 @@ class Generation:
         consumer gets `error` (raised from entering or iterating), the log `outcome`."""
         if self._interrupt is None:
             self._interrupt = _Interrupt(error, outcome)
-            self._queue.put_nowait(self._interrupt)
+            self._events.put(self._interrupt)
 
     async def _start(self) -> None:
         """Charge the quota, wait for admission, then route, start the engine streams and
@@ -295,14 +291,14 @@ class Generation:
         self._route_and_launch()
         host.retry_budget(p.model.model_id).record_request()
         while True:
-            first = await self._next_item()
+            first = await self._events.get()
             if isinstance(first, _Retry) and self._may_retry():
                 await self._relaunch(first)
                 continue
             if isinstance(first, BaseException):
                 self._failure = self._failure_outcome(first)
                 raise self._refuse(first)
-            self._pending.appendleft(first)
+            self._events.push_front(first)
             return
 
     def _may_retry(self) -> bool:
@@ -387,9 +383,7 @@ class Generation:
             error=retry.error.message,
         )
         await self._cancel_tasks()
-        self._queue = asyncio.Queue()
-        self._room.set()
-        self._pending.clear()
+        self._events.clear()
         self._decoders.clear()
         self._produced.clear()
         self._ended.clear()
@@ -448,18 +442,12 @@ class Generation:
         # moves. What they queued stays valid (each decoder holds exactly what was queued);
         # only the old attempt's retryable failures are dropped.
         await self._cancel_tasks()
-        kept = [item for item in self._pending if not isinstance(item, _Retry)]
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if not isinstance(item, _Retry):
-                kept.append(item)
-        self._pending = deque(kept)
-        self._room.set()
+        self._events.retain(lambda item: not isinstance(item, _Retry))
         if self._interrupt is not None:
             budget.refund()
             self._failure = self._interrupt.outcome
             raise self._refuse(self._interrupt)
-        if any(isinstance(item, BaseException) for item in kept):
+        if any(isinstance(item, BaseException) for item in self._events):
             budget.refund()
             return False  # another choice failed for good: that error ends the request
         resume = [i for i in open_choices if self._ended_locally(i) is None]
@@ -529,12 +517,12 @@ class Generation:
         )
         if isinstance(step, DetailedStep):
             if step.texts or step.logprobs:
-                self._queue.put_nowait(LogprobDelta(index, "".join(step.texts), step.logprobs))
+                self._events.put(LogprobDelta(index, "".join(step.texts), step.logprobs))
         else:
             for text in step.texts:
-                self._queue.put_nowait(TextDelta(index, text))
+                self._events.put(TextDelta(index, text))
         self._ended.add(index)
-        self._queue.put_nowait(ChoiceFinished(index, step.finish or reason))
+        self._events.put(ChoiceFinished(index, step.finish or reason))
 
     async def _cancel_tasks(self) -> None:
         try:
@@ -569,20 +557,20 @@ class Generation:
             for event in batch:
                 yield event
 
-    async def batches(self) -> AsyncIterator[list[Event]]:
+    def batches(self) -> AsyncIterator[list[Event]]:
         """The events in order, each batch holding every event that was ready at once (one
         write to the client): a batch is never held back waiting for the next."""
-        async for batch in self._batches(restartable=False):
-            if not isinstance(batch, _Restarted):
-                yield batch
+        # Not restartable, `_batches` yields no `_Restarted` (and no wrapping layer per batch).
+        return cast(AsyncIterator[list[Event]], self._batches(restartable=False))
 
     async def _batches(self, *, restartable: bool) -> AsyncIterator[list[Event] | _Restarted]:
         """The events in order, in batches of those ready at once; with `restartable`
         (nothing has reached the client) a retryable failure routes the request again and
         yields `_Restarted`; without, a stream may migrate (`_migrate`) and go on. A
         failure ends the iteration with its `APIError`, after the events before it."""
+        events = self._events
         while self._open_choices > 0:
-            item = await self._next_item()
+            item = await events.get()
             if isinstance(item, _Retry):
                 if restartable and self._may_retry():
                     await self._relaunch(item)
@@ -595,11 +583,11 @@ class Generation:
                 raise self._refuse(item)
             batch = [self._take(item)]
             while self._open_choices > 0:
-                more = self._ready_item()
+                more = events.get_nowait()
                 if more is None:
                     break
                 if isinstance(more, BaseException):
-                    self._pending.appendleft(more)  # raised by the next batch
+                    events.push_front(more)  # raised by the next batch
                     break
                 batch.append(self._take(more))
             yield batch
@@ -686,9 +674,10 @@ class Generation:
         trace = p.trace.header if p.trace is not None else None
         stream = lease.client.generate(params, timeout_s=remaining_s, traceparent=trace)
         try:
+            events = self._events
             async for item in stream:
-                if self._queue.qsize() >= MAX_PENDING_EVENTS:
-                    await self._wait_for_room()
+                if events.full():
+                    await events.wait_for_room()
                 attempt_cached = item.cached_tokens  # the worker's own, before `_rebased`
                 if resume:
                     item = _rebased(item, offset, decoder.received - offset, cached)
@@ -711,10 +700,10 @@ class Generation:
                     assert isinstance(step, DetailedStep)
                     if step.texts or step.logprobs:
                         delta = LogprobDelta(index, "".join(step.texts), step.logprobs)
-                        self._queue.put_nowait(delta)
+                        events.put(delta)
                 else:
                     for text in step.texts:
-                        self._queue.put_nowait(TextDelta(index, text))
+                        events.put(TextDelta(index, text))
                 if aborted or step.finish == "abort":
                     # The worker ended the request itself (flush, restart, its own limits).
                     raise EngineError(
@@ -724,7 +713,7 @@ class Generation:
                     )
                 if step.finish is not None:
                     self._ended.add(index)
-                    self._queue.put_nowait(ChoiceFinished(index, step.finish))
+                    events.put(ChoiceFinished(index, step.finish))
                     return
             # `generate` raises this itself; here it keeps a broken client from hanging us.
             raise EngineError(
@@ -740,34 +729,17 @@ class Generation:
                 attempt.refused = True  # a full worker is no failing one: no error counted
             elif failure.retryable:
                 attempt.failed = True  # its worker's failure, whatever the request does next
-            self._queue.put_nowait(_Retry(worker_id, err) if failure.retryable else err)
+            self._events.put(_Retry(worker_id, err) if failure.retryable else err)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a bug of ours: surface it as a 500, never hang the client
             log.exception("choice_failed", request_id=p.request_id, worker=worker_id)
-            self._queue.put_nowait(err)
+            self._events.put(err)
         finally:
             try:
                 await stream.aclose()  # Abort unless it completed
             finally:
                 self.engine_messages += stream.messages
-
-    async def _next_item(self) -> Event | BaseException:
-        """The next event or failure, from the choices' queue."""
-        if self._pending:
-            return self._pending.popleft()
-        return await self._take_next()
-
-    def _ready_item(self) -> Event | BaseException | None:
-        """The next item if one is there without waiting, else None."""
-        if self._pending:
-            return self._pending.popleft()
-        if not self._queue.empty():
-            item = self._queue.get_nowait()
-            if self._queue.qsize() < MAX_PENDING_EVENTS:
-                self._room.set()
-            return item
-        return None
 
     def _refuse(self, item: BaseException) -> APIError:
         """`_api_error(item)`, kept as the error the client got."""
@@ -796,18 +768,6 @@ class Generation:
         if isinstance(item, (_Retry, EngineError)) and (error.status >= 500 or error.status == 429):
             return "engine_error"  # the worker failed it, or had no room for it
         return "error" if error.status == 500 else f"error_{error.status}"
-
-    async def _take_next(self) -> Event | BaseException:
-        item = await self._queue.get()
-        if self._queue.qsize() < MAX_PENDING_EVENTS:
-            self._room.set()
-        return item
-
-    async def _wait_for_room(self) -> None:
-        """Hold a choice task until the consumer has taken events (backpressure)."""
-        while self._queue.qsize() >= MAX_PENDING_EVENTS:
-            self._room.clear()
-            await self._room.wait()
 
     # -- accounting --
 
