@@ -11,6 +11,7 @@ chain") the chain gives:
     decode replicas = 50,000 / 1,920                                     = 26.04
     with prefill    = 26.04 + 83,333 / 7,467 tok/s/replica (= 26.04 / 0.7) = 37.20
     with headroom   = 37.20 x 1.2 = 44.64 -> 45 replicas -> 360 GPUs -> $900/h -> $657,000/month
+    gateway tier    = 7.07 cores -> 11 processes (`homing.plan.gateway`)
 
 Rounding: every intermediate figure is carried unrounded; only the replica count is rounded,
 up (`math.ceil`, after taking 1e-9 off so float noise never adds a replica), since demand must
@@ -29,6 +30,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from homing.plan.errors import ChainOverflow, PlanError, shown
+from homing.plan.gateway import GatewayAssumptions, GatewayTier, gateway_tier
 
 SEED_USERS = 10_000
 """Concurrent chat users (the seed)."""
@@ -53,28 +57,6 @@ HOURS_PER_MONTH = 730.0
 SEED_PREFILL_RATE = 22_400 / 3
 """Prefill tok/s per replica (7,466.7) for which the seed's case gives its /0.7: prefill
 demand x 0.7 / (decode replicas x 0.3) = (250,000 / 3) x 0.7 / ((50,000 / 1,920) x 0.3)."""
-
-
-class PlanError(ValueError):
-    """An assumption out of range. `option` names it as the CLI does (`--users`); the message
-    reads after it ("must be >= 0, got -1")."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(f"{option} {message}")
-        self.option = option
-
-
-class ChainOverflow(ValueError):
-    """Assumptions each in range whose chain leaves what can be sized: `step` came out
-    infinite or NaN (`why`), e.g. --users 1e308, or --gpu-price 1e300 with
-    --hours-per-month 1e300; or above MAX_REPLICAS replicas."""
-
-    def __init__(self, step: str, why: str = "not a finite number") -> None:
-        super().__init__(
-            f"the chain overflows at {step} ({why}): the assumptions are too large, or a "
-            "rate too small, to size"
-        )
-        self.step = step
 
 
 #: Largest tensor-parallel degree planned for (a replica of 8 nodes of 8 GPUs).
@@ -122,6 +104,7 @@ class Assumptions:
     gpu_price: $ per GPU-hour. hours_per_month: hours a month is billed for.
     decode_source / prefill_source: where decode_batch and prefill_rate_tok_s came from
         (printed with the chain).
+    gateway: what the gateway tier is sized from (`homing.plan.gateway`).
     """
 
     users: float = SEED_USERS
@@ -146,6 +129,7 @@ class Assumptions:
     hours_per_month: float = HOURS_PER_MONTH
     decode_source: str = "the seed's planning figure"
     prefill_source: str = "calibrated so the seed's case gives its /0.7"
+    gateway: GatewayAssumptions = field(default_factory=GatewayAssumptions)
 
     def __post_init__(self) -> None:
         _check(self)
@@ -161,13 +145,6 @@ class Assumptions:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def _shown(value: object) -> str:
-    """A number as an option would be written (0, 1.5), anything else as repr."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"{value:g}"
-    return repr(value)
-
-
 def _check(a: Assumptions) -> None:
     """Raise PlanError for the first assumption out of range."""
 
@@ -181,16 +158,16 @@ def _check(a: Assumptions) -> None:
     def at_least(option: str, value: float, low: float) -> None:
         representable(option, value)
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= low):
-            raise PlanError(option, f"must be >= {low:g}, got {_shown(value)}")
+            raise PlanError(option, f"must be >= {low:g}, got {shown(value)}")
 
     def positive(option: str, value: float) -> None:
         representable(option, value)
         if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-            raise PlanError(option, f"must be > 0, got {_shown(value)}")
+            raise PlanError(option, f"must be > 0, got {shown(value)}")
 
     def fraction(option: str, value: float) -> None:
         if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
-            raise PlanError(option, f"must be between 0 and 1, got {_shown(value)}")
+            raise PlanError(option, f"must be between 0 and 1, got {shown(value)}")
 
     at_least("--users", a.users, 0)
     fraction("--mid-generation", a.mid_generation)
@@ -215,17 +192,17 @@ def _check(a: Assumptions) -> None:
     if a.prefill_share is not None:
         fraction("--prefill-share", a.prefill_share)
         if a.prefill_share >= 1.0:
-            raise PlanError("--prefill-share", f"must be below 1, got {_shown(a.prefill_share)}")
+            raise PlanError("--prefill-share", f"must be below 1, got {shown(a.prefill_share)}")
     at_least("--headroom", a.headroom, 0)
     at_least("--tp", a.tp, 1)
     if a.tp > MAX_TP:
-        raise PlanError("--tp", f"must be at most {MAX_TP}, got {_shown(a.tp)}")
+        raise PlanError("--tp", f"must be at most {MAX_TP}, got {shown(a.tp)}")
     if a.gpus_per_replica is not None:
         at_least("--gpus-per-replica", a.gpus_per_replica, 1)
         if a.gpus_per_replica > MAX_GPUS_PER_REPLICA:
             raise PlanError(
                 "--gpus-per-replica",
-                f"must be at most {MAX_GPUS_PER_REPLICA}, got {_shown(a.gpus_per_replica)}",
+                f"must be at most {MAX_GPUS_PER_REPLICA}, got {shown(a.gpus_per_replica)}",
             )
     at_least("--gpu-price", a.gpu_price, 0)
     positive("--hours-per-month", a.hours_per_month)
@@ -237,7 +214,8 @@ class Plan:
 
     per_user_tok_s: 1000 / TPOT SLO. mid_generation: the share used (given or from think
     time). prefill_share: share of GPU time on prefill, derived (or fixed when
-    `assumptions.prefill_share` is set). replicas: the rounded-up count.
+    `assumptions.prefill_share` is set). replicas: the rounded-up count. gateway: the
+    gateway tier for the request rate and the decode demand, every answer streamed.
     """
 
     assumptions: Assumptions
@@ -258,6 +236,7 @@ class Plan:
     gpus: int
     cost_per_hour: float
     cost_per_month: float
+    gateway: GatewayTier
     name: str = field(default="base")
 
 
@@ -321,5 +300,6 @@ def plan(a: Assumptions, name: str = "base") -> Plan:
         gpus=gpus,
         cost_per_hour=per_hour,
         cost_per_month=per_hour * a.hours_per_month,
+        gateway=gateway_tier(request_rate, decode_demand, a.gateway),
         name=name,
     )

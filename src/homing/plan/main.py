@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from homing.plan.chain import Assumptions, Plan, PlanError, plan
+from homing.plan.gateway import GATEWAY_SOURCE, GatewayAssumptions
 
 DESCRIPTION = (
     "Size a fleet: decode demand / goodput per replica, plus prefill's share of GPU time, "
@@ -78,6 +79,25 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     money.add_argument(
         "--hours-per-month", type=float, help=f"default {d.hours_per_month:g} (8,760 / 12)"
     )
+    g = d.gateway
+    gw = p.add_argument_group("gateway tier")
+    gw.add_argument(
+        "--gateway-request-ms",
+        type=float,
+        help=f"gateway CPU per request, tokens aside (default {g.request_ms:g}, measured: "
+        f"{g.source})",
+    )
+    gw.add_argument(
+        "--gateway-token-us",
+        type=float,
+        help=f"gateway CPU per streamed token at your stream interval (default {g.token_us:g}, "
+        "measured at 1)",
+    )
+    gw.add_argument(
+        "--gateway-busy",
+        type=float,
+        help=f"share of its core one gateway process may use (default {g.busy_target:g})",
+    )
     out = p.add_argument_group("follow-ups and output")
     out.add_argument("--smaller-model", action="store_true", help="also plan llama-3.1-8b on 1 GPU")
     out.add_argument(
@@ -119,6 +139,13 @@ _FIELDS = {
 }
 """argparse dest -> Assumptions field."""
 
+_GATEWAY_FIELDS = {
+    "gateway_request_ms": "request_ms",
+    "gateway_token_us": "token_us",
+    "gateway_busy": "busy_target",
+}
+"""argparse dest -> GatewayAssumptions field."""
+
 
 def assumptions_from(args: argparse.Namespace) -> Assumptions:
     """The base assumptions: `Assumptions()` with each given option. Raises PlanError or
@@ -145,6 +172,20 @@ def assumptions_from(args: argparse.Namespace) -> Assumptions:
         given["decode_source"] = "--decode-goodput"
     if args.prefill_rate is not None:
         given["prefill_source"] = "--prefill-rate"
+    gateway = {
+        field: value
+        for dest, field in _GATEWAY_FIELDS.items()
+        if (value := getattr(args, dest, None)) is not None
+    }
+    if gateway:
+        costs = [f"--gateway-{name}" for name in ("request-ms", "token-us")]
+        given_costs = [
+            option for option in costs if getattr(args, option[2:].replace("-", "_")) is not None
+        ]
+        if given_costs:
+            measured = "" if len(given_costs) == 2 else f"; the other: {GATEWAY_SOURCE}"
+            gateway["source"] = " and ".join(given_costs) + measured
+        given["gateway"] = GatewayAssumptions(**gateway)
     return Assumptions(**given)
 
 

@@ -140,7 +140,21 @@ def chain_lines(p: Plan, m: Measured | None = None) -> list[str]:
         f"{money(p.cost_per_hour)}/h; x {a.hours_per_month:g} h/month = "
         f"{money(p.cost_per_month)}/month ({month_headline(p.cost_per_month)})",
     ]
-    return lines
+    return lines + gateway_lines(p)
+
+
+def gateway_lines(p: Plan) -> list[str]:
+    """The gateway tier's two steps (`homing.plan.gateway`)."""
+    t = p.gateway
+    g = t.assumptions
+    return [
+        f"  gateway cores   = {p.request_rate_per_s:,.1f} req/s x {g.request_ms:g} ms + "
+        f"{rate(p.decode_demand_tok_s)} streamed tok/s x {g.token_us:g} us ({g.source}) = "
+        f"{t.request_cores:.2f} + {t.token_cores:.2f} = {t.cores:.2f} cores",
+        f"  gateway         = {t.cores:.2f} cores / {g.busy_target:g} busy per process = "
+        f"{t.processes_unrounded:.2f} -> {t.processes:,} gateway "
+        f"{'process' if t.processes == 1 else 'processes'} of one core (rounded up)",
+    ]
 
 
 def comparison(plans: list[Plan]) -> Table:
@@ -149,6 +163,7 @@ def comparison(plans: list[Plan]) -> Table:
     columns = [
         "scenario", "replica", "prompt / cached / answer", "decode tok/s", "prefill tok/s",
         "goodput tok/s/replica", "prefill share", "replicas", "GPUs", "$/h", "$/month",
+        "gateway processes",
     ]  # fmt: skip
     for name in columns:
         table.add_column(name, justify="left" if name in columns[:3] else "right")
@@ -166,6 +181,7 @@ def comparison(plans: list[Plan]) -> Table:
             f"{p.gpus:,}",
             money(p.cost_per_hour),
             f"{money(p.cost_per_month)} ({month_headline(p.cost_per_month)})",
+            f"{p.gateway.processes:,}",
         )
     return table
 
@@ -175,6 +191,9 @@ def to_json(p: Plan, m: Measured | None = None) -> dict[str, Any]:
     and the headline figures as shown."""
     steps = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
     steps.pop("assumptions")
+    gateway = dataclasses.asdict(steps.pop("gateway"))
+    gateway.pop("assumptions")  # in "assumptions", with the chain's
+    steps["gateway"] = gateway
     name = steps.pop("name")
     return {
         "name": name,
@@ -190,5 +209,6 @@ def to_json(p: Plan, m: Measured | None = None) -> dict[str, Any]:
             "gpus": p.gpus,
             "cost_per_hour": money(p.cost_per_hour),
             "cost_per_month": month_headline(p.cost_per_month),
+            "gateway_processes": p.gateway.processes,
         },
     }
