@@ -17,6 +17,6 @@ hand each completion to that poller: one thread handoff fewer per engine message
 #: The variable as this process found it (None: unset), before the default below.
 GRPC_EXPERIMENTS_INHERITED = os.environ.get(GRPC_EXPERIMENTS_ENV)
 
-# Set on the package's import, so before any homing module imports grpc; children
-# (workers, benchmark gateways) inherit it.
+# Set on the package's import, so before any homing module imports grpc. The engines homing
+# starts get the variable as it was found (`homing.lifeline.child_environ`).
 os.environ.setdefault(GRPC_EXPERIMENTS_ENV, GRPC_EXPERIMENTS_DEFAULT)

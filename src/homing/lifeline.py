@@ -10,6 +10,8 @@ import os
 import signal
 from collections.abc import Mapping
 
+from homing import GRPC_EXPERIMENTS_ENV, GRPC_EXPERIMENTS_INHERITED
+
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 #: What systemd sets for the service's main process alone (sd_notify(3), sd_listen_fds(3),
@@ -27,10 +29,17 @@ SERVICE_VARIABLES = frozenset(
 
 
 def child_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A copy of `environ` (default `os.environ`) without `SERVICE_VARIABLES`: the
-    environment for a child process."""
-    env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k not in SERVICE_VARIABLES}
+    """A copy of `environ` without `SERVICE_VARIABLES`: the environment for a child process.
+    By default `os.environ`, with `GRPC_EXPERIMENTS` as this process found it: homing's own
+    default (`homing.GRPC_EXPERIMENTS_DEFAULT`) is for homing's processes, which set it
+    themselves; an engine it starts keeps gRPC's defaults or the operator's."""
+    if environ is not None:
+        return {k: v for k, v in environ.items() if k not in SERVICE_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARIABLES}
+    env.pop(GRPC_EXPERIMENTS_ENV, None)
+    if GRPC_EXPERIMENTS_INHERITED is not None:
+        env[GRPC_EXPERIMENTS_ENV] = GRPC_EXPERIMENTS_INHERITED
+    return env
 
 
 def exit_with_parent(parent_pid: int) -> bool:

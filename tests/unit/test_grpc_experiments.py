@@ -14,6 +14,7 @@ PRINT_ENV = f"import homing, os; print(repr(os.environ.get({GRPC_EXPERIMENTS_ENV
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != GRPC_EXPERIMENTS_ENV}
+    base["GRPC_VERBOSITY"] = "ERROR"  # gRPC names an unknown experiment at this level
     return subprocess.run(
         [sys.executable, "-c", code],
         env={**base, **env},
@@ -48,3 +49,18 @@ def test_the_installed_grpc_knows_every_experiment_of_the_default() -> None:
     assert "Unknown experiment" not in _run(code).stderr
     # the check can fail: a name grpc does not know is reported
     assert "Unknown experiment: no_such" in _run(code, GRPC_EXPERIMENTS="-no_such").stderr
+
+
+CHILD_ENV = (
+    "import homing.lifeline as l; "
+    f"print(repr(l.child_environ().get({GRPC_EXPERIMENTS_ENV!r}, 'unset')))"
+)
+
+
+def test_an_engine_homing_starts_gets_grpc_experiments_as_homing_found_them() -> None:
+    """homing's default is for its own processes: a worker it launches (`child_environ`)
+    keeps gRPC's defaults, or the operator's value."""
+    assert _run(CHILD_ENV).stdout.strip() == repr("unset")
+    assert _run(CHILD_ENV, GRPC_EXPERIMENTS="-event_engine_dns").stdout.strip() == repr(
+        "-event_engine_dns"
+    )
