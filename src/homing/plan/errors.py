@@ -16,7 +16,8 @@ class PlanError(ValueError):
 class ChainOverflow(ValueError):
     """Assumptions each in range whose chain leaves what can be sized: `step` came out
     infinite or NaN (`why`), e.g. --users 1e308, or --gpu-price 1e300 with
-    --hours-per-month 1e300; or above MAX_REPLICAS replicas."""
+    --hours-per-month 1e300; or above MAX_REPLICAS replicas (MAX_PROCESSES gateway
+    processes)."""
 
     def __init__(self, step: str, why: str = "not a finite number") -> None:
         super().__init__(

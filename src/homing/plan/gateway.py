@@ -1,14 +1,20 @@
 """The gateway tier of the sizing chain: the CPU cores, and the gateway processes of one core
-each, that the chain's request rate and streamed tokens need, from the gateway's measured CPU
-per request and per streamed token. Pure arithmetic, no I/O.
+each, that the chain's request rate, prompt tokens and streamed tokens need, from the
+gateway's measured CPU per request, per prompt token and per streamed token. Pure
+arithmetic, no I/O.
 
-With the defaults and the seed's rates (166.7 req/s, 50,000 streamed tok/s):
+With the defaults and the seed's rates (166.7 req/s of 1,500-token prompts, 50,000 streamed
+tok/s):
 
-    gateway cores     = 166.7 req/s x 3.4 ms + 50,000 tok/s x 130 us = 0.57 + 6.50 = 7.07
-    gateway processes = 7.07 cores / 0.7 busy per process = 10.10 -> 11
+    gateway cores     = 166.7 req/s x (2.5 ms + 1,500 x 1.3 us) + 50,000 tok/s x 144 us
+                      = 0.42 + 0.33 + 7.20 = 7.94
+    gateway processes = 7.94 cores / 0.7 busy per process = 11.35 -> 12
 
 Every answer is taken to be streamed (a chat product's are), at the stream interval the
 per-token figure was measured at. The process count is rounded up like the replica count.
+The busy share applies to a process's whole CPU (its event loop and gRPC's and the
+tokenizer's threads), which is stricter than the loop-thread share the "auto" stream
+interval reads.
 """
 
 from __future__ import annotations
@@ -18,14 +24,19 @@ from dataclasses import dataclass
 
 from homing.plan.errors import ChainOverflow, PlanError, shown
 
-GATEWAY_REQUEST_MS = 3.4
-"""Gateway CPU per streamed request, its tokens aside (ms): `make bench-overhead` on
-2026-12-07 (a 2-core AMD EPYC VM; docs/benchmarks.md, "The engine-message path"), 11.76 ms
-per 64-token stream less its 64 tokens at `GATEWAY_TOKEN_US`."""
+GATEWAY_REQUEST_MS = 2.5
+"""Gateway CPU per streamed request of a 16-token prompt, its answer's tokens aside (ms):
+`python -m homing.bench.overhead --rounds 5` on 2026-12-07 (a 2-core AMD EPYC VM;
+docs/benchmarks.md, "The engine-message path"), the intercept of the line through the
+medians of its 64- and 256-token streams (11.76 and 39.45 ms)."""
 
-GATEWAY_TOKEN_US = 130.0
-"""Gateway CPU per streamed token at `stream_interval` 1 (us): the same run's slope from
-64- to 256-token streams."""
+GATEWAY_TOKEN_US = 144.0
+"""Gateway CPU per streamed token at `stream_interval` 1 (us): the slope of that line."""
+
+GATEWAY_PROMPT_TOKEN_US = 1.3
+"""Gateway CPU per prompt token (us): rendering and tokenizing the chat prompt
+(`TextTokenizer.encode_chat`, CPU time from 1,337- to 11,049-token prompts, same machine and
+day); the router's prefix hashing adds under a tenth of it."""
 
 GATEWAY_BUSY_TARGET = 0.7
 """Share of its core one gateway process is planned to keep busy: below the 0.85 busy share
@@ -35,7 +46,7 @@ at which `stream_interval = "auto"` starts sending tokens in chunks
 MAX_PROCESSES = 10**12
 """Largest process count the tier reports; beyond it the figures are float noise."""
 
-GATEWAY_SOURCE = "make bench-overhead, 2026-12-07, 2-core VM, stream_interval 1"
+GATEWAY_SOURCE = "bench-overhead, 2026-12-07, 2-core VM, stream_interval 1"
 """Where the default figures come from, as the chain prints it."""
 
 
@@ -43,13 +54,15 @@ GATEWAY_SOURCE = "make bench-overhead, 2026-12-07, 2-core VM, stream_interval 1"
 class GatewayAssumptions:
     """What the gateway tier is sized from.
 
-    request_ms: gateway CPU per request, tokens aside (ms, >= 0). token_us: gateway CPU per
-    streamed token (us, >= 0). busy_target: share of one core a process may use (0 < x <= 1).
-    source: where the two costs came from (printed with the chain). PlanError for a value
-    out of range, naming its `homing plan` option.
+    request_ms: gateway CPU per request, its prompt's and answer's tokens aside (ms, >= 0).
+    prompt_token_us: gateway CPU per prompt token (us, >= 0). token_us: gateway CPU per
+    streamed token (us, >= 0). busy_target: share of one core a process may use
+    (0 < x <= 1). source: where the costs came from (printed with the chain). PlanError for
+    a value out of range, naming its `homing plan` option.
     """
 
     request_ms: float = GATEWAY_REQUEST_MS
+    prompt_token_us: float = GATEWAY_PROMPT_TOKEN_US
     token_us: float = GATEWAY_TOKEN_US
     busy_target: float = GATEWAY_BUSY_TARGET
     source: str = GATEWAY_SOURCE
@@ -57,6 +70,7 @@ class GatewayAssumptions:
     def __post_init__(self) -> None:
         for option, value in (
             ("--gateway-request-ms", self.request_ms),
+            ("--gateway-prompt-token-us", self.prompt_token_us),
             ("--gateway-token-us", self.token_us),
         ):
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
@@ -72,6 +86,7 @@ class GatewayTier:
 
     assumptions: GatewayAssumptions
     request_cores: float
+    prompt_cores: float
     token_cores: float
     cores: float
     processes_unrounded: float
@@ -79,14 +94,16 @@ class GatewayTier:
 
 
 def gateway_tier(
-    request_rate_per_s: float, streamed_tok_s: float, g: GatewayAssumptions
+    request_rate_per_s: float, prompt_tokens: float, streamed_tok_s: float, g: GatewayAssumptions
 ) -> GatewayTier:
-    """Cores = requests/s x CPU per request + streamed tok/s x CPU per token; processes =
-    cores / busy target, rounded up (1e-9 taken off first, as the replica count does).
-    ChainOverflow when a figure is not finite or the count passes MAX_PROCESSES."""
+    """Cores = requests/s x (CPU per request + prompt tokens x CPU per prompt token) +
+    streamed tok/s x CPU per streamed token; processes = cores / busy target, rounded up
+    (1e-9 taken off first, as the replica count does). ChainOverflow when a figure is not
+    finite or the count passes MAX_PROCESSES."""
     request_cores = request_rate_per_s * g.request_ms / 1e3
+    prompt_cores = request_rate_per_s * prompt_tokens * g.prompt_token_us / 1e6
     token_cores = streamed_tok_s * g.token_us / 1e6
-    cores = request_cores + token_cores
+    cores = request_cores + prompt_cores + token_cores
     unrounded = cores / g.busy_target
     if not math.isfinite(unrounded):
         raise ChainOverflow("the gateway tier")
@@ -95,6 +112,7 @@ def gateway_tier(
     return GatewayTier(
         assumptions=g,
         request_cores=request_cores,
+        prompt_cores=prompt_cores,
         token_cores=token_cores,
         cores=cores,
         processes_unrounded=unrounded,

@@ -4,6 +4,7 @@ default), its follow-ups side by side, `--measure` and `--json`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -84,8 +85,13 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     gw.add_argument(
         "--gateway-request-ms",
         type=float,
-        help=f"gateway CPU per request, tokens aside (default {g.request_ms:g}, measured: "
+        help=f"gateway CPU per request, its tokens aside (default {g.request_ms:g}, measured: "
         f"{g.source})",
+    )
+    gw.add_argument(
+        "--gateway-prompt-token-us",
+        type=float,
+        help=f"gateway CPU per prompt token (default {g.prompt_token_us:g}, measured)",
     )
     gw.add_argument(
         "--gateway-token-us",
@@ -141,6 +147,7 @@ _FIELDS = {
 
 _GATEWAY_FIELDS = {
     "gateway_request_ms": "request_ms",
+    "gateway_prompt_token_us": "prompt_token_us",
     "gateway_token_us": "token_us",
     "gateway_busy": "busy_target",
 }
@@ -178,15 +185,17 @@ def assumptions_from(args: argparse.Namespace) -> Assumptions:
         if (value := getattr(args, dest, None)) is not None
     }
     if gateway:
-        costs = [f"--gateway-{name}" for name in ("request-ms", "token-us")]
+        costs = [f"--gateway-{name}" for name in ("request-ms", "prompt-token-us", "token-us")]
         given_costs = [
             option for option in costs if getattr(args, option[2:].replace("-", "_")) is not None
         ]
         if given_costs:
-            measured = "" if len(given_costs) == 2 else f"; the other: {GATEWAY_SOURCE}"
-            gateway["source"] = " and ".join(given_costs) + measured
-        given["gateway"] = GatewayAssumptions(**gateway)
-    return Assumptions(**given)
+            rest = "" if len(given_costs) == len(costs) else f"; the rest: {GATEWAY_SOURCE}"
+            gateway["source"] = ", ".join(given_costs) + rest
+    base = Assumptions(**given)  # its own checks first, as without gateway options
+    if gateway:
+        base = dataclasses.replace(base, gateway=GatewayAssumptions(**gateway))
+    return base
 
 
 def scenarios(args: argparse.Namespace) -> list[tuple[Plan, Any]]:

@@ -148,9 +148,11 @@ def gateway_lines(p: Plan) -> list[str]:
     t = p.gateway
     g = t.assumptions
     return [
-        f"  gateway cores   = {p.request_rate_per_s:,.1f} req/s x {g.request_ms:g} ms + "
+        f"  gateway cores   = {p.request_rate_per_s:,.1f} req/s x ({g.request_ms:g} ms + "
+        f"{p.assumptions.prompt_tokens:,} prompt tokens x {g.prompt_token_us:g} us) + "
         f"{rate(p.decode_demand_tok_s)} streamed tok/s x {g.token_us:g} us ({g.source}) = "
-        f"{t.request_cores:.2f} + {t.token_cores:.2f} = {t.cores:.2f} cores",
+        f"{t.request_cores:.2f} + {t.prompt_cores:.2f} + {t.token_cores:.2f} = "
+        f"{t.cores:.2f} cores",
         f"  gateway         = {t.cores:.2f} cores / {g.busy_target:g} busy per process = "
         f"{t.processes_unrounded:.2f} -> {t.processes:,} gateway "
         f"{'process' if t.processes == 1 else 'processes'} of one core (rounded up)",
