@@ -63,7 +63,7 @@ class EventChannel(Generic[T]):
         """The next item, waiting while there is none. A second consumer waiting at the same
         time is a bug: RuntimeError."""
         while not self._items:
-            if self._getter is not None:
+            if self._getter is not None and not self._getter.done():
                 raise RuntimeError("EventChannel has one consumer")
             getter = asyncio.get_running_loop().create_future()
             self._getter = getter

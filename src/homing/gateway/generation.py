@@ -608,7 +608,7 @@ class Generation:
     async def _run_choice(
         self, index: int, lease: Lease, attempt: Attempt, *, resume: bool = False
     ) -> None:
-        """Task body of choice `index`: its engine stream's events into the shared queue,
+        """Task body of choice `index`: its engine stream's events into the shared channel,
         then its `ChoiceFinished` or the failure (`EngineError`, `_Retry`, or an unexpected
         exception, which the client sees as a 500). With `resume` it goes on from the
         tokens the choice already produced (`_migrate`), with the same decoder."""
@@ -759,7 +759,7 @@ class Generation:
         return internal_error()
 
     def _failure_outcome(self, item: BaseException) -> str:
-        """The log outcome of a request that ended with `item` from the queue."""
+        """The log outcome of a request that ended with `item` from the channel."""
         if isinstance(item, _Interrupt):
             return item.outcome
         if isinstance(item, EngineError) and item.code == grpc.StatusCode.DEADLINE_EXCEEDED:
