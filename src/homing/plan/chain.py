@@ -11,7 +11,7 @@ chain") the chain gives:
     decode replicas = 50,000 / 1,920                                     = 26.04
     with prefill    = 26.04 + 83,333 / 7,467 tok/s/replica (= 26.04 / 0.7) = 37.20
     with headroom   = 37.20 x 1.2 = 44.64 -> 45 replicas -> 360 GPUs -> $900/h -> $657,000/month
-    gateway tier    = 7.94 cores -> 12 processes (`homing.plan.gateway`)
+    gateway tier    = 8.12 cores -> 12 processes (`homing.plan.gateway`)
 
 Rounding: every intermediate figure is carried unrounded; only the replica count is rounded,
 up (`math.ceil`, after taking 1e-9 off so float noise never adds a replica), since demand must

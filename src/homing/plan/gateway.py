@@ -6,9 +6,9 @@ arithmetic, no I/O.
 With the defaults and the seed's rates (166.7 req/s of 1,500-token prompts, 50,000 streamed
 tok/s):
 
-    gateway cores     = 166.7 req/s x (2.5 ms + 1,500 x 1.3 us) + 50,000 tok/s x 144 us
-                      = 0.42 + 0.33 + 7.20 = 7.94
-    gateway processes = 7.94 cores / 0.7 busy per process = 11.35 -> 12
+    gateway cores     = 166.7 req/s x (2.5 ms + 1,500 x 2 us) + 50,000 tok/s x 144 us
+                      = 0.42 + 0.50 + 7.20 = 8.12
+    gateway processes = 8.12 cores / 0.7 busy per process = 11.60 -> 12
 
 Every answer is taken to be streamed (a chat product's are), at the stream interval the
 per-token figure was measured at. The process count is rounded up like the replica count.
@@ -33,10 +33,12 @@ medians of its 64- and 256-token streams (11.76 and 39.45 ms)."""
 GATEWAY_TOKEN_US = 144.0
 """Gateway CPU per streamed token at `stream_interval` 1 (us): the slope of that line."""
 
-GATEWAY_PROMPT_TOKEN_US = 1.3
-"""Gateway CPU per prompt token (us): rendering and tokenizing the chat prompt
-(`TextTokenizer.encode_chat`, CPU time from 1,337- to 11,049-token prompts, same machine and
-day); the router's prefix hashing adds under a tenth of it."""
+GATEWAY_PROMPT_TOKEN_US = 2.0
+"""Gateway CPU per prompt token beyond the bench's 16 (us): rendering and tokenizing the chat
+prompt (`TextTokenizer.encode_chat`'s CPU time, best of 7-9, from the 16-token prompt to
+1,337-, 4,462- and 11,049-token ones: 1.2 to 2.5 us per token in two sittings on the same
+machine and day, under load), taken near the top; the router's prefix hashing adds under a
+tenth of it."""
 
 GATEWAY_BUSY_TARGET = 0.7
 """Share of its core one gateway process is planned to keep busy: below the 0.85 busy share
@@ -46,7 +48,7 @@ at which `stream_interval = "auto"` starts sending tokens in chunks
 MAX_PROCESSES = 10**12
 """Largest process count the tier reports; beyond it the figures are float noise."""
 
-GATEWAY_SOURCE = "bench-overhead, 2026-12-07, 2-core VM, stream_interval 1"
+GATEWAY_SOURCE = "bench-overhead and encode_chat timings, 2026-12-07, 2-core VM, stream_interval 1"
 """Where the default figures come from, as the chain prints it."""
 
 

@@ -28,10 +28,10 @@ gives its /0.7) = 26.04 + 11.16 = 37.20 (~37): prefill's share 30%, i.e. 26.04 /
   with headroom   = 37.20 x 1.20 = 44.64 -> 45 replicas (rounded up)
   GPUs            = 45 replicas x 8 GPUs = 360 H100
   cost            = 360 x $2.50/GPU-h = $900/h; x 730 h/month = $657,000/month (~$650k)
-  gateway cores   = 166.7 req/s x (2.5 ms + 1,500 prompt tokens x 1.3 us) + 50,000 streamed \
-tok/s x 144 us (bench-overhead, 2026-12-07, 2-core VM, stream_interval 1) = 0.42 + 0.33 + \
-7.20 = 7.94 cores
-  gateway         = 7.94 cores / 0.7 busy per process = 11.35 -> 12 gateway processes of \
+  gateway cores   = 166.7 req/s x (2.5 ms + 1,500 prompt tokens x 2 us) + 50,000 streamed \
+tok/s x 144 us (bench-overhead and encode_chat timings, 2026-12-07, 2-core VM, \
+stream_interval 1) = 0.42 + 0.50 + 7.20 = 8.12 cores
+  gateway         = 8.12 cores / 0.7 busy per process = 11.60 -> 12 gateway processes of \
 one core (rounded up)
 """
 
@@ -66,10 +66,10 @@ def test_plan_json_carries_every_step_unrounded_and_the_figures_as_shown(
     assert steps["gateway"] == pytest.approx(
         {
             "request_cores": 166.667 * 2.5e-3,
-            "prompt_cores": 166.667 * 1_500 * 1.3e-6,
+            "prompt_cores": 166.667 * 1_500 * 2e-6,
             "token_cores": 7.2,
-            "cores": 7.9417,
-            "processes_unrounded": 11.3452,
+            "cores": 8.1167,
+            "processes_unrounded": 11.5952,
             "processes": 12,
         },
         rel=1e-4,

@@ -19,7 +19,7 @@ def test_the_seeds_rates_need_about_eight_cores_and_twelve_processes() -> None:
     tier = plan(Assumptions()).gateway
     rate = 50_000 / 300
     assert tier.request_cores == pytest.approx(rate * 2.5e-3)
-    assert tier.prompt_cores == pytest.approx(rate * 1_500 * 1.3e-6)
+    assert tier.prompt_cores == pytest.approx(rate * 1_500 * 2e-6)
     assert tier.token_cores == pytest.approx(50_000 * 144e-6)
     assert tier.cores == pytest.approx(tier.request_cores + tier.prompt_cores + tier.token_cores)
     assert tier.processes_unrounded == pytest.approx(tier.cores / 0.7)
@@ -38,7 +38,7 @@ def test_long_prompts_cost_the_gateway_per_prompt_token() -> None:
     base = Assumptions()
     agent = plan(presets.agent(base))  # 12,000-token prompts at twice the request rate
     assert agent.assumptions.gateway == base.gateway
-    assert agent.gateway.prompt_cores == pytest.approx(agent.request_rate_per_s * 12_000 * 1.3e-6)
+    assert agent.gateway.prompt_cores == pytest.approx(agent.request_rate_per_s * 12_000 * 2e-6)
     assert agent.gateway.prompt_cores > 10 * plan(base).gateway.prompt_cores
     assert agent.gateway.processes > plan(base).gateway.processes
 

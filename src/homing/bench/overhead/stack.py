@@ -25,7 +25,6 @@ import aiohttp
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
-from homing import GRPC_EXPERIMENTS_ENV, GRPC_EXPERIMENTS_INHERITED
 from homing.bench.overhead.floor import FloorClient
 from homing.bench.overhead.procfs import cpu_seconds
 from homing.bench.overhead.targets import (
@@ -42,6 +41,7 @@ from homing.bench.overhead.targets import (
 )
 from homing.bench.overhead.workload import PROMPT_TEXT, READY_TIMEOUT_S, REQUEST_TIMEOUT_S
 from homing.bench.routers import free_port
+from homing.lifeline import child_environ
 from homing.sim.process import spawn_sim, terminate
 from homing.sim.timing import model_spec
 from homing.text.served import load_served_tokenizer
@@ -156,11 +156,8 @@ class Stack:
             argv += ["--worker", url]
         state = scratch / f"{name}-state"  # its own admin socket, whatever else runs here
         state.mkdir()
-        child_env = {**os.environ, "HOMING_STATE_DIR": str(state), **(env or {})}
-        if as_found:
-            child_env.pop(GRPC_EXPERIMENTS_ENV, None)
-            if GRPC_EXPERIMENTS_INHERITED is not None:
-                child_env[GRPC_EXPERIMENTS_ENV] = GRPC_EXPERIMENTS_INHERITED
+        base = child_environ() if as_found else dict(os.environ)
+        child_env = {**base, "HOMING_STATE_DIR": str(state), **(env or {})}
         await self._spawn(name, argv, env=child_env, cwd=None)
         self.http_urls[name] = f"http://127.0.0.1:{port}"
         if name == HOMING:
