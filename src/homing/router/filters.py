@@ -84,9 +84,13 @@ def overloaded(
     """Ids of workers affinity must not override (may be all of them).
 
     Worker w is overloaded when it is not `idle` and `engine_overloaded(w, thresholds)`, or
-    (when `bound` is given) `w.load >= bound`: taking one more request would put it over the
-    bounded-load capacity (`homing.router.ring.load_bound`).
+    `w.load >= min(bound, thresholds.max_in_flight)` of those given: taking one more request
+    would put it over the bounded-load capacity (`homing.router.ring.load_bound`) or
+    admission's per-replica cap.
     """
+    cap = thresholds.max_in_flight
+    if cap is not None:
+        bound = cap if bound is None else min(bound, cap)
     vetoed: set[str] = set()
     for w in workers:
         if idle(w):

@@ -411,6 +411,18 @@ class TestCacheAware:
             self.policy._cheapest(workers, found, len(PROMPT), bound, vetoed)
             assert set(vetoed) == want
 
+    def test_the_filter_caps_its_bound_at_admissions_per_replica_cap(self) -> None:
+        """`filters.overloaded` with `max_in_flight` 2 vetoes as the policy does with its
+        bound capped there (`CacheAwarePolicy.select`), and with no bound at all."""
+        workers = [snap("two", in_flight=2), snap("one", in_flight=1), snap("idle")]
+        capped = OverloadThresholds(max_in_flight=2)
+        assert overloaded(workers, capped, bound=12) == {"two"}
+        assert overloaded(workers, capped) == {"two"}
+        assert overloaded(workers, OverloadThresholds(), bound=12) == set()
+        vetoed: list[str] = []
+        self.policy._cheapest(workers, self.index.lookup(PROMPT), len(PROMPT), 2, vetoed)
+        assert set(vetoed) == overloaded(workers, capped, bound=12)
+
     def test_empty_candidates_raise(self) -> None:
         """No candidates is NoWorkerAvailable."""
         with pytest.raises(NoWorkerAvailable):
