@@ -84,7 +84,6 @@ SIM_DIFFERENCES: dict[str, str] = {
     "prefill_pending_tokens to every load record, which smg-grpc-servicer 0.14.1 never sets",
     "kv_events.load_only_fields": "SGLang's heartbeats carry the disaggregation section and no "
     "active_token_usage / prefill_pending_tokens; the simulator's the reverse",
-    "kv_events.first_record_fields": "as kv_events.load_only_fields, on the stream's first record",
     "abort.duplicate_request_id": "SGLang accepts a second request with an id in flight and "
     "cross-wires their outputs; the simulator refuses it (INVALID_ARGUMENT)",
     "health.health_check_reaches_engine": "SGLang's HealthCheck runs a one-token generation "
@@ -339,7 +338,7 @@ def kv_shape(
         "load_on_every_batch": all(b.HasField("load") for b in batches),
         "load_only_sequence": "repeats the last event batch's" if repeats else "other",
         "load_only_seen": bool(load_only),
-        "first_record_fields": _optional_fields(records[0].load) if records else [],
+        "first_record_fields": _first_record_fields(records, load_only, later_event_records),
         "event_batch_load_fields": sorted(
             {f for b in later_event_records for f in _optional_fields(b.load)}
         ),
@@ -347,6 +346,25 @@ def kv_shape(
             {f for b in load_only if b is not records[0] for f in _optional_fields(b.load)}
         ),
     }
+
+
+def _first_record_fields(
+    records: list[common_pb2.KvEventBatch],
+    load_only: list[common_pb2.KvEventBatch],
+    later_event_records: list[common_pb2.KvEventBatch],
+) -> str | list[str]:
+    """The stream's first load record against the later ones. Depending on timing, SGLang's
+    first record carries the fields of its heartbeats (load_only) or those of its event
+    batches, whichever kind the record is; a set of neither kind is listed."""
+    if not records:
+        return []
+    first = records[0]
+    fields = _optional_fields(first.load)
+    heartbeats = sorted({f for b in load_only if b is not first for f in _optional_fields(b.load)})
+    batches = sorted({f for b in later_event_records for f in _optional_fields(b.load)})
+    if fields in (heartbeats, batches):
+        return "those of the later heartbeats or event batches"
+    return fields
 
 
 def _relation(value: object, own: object, default: object, name: str) -> str:
