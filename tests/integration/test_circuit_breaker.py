@@ -172,6 +172,9 @@ async def _until_the_worker_holds_a_request(client: EngineClient) -> None:
             await asyncio.sleep(0.01)
 
 
+LONG_STREAM = 1024  # tokens: about a second per stream at 10x speed
+
+
 @pytest.fixture
 def workers() -> Iterator[ProcessFleet]:
     """Two simulated worker processes at 10x speed."""
@@ -199,12 +202,19 @@ async def test_the_breaker_opens_on_a_worker_that_refuses_connections_and_closes
 ) -> None:
     """Killed with 4 streams in flight on it, w1's requests fail at once: its breaker opens.
     Restarted on its port, w1 is probed healthy, its half-open trial succeeds, and the
-    breaker closes; w1 serves again."""
+    breaker closes; w1 serves again.
+
+    The streams are 1,024 tokens (about a second at 10x speed): the gateway's count of
+    streams in flight lags the worker, and streams of 64 tokens could end on the worker
+    between the check and the kill under a loaded run, leaving fewer than 3 to fail; health,
+    counting the probes' failures too, then took w1 out with its breaker still closed."""
     async with own_app(served(workers.urls)) as app:
         assert app.pool is not None
         w0, w1 = app.pool.workers()
         with capture_logs() as logs:
-            async with StreamLoad(app.http_port or 0, model=MODEL, concurrency=8) as load:
+            async with StreamLoad(
+                app.http_port or 0, model=MODEL, concurrency=8, max_tokens=LONG_STREAM
+            ) as load:
                 assert await eventually(lambda: load.by_worker[w1.worker_id] >= 4, 10.0)
                 assert await eventually(lambda: w1.in_flight >= 4, 5.0)
                 workers.kill(1)
