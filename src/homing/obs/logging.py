@@ -29,6 +29,8 @@ def configure_logging(level: str = "info", json: bool | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write per line: the gateway processes of one box share stderr, and print's
+        # two writes (line, then newline) interleave between them.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
