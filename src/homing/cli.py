@@ -75,7 +75,24 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="tensor-parallel size (simulated: default the preset's; sglang: default 1)",
     )
     p.add_argument("--speedup", type=float, help="simulated clock speedup (default 1.0)")
+    p.add_argument(
+        "--processes",
+        type=_processes,
+        metavar="N|auto",
+        help="gateway processes sharing the listeners (default 1; auto: one per usable CPU)",
+    )
+    p.add_argument("--follower", metavar="PLAN", help=argparse.SUPPRESS)  # see app.processes
     p.add_argument("--log-level", default="info")
+
+
+def _processes(value: str) -> int | str:
+    """`--processes`: "auto" or a whole number (the config checks its range)."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value[:64]!r} is neither a number nor auto") from None
 
 
 def _serve_config(args: argparse.Namespace) -> HomingConfig:
@@ -93,6 +110,7 @@ def _serve_config(args: argparse.Namespace) -> HomingConfig:
         (config.gateway, "host", args.host),
         (config.gateway, "port", args.port),
         (config.gateway, "grpc_port", args.grpc_port),
+        (config.gateway, "processes", args.processes),
         (config.router, "policy", args.policy),
         (config.sim, "workers", args.sim_workers),
         (config.sglang if sglang else config.sim, "workers", args.launch_workers),
@@ -132,12 +150,18 @@ def _serve(args: argparse.Namespace) -> int:
     from homing.scaler.actuators.base import ActuatorError
 
     configure_logging(args.log_level)
+    if args.follower is not None:
+        return _follow(args.follower)
     try:
         config = _serve_config(args)
     except ConfigError as err:
         print(f"homing: {error_message(err)}", file=sys.stderr)
         return 2
 
+    if config.gateway.process_count() > 1:  # each process's log lines say which it is
+        import structlog
+
+        structlog.contextvars.bind_contextvars(process=0)
     try:
         _run(Daemon(config, lambda: _serve_config(args)).run())
     except ActivationError as err:
@@ -151,6 +175,35 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     except OSError as err:  # after TimeoutError, which is one
         print(f"homing: {err.strerror or error_message(err)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _follow(plan_file: str) -> int:
+    """Run one follower of a `homing serve` with several processes, as its plan file says
+    (`homing.app.processes`): 0 after a stop signal, 1 when it could not start."""
+    import socket
+    from pathlib import Path
+
+    import structlog
+
+    from homing.app.processes import FollowerPlan
+    from homing.daemon.runner import Daemon
+
+    path = Path(plan_file)
+    try:
+        plan = FollowerPlan.read(path)
+        structlog.contextvars.bind_contextvars(process=plan.index)
+        http = socket.socket(fileno=plan.http_fd)
+        daemon = Daemon(
+            plan.config,
+            lambda: FollowerPlan.read(path).config,
+            follow=plan.leader,
+            sockets={"http": http},
+        )
+        _run(daemon.run())
+    except (OSError, ValueError, RuntimeError, TimeoutError) as err:
+        print(f"homing: gateway process: {error_message(err)}", file=sys.stderr)
         return 1
     return 0
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from homing.cli import admin_parser, build_parser
+from homing.cli import _serve_config, admin_parser, build_parser
+from homing.config import ConfigError
 
 OWN = ("serve", "sim", "worker", "bench", "plan")
 
@@ -49,3 +51,84 @@ def test_homing_sim_help_imports_neither_the_bench_nor_the_admin_commands() -> N
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
     assert "usage: homing sim" in done.stdout
+
+
+@pytest.mark.parametrize(("value", "parsed"), [("auto", "auto"), ("1", 1), ("4", 4), ("0", 0)])
+def test_serve_processes_takes_auto_or_a_whole_number(value: str, parsed: int | str) -> None:
+    """The parser takes any whole number; the config checks its range."""
+    args = build_parser("serve").parse_args(["serve", "--processes", value])
+    assert args.processes == parsed
+
+
+def test_serve_processes_defaults_to_the_configs(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[gateway]\nprocesses = 3\n")
+    args = build_parser("serve").parse_args(["serve", "--config", str(config)])
+    assert args.processes is None
+    assert _serve_config(args).gateway.processes == 3
+
+
+@pytest.mark.parametrize(("value", "parsed"), [("auto", "auto"), ("2", 2)])
+def test_serve_processes_overrides_the_configs(
+    tmp_path: Path, value: str, parsed: int | str
+) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[gateway]\nprocesses = 3\n")
+    args = build_parser("serve").parse_args(
+        ["serve", "--config", str(config), "--processes", value]
+    )
+    assert _serve_config(args).gateway.processes == parsed
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("x", "'x'"), ("2.5", "'2.5'"), ("AUTO", "'AUTO'"), ("y" * 80, repr("y" * 64))],
+)
+def test_serve_processes_neither_a_number_nor_auto_is_a_usage_error_naming_it(
+    value: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 with argparse's usage and the value (its first 64 characters) on stderr."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser("serve").parse_args(["serve", "--processes", value])
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("usage: homing serve ")
+    assert err.splitlines()[-1] == (
+        f"homing serve: error: argument --processes: {shown} is neither a number nor auto"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--processes", "0"],
+            'invalid option: gateway.processes: must be an integer from 1 to 256 or "auto", got 0',
+        ),
+        (
+            ["--processes", "257"],
+            'invalid option: gateway.processes: must be an integer from 1 to 256 or "auto", '
+            "got 257",
+        ),
+    ],
+)
+def test_serve_processes_out_of_range_is_a_config_error(argv: list[str], message: str) -> None:
+    args = build_parser("serve").parse_args(["serve", *argv])
+    with pytest.raises(ConfigError) as err:
+        _serve_config(args)
+    assert str(err.value) == message
+
+
+def test_serve_processes_above_one_with_the_admin_api_off_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[admin]\nenabled = false\n")
+    args = build_parser("serve").parse_args(["serve", "--config", str(config), "--processes", "2"])
+    with pytest.raises(ConfigError) as err:
+        _serve_config(args)
+    assert str(err.value) == (
+        "invalid option: gateway.processes > 1 needs admin.enabled: the other processes "
+        "follow the first one's workers through its admin API"
+    )

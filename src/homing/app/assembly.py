@@ -36,7 +36,8 @@ from homing.fleet.fleet import CUT_GRACE_S
 from homing.fleet.stream_interval import StreamIntervalPolicy
 from homing.gateway.admission import AdmissionController
 from homing.gateway.auth import KeyRing
-from homing.gateway.quotas import QuotaGuard, QuotaStoreError, build_store
+from homing.gateway.quotas import QuotaGuard, QuotaStore, QuotaStoreError, build_store
+from homing.gateway.quotas.shared import RemoteQuotaStore
 from homing.gateway.quotas.types import QuotaKind
 from homing.gateway.retry_budget import RetryPolicy
 from homing.gateway.service import InferenceService
@@ -77,6 +78,8 @@ class Assembly(AppParts):
         cfg = self.config
         workers: list[str | WorkerSpec] = [WorkerSpec(u, v) for u, v in spec.worker_specs()]
         health_timeout_s = cfg.engines.health_timeout_s
+        if self.follow is not None:  # a follower launches nothing: it serves the leader's
+            return workers, health_timeout_s
         scaler = cfg.scaler_of(spec)
         if scaler.enabled:
             if not workers and cfg.engines.launch == "sglang":
@@ -254,8 +257,12 @@ class Assembly(AppParts):
             # The in-process store keeps its windows on the App's clock; Redis on its own
             # server's TIME, shared by every gateway instance.
             store_clock = self.clock if cfg.quotas.backend == "memory" else None
+            store: QuotaStore = build_store(cfg.quotas, clock=store_clock)
+            if self.follow is not None and self.follow.quotas is not None:
+                # A follower's memory backend is its leader's (one store for the box).
+                store = RemoteQuotaStore(self.follow.quotas, timeout_s=cfg.quotas.store_timeout_s)
             self.quotas = QuotaGuard(
-                build_store(cfg.quotas, clock=store_clock),
+                store,
                 settings=cfg.quotas,
                 metrics=metrics,
                 clock=self.clock,

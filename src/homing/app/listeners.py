@@ -33,7 +33,8 @@ class Listeners(AppParts):
         another live gateway serves on) before anything is started."""
         cfg = self.config
         gw = cfg.gateway
-        listeners = [(gw.grpc_host, gw.grpc_port)]
+        # A follower's gRPC port is the leader's, held by it (SO_REUSEPORT).
+        listeners = [] if self.follow is not None else [(gw.grpc_host, gw.grpc_port)]
         if "http" not in self.listen_sockets:
             listeners.insert(0, (gw.host, gw.port))
         for host, port in listeners:
@@ -97,6 +98,7 @@ class Listeners(AppParts):
             max_metadata_bytes=gw.max_header_bytes,
             idle_timeout_s=gw.header_timeout_s,
             tls=tls,
+            reuse_port=self.shares_listeners,
         )
         self.grpc_port = self.grpc.port
         await self.grpc.start()

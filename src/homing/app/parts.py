@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from homing.admin.server import AdminServer
+from homing.app.processes import Leader
 from homing.clock import Clock, SystemClock
 from homing.config import (
     AdminSettings,
@@ -60,9 +61,12 @@ class AppParts:
         listen_sockets: Mapping[str, socket.socket] | None = None,
         clock: Clock | None = None,
         state_dir: str | None = None,
+        follow: Leader | None = None,
     ) -> None:
         self.config = config
         self.state_dir = state_dir
+        self.follow = follow
+        self._mirror_task: asyncio.Task[None] | None = None
         self.listen_sockets = dict(listen_sockets or {})
         self.keyring: KeyRing | None = None
         self.launchers: list[SimLauncher | SglangLauncher] = []
@@ -140,6 +144,12 @@ class AppParts:
     def sims(self) -> SimLauncher | SglangLauncher | None:
         """The first model's launcher of homing's own workers (None with listed workers)."""
         return self.launchers[0] if self.launchers else None
+
+    @property
+    def shares_listeners(self) -> bool:
+        """Whether other gateway processes listen on the same ports (a follower, or the
+        leader of several): the gRPC port is bound with SO_REUSEPORT."""
+        return self.follow is not None or self.config.gateway.process_count() > 1
 
     def _admin_settings(self) -> AdminSettings:
         """`config.admin`, with `state_dir` as its directory when it names none."""

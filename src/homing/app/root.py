@@ -18,6 +18,7 @@ from homing.app.listeners import Listeners
 from homing.app.reload import Reloading
 from homing.app.shutdown import Shutdown
 from homing.fleet import Fleet
+from homing.fleet.mirror import FleetMirror, leader_reader
 
 log = structlog.get_logger("homing.app")
 
@@ -35,7 +36,9 @@ class App(Assembly, Listeners, Shutdown, Reloading):
     cannot adopt a listening descriptor). `clock`: the one clock every component reads and
     waits on (default `SystemClock`; a `ManualClock` runs the gateway on virtual time, its
     workers' own processes on theirs). `state_dir`: where the admin socket and the rollout
-    file store live when `admin` names neither (default `default_state_dir()`).
+    file store live when `admin` names neither (default `default_state_dir()`). `follow`:
+    the leader of several gateway processes (`homing.app.processes`) whose workers this
+    one, a follower, mirrors, and whose quota store it uses.
     """
 
     async def __aenter__(self) -> App:
@@ -66,6 +69,12 @@ class App(Assembly, Listeners, Shutdown, Reloading):
             if cfg.admin.enabled:
                 await self._start_admin(self.fleet)
             self._start_scaler(specs, list(models))
+            if self.follow is not None:
+                reader = leader_reader(self.follow.admin, key=self.follow.key)
+                mirror = FleetMirror(self.fleet, reader, clock=self.clock)
+                self._mirror_task = asyncio.get_running_loop().create_task(
+                    mirror.run(), name="mirror"
+                )
         except BaseException:
             await self.stop()
             raise

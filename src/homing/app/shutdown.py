@@ -30,6 +30,11 @@ class Shutdown(AppParts):
         """Drain and stop; safe to call more than once and after a failed start."""
         self._stopping = True
         self.loop_busy.stop()
+        if self._mirror_task is not None:  # a follower takes no membership change now
+            self._mirror_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._mirror_task
+            self._mirror_task = None
         if self._scaler_task is not None:  # no scaling decision races the shutdown
             self._scaler_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

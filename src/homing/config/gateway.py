@@ -3,9 +3,24 @@ per-model admission queue (`[admission]`)."""
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+import os
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
 
 from homing.config.base import Section
+
+#: The most gateway processes one `homing serve` runs (a bound on what a config may ask).
+MAX_PROCESSES = 256
+
+
+def _processes(value: object) -> object:
+    if value == "auto" or (type(value) is int and 1 <= value <= MAX_PROCESSES):
+        return value
+    raise ValueError(f'must be an integer from 1 to {MAX_PROCESSES} or "auto", got {value!r}')
+
+
+Processes = Annotated[int | Literal["auto"], BeforeValidator(_processes)]
 
 
 class GatewaySettings(Section):
@@ -31,6 +46,16 @@ class GatewaySettings(Section):
     # TLS for both listeners: PEM certificate chain and private key (both or neither).
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # Gateway processes sharing the listeners (`process_count`); "auto": one per CPU this
+    # process may use.
+    processes: Processes = 1
+
+    def process_count(self) -> int:
+        """`processes` as a number: "auto" is the CPUs this process may run on
+        (`os.sched_getaffinity`), at most `MAX_PROCESSES`."""
+        if self.processes == "auto":
+            return max(1, min(MAX_PROCESSES, len(os.sched_getaffinity(0))))
+        return self.processes
 
     @model_validator(mode="after")
     def _tls_pair(self) -> GatewaySettings:

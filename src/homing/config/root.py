@@ -99,7 +99,24 @@ class HomingConfig(Section):
                     'listed workers needs actuator "exec" or "kubernetes"'
                 )
         self._check_gpu_budget()
+        self._check_processes()
         return self
+
+    def _check_processes(self) -> None:
+        """ValueError when several gateway processes could not follow the first one (no
+        admin API)."""
+        if self.gateway.processes == 1:
+            return
+        if not self.admin.enabled:
+            raise ValueError(
+                "gateway.processes > 1 needs admin.enabled: the other processes follow the "
+                "first one's workers through its admin API"
+            )
+        if self.admin.socket == "":
+            raise ValueError(
+                'gateway.processes > 1 needs the admin socket (admin.socket = "" turns it '
+                "off): the other processes follow the first one's workers through it"
+            )
 
     def _check_gpu_budget(self) -> None:
         """ValueError when `scaler.gpu_budget` cannot hold every autoscaled pool's

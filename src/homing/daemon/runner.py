@@ -14,6 +14,10 @@ Sequence, as systemd sees it with `Type=notify` (sd_notify(3)):
   with a STATUS line saying which. A SIGHUP that came before the loop's handler was set
   (`homing.daemon.early`) or during the start is one reload once READY=1 was sent;
 - SIGTERM or SIGINT: STOPPING=1, then the drain (`App.stop`).
+With `gateway.processes` > 1 this process leads the others (`homing.daemon.followers`): it
+binds the HTTP listener itself (unless systemd handed one over) and passes it on, and
+READY=1 waits for every follower's; a reload and the drain reach them all. A follower
+(`follow` set) is run by this same class, its notifications going to the leader.
 Without `NOTIFY_SOCKET` the same runs and notifies nobody. A malformed `WATCHDOG_USEC` or
 `WATCHDOG_PID` is logged (`watchdog_env_invalid`) and no pings are sent: like
 sd_watchdog_enabled(3), whose callers then do not ping; systemd itself never sets one.
@@ -24,19 +28,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
-from collections.abc import Callable, Coroutine, MutableMapping
+import socket
+from collections.abc import Callable, Coroutine, Mapping, MutableMapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
 from homing.app import App, ReloadRefused
+from homing.app.processes import FollowerPlan, Leader, follower_config, with_process_key
 from homing.clock import SystemClock
-from homing.config import ConfigError, HomingConfig
+from homing.config import ConfigError, HomingConfig, default_state_dir
 from homing.daemon.activation import check_names, listen_sockets
 from homing.daemon.early import take_pending_sighup
+from homing.daemon.followers import Followers, bind_http
 from homing.daemon.notify import Notifier
 from homing.daemon.watchdog import StallMonitor, WatchdogPinger, watchdog_interval_s
+from homing.engines.lifecycle import Phase
+from homing.gateway.quotas.shared import QuotaServer
 
 log = structlog.get_logger("homing.daemon")
 T = TypeVar("T")
@@ -44,12 +55,21 @@ T = TypeVar("T")
 #: Listener names socket activation may hand over (`FileDescriptorName=`).
 ACTIVATED_LISTENERS = {"http"}
 
+#: Seconds a follower gets beyond `gateway.drain_timeout_s` to exit after SIGTERM before
+#: it is killed (its own drain, then its pools' and listeners' close).
+FOLLOWER_GRACE_S = 10.0
+
 
 class Daemon:
     """Runs one `App` until SIGTERM or SIGINT. `config`: the configuration to start with;
     `load()`: reads it again for a reload (raises `ConfigError`). `environ`: where the
     NOTIFY_SOCKET, WATCHDOG_* and LISTEN_* variables are read (default `os.environ`).
-    After `run` has started: `app`, and `last_reload` (None, or what the last one did)."""
+    `follow`: the leader, for a follower (`homing.app.processes`); a follower serves the
+    listening `sockets` it inherited instead of LISTEN_* ones. A leader adds an admin key of
+    its own for its followers (`with_process_key`), to the first configuration and to each
+    reloaded one, and serves them its memory quota store (`QuotaServer`).
+    After `run` has started: `app`, `followers` (the leader of several processes; else
+    None), and `last_reload` (None, or what the last one did)."""
 
     def __init__(
         self,
@@ -57,9 +77,17 @@ class Daemon:
         load: Callable[[], HomingConfig],
         *,
         environ: MutableMapping[str, str] | None = None,
+        follow: Leader | None = None,
+        sockets: Mapping[str, socket.socket] | None = None,
     ) -> None:
-        self.config = config
+        self._leads = follow is None and config.gateway.process_count() > 1
+        self._process_key = secrets.token_hex(32) if self._leads else None
+        self.config = self._keyed(config)
         self._load = load
+        self._follow = follow
+        self._quota_server: QuotaServer | None = None
+        self._sockets = dict(sockets) if sockets is not None else None
+        self.followers: Followers | None = None
         self._environ = os.environ if environ is None else environ
         self.notifier = Notifier(self._environ)
         self.app: App | None = None
@@ -117,13 +145,22 @@ class Daemon:
 
     async def _serve(self) -> None:
         cfg = self.config
-        sockets = listen_sockets(self._environ)
-        check_names(sockets, ACTIVATED_LISTENERS)
-        app = self.app = App(cfg, listen_sockets=sockets)
+        if self._sockets is not None:
+            sockets = self._sockets
+        else:
+            sockets = listen_sockets(self._environ)
+            check_names(sockets, ACTIVATED_LISTENERS)
+        leads = self._leads
+        if leads and "http" not in sockets:
+            sockets["http"] = bind_http(cfg.gateway.host, cfg.gateway.port)
+        app = self.app = App(cfg, listen_sockets=sockets, follow=self._follow)
         status_task: asyncio.Task[None] | None = None
         try:
             self.notifier.status("starting")
             if not await self._start(app):
+                log.info("shutdown_requested", before_ready=True)
+                return
+            if leads and not await self._start_followers(app, sockets["http"]):
                 log.info("shutdown_requested", before_ready=True)
                 return
             self._opened, self._rate_at = app.recorder.opened, self._clock.now()
@@ -139,7 +176,69 @@ class Daemon:
                     await status_task
             in_flight = app.service.in_flight if app.service is not None else 0
             self.notifier.stopping(status=f"draining {in_flight} requests in flight")
-            await app.stop()
+            stops = [app.stop()]
+            if self.followers is not None:  # they drain beside this one
+                stops.append(self.followers.stop(cfg.gateway.drain_timeout_s + FOLLOWER_GRACE_S))
+            await asyncio.gather(*stops)
+            if self._quota_server is not None:  # once no follower charges any more
+                await self._quota_server.stop()
+
+    async def _start_followers(self, app: App, http: socket.socket) -> bool:
+        """Start the other gateway processes once this one serves; True once every one is
+        ready, False when the stop signal came first. Raises what made the start fail."""
+        cfg = self.config
+        count = cfg.gateway.process_count() - 1
+        self.notifier.status(f"starting {count} more gateway processes")
+        runtime_dir = Path(default_state_dir(cfg.admin.state_dir)) / "processes"
+        runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        quotas = None
+        if app.quotas is not None and cfg.quotas.backend == "memory":
+            quotas = str(runtime_dir / "quotas.sock")
+            self._quota_server = QuotaServer(app.quotas.store, quotas)
+            await self._quota_server.start()
+        leader = Leader(
+            admin=next(a for a in app.admin.addresses if a.startswith("unix:")),
+            key=self._process_key,
+            quotas=quotas,
+        )
+        self.followers = Followers(
+            count,
+            lambda index: self._plan(app, index, leader, http, runtime_dir),
+            runtime_dir=runtime_dir,
+            http_socket=http,
+            clock=self._clock,
+        )
+        task = await self._until_done_or_stopped(
+            self.followers.start(cfg.engines.startup_timeout_s)
+        )
+        if task.cancelled():
+            return False
+        task.result()
+        return True
+
+    def _plan(
+        self, app: App, index: int, leader: Leader, http: socket.socket, runtime_dir: Path
+    ) -> FollowerPlan:
+        """What follower `index` runs now: this configuration over the fleet's workers
+        (none draining or gone), on this process's ports."""
+        assert app.fleet is not None and app.grpc_port is not None
+        workers = [
+            [(w.url, w.version) for w in m.workers() if w.phase not in (Phase.DRAINING, Phase.GONE)]
+            for m in app.fleet.models.values()
+        ]
+        config = follower_config(
+            self.config,
+            workers=workers,
+            grpc_port=app.grpc_port,
+            state_dir=str(runtime_dir / f"process-{index}"),
+        )
+        return FollowerPlan(index=index, leader=leader, http_fd=http.fileno(), config=config)
+
+    def _keyed(self, config: HomingConfig) -> HomingConfig:
+        """`config` with the followers' admin key when this process leads others."""
+        if self._process_key is None:
+            return config
+        return with_process_key(config, self._process_key)
 
     async def _start(self, app: App) -> bool:
         """`app.start()` then `wait_min_ready`, raced with the stop signal: True once ready,
@@ -209,7 +308,7 @@ class Daemon:
         log.info("reload_requested")
         applied = False
         try:
-            new = await asyncio.to_thread(self._load)
+            new = self._keyed(await asyncio.to_thread(self._load))
             plan = await app.reload(new)
         except (ConfigError, ReloadRefused) as err:
             self.last_reload = f"reload refused: {err}"
@@ -224,6 +323,8 @@ class Daemon:
             applied = True
             self.config = new
             self.last_reload = plan.outcome()
+            if self.followers is not None:
+                await self.followers.reload()
             (log.warning if plan.failed else log.info)(
                 "reload_applied",
                 changes=list(plan.changes),

@@ -595,6 +595,7 @@ class GrpcApi:
     grpc has no hook before it). `idle_timeout_s`:
     a connection with no call in progress is closed after this long.
     `tls`: (certificate chain PEM, private key PEM) to serve TLS instead of plaintext.
+    `reuse_port`: bind with SO_REUSEPORT (the gateway processes of one box share the port).
     """
 
     def __init__(
@@ -608,6 +609,7 @@ class GrpcApi:
         max_metadata_bytes: int = 16 * 1024,
         idle_timeout_s: float = 30.0,
         tls: tuple[bytes, bytes] | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self.service = service
         self.server = grpc.aio.server(
@@ -620,7 +622,9 @@ class GrpcApi:
                 ("grpc.max_metadata_size", max_metadata_bytes),
                 ("grpc.absolute_max_metadata_size", max_metadata_bytes),
                 ("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000)),
-                ("grpc.so_reuseport", 0),
+                # On only where several gateway processes share the port: otherwise a
+                # second gateway on it must fail to bind, not take half its connections.
+                ("grpc.so_reuseport", int(reuse_port)),
             ]
         )
         _add_inference_servicer(InferenceServicer(service, keyring), self.server, max_message_bytes)
