@@ -1,5 +1,5 @@
-"""The metrics-on/off comparison of bench-gateway and bench-overhead: target names and the
-ratio arithmetic, on hand-built figures."""
+"""The metrics-on/off and the 2-processes comparisons of bench-gateway and bench-overhead:
+target names and the ratio arithmetic, on hand-built figures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from homing.bench.gateway_overhead import MODES, TENANT_MODES, metrics_cost
-from homing.bench.overhead import HOMING, HOMING_NOMETRICS, SMG, summarize
+from homing.bench.overhead import HOMING, HOMING_NOMETRICS, HOMING_P2, SMG, summarize
 from homing.bench.overhead.cli import _targets
 
 
@@ -64,3 +64,18 @@ def test_summarize_gives_metrics_on_off_as_homing_over_homing_nometrics() -> Non
     assert summary["ratios_metrics_on_off"]["cpu_ms_non_streamed"] == 1.1  # median 2.2 / 2.0
     assert summary["ratios"]["cpu_ms_non_streamed"] is None  # no smg in these rounds
     assert summary["medians"]["cpu_ms_non_streamed"][SMG] is None
+
+
+def test_summarize_gives_two_processes_over_one_as_homing_p2_over_homing() -> None:
+    """The `--processes 2` target's ratio: its CPU (all its processes') over homing's."""
+    rounds = [
+        {"non_streamed": {HOMING: {"gateway_cpu_ms": 2.0}, HOMING_P2: {"gateway_cpu_ms": c}}}
+        for c in (2.1, 2.3, 2.2)
+    ]
+    summary = summarize(rounds, rss={})
+    assert summary["medians"]["cpu_ms_non_streamed"][HOMING_P2] == 2.2
+    assert summary["ratios_p2_to_p1"]["cpu_ms_non_streamed"] == 1.1
+
+
+def test_targets_accepts_homing_p2() -> None:
+    assert _targets("homing,homing-p2") == frozenset({HOMING, HOMING_P2})

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from homing.bench.overhead.client import Client
-from homing.bench.overhead.procfs import cpu_seconds, stat_cpu_seconds
+from homing.bench.overhead.procfs import stat_cpu_seconds
 from homing.bench.overhead.targets import DIRECT, GRPC_FLOOR
 from homing.bench.overhead.workload import NON_STREAMED_TOKENS, RPS_CONCURRENCY
 from homing.bench.report import percentile
@@ -54,7 +54,7 @@ async def cpu_phase(
     stack = client.stack
     if target == GRPC_FLOOR:
         return await _floor_cpu_phase(client, errors, max_tokens, stream, requests, concurrency)
-    pid = stack.gateway_pid(target)
+    pids = stack.gateway_pids(target)
     remaining, good = requests, 0
 
     async def worker() -> None:
@@ -67,12 +67,13 @@ async def cpu_phase(
             else:
                 errors.add(target, error)
 
-    ticks0, gateway0 = stat_cpu_seconds(pid), cpu_seconds(pid)
+    gateway0, ticks0 = stack.gateway_cpu_s(pids)
     workers0, wall0 = stack.worker_cpu_s(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - wall0
-    gateway, workers = cpu_seconds(pid) - gateway0, stack.worker_cpu_s() - workers0
-    ticks = stat_cpu_seconds(pid) - ticks0
+    gateway1, ticks1 = stack.gateway_cpu_s(pids)
+    gateway, ticks = gateway1 - gateway0, ticks1 - ticks0
+    workers = stack.worker_cpu_s() - workers0
     per = max(good, 1)
     return {
         "requests": good,
@@ -143,8 +144,8 @@ async def rps_phase(
     """Closed loop at RPS_CONCURRENCY for `seconds`: good answers per second and the
     gateway's CPU per good answer (ms), by wrk when `wrk` is its path, else aiohttp."""
     stack = client.stack
-    pid = stack.gateway_pid(target)
-    gateway0 = cpu_seconds(pid)
+    pids = stack.gateway_pids(target)
+    gateway0, _ = stack.gateway_cpu_s(pids)
     if wrk is not None:
         url = stack.http_urls[target] + "/v1/chat/completions"
         # subprocess.run with close_fds=False spawns by posix_spawn, not fork (the event
@@ -183,7 +184,7 @@ async def rps_phase(
 
         await asyncio.gather(*(worker() for _ in range(RPS_CONCURRENCY)))
         wall = time.perf_counter() - started
-    gateway = cpu_seconds(pid) - gateway0
+    gateway = stack.gateway_cpu_s(pids)[0] - gateway0
     return {
         "requests": good,
         "errors": bad,

@@ -28,6 +28,14 @@ def cpu_seconds(pid: int) -> float:
         return stat_cpu_seconds(pid)
 
 
+def children(pid: int) -> list[int]:
+    """The live children of process `pid` (/proc/PID/task/PID/children); [] once gone."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def stat_cpu_seconds(pid: int) -> float:
     """utime + stime of process `pid`, all its threads (s, in clock ticks of 1 / CLK_TCK):
     fields 14 and 15 of /proc/PID/stat, counted after the parenthesised command name."""

@@ -19,7 +19,9 @@ from homing.bench.overhead.targets import (
     HOMING_BEFORE,
     HOMING_GRPC,
     HOMING_NOMETRICS,
+    HOMING_P2,
     HOMING_SI8,
+    P2_PROCESSES,
     SI8_STREAM_INTERVAL,
     SMG,
     TARGETS,
@@ -87,17 +89,18 @@ def _ratio(top: float | None, bottom: float | None) -> float | None:
 
 def summarize(rounds: Sequence[dict[str, Any]], rss: dict[str, float]) -> dict[str, Any]:
     """Medians over the rounds per metric and target, the ratios (homing/smg, after/before =
-    homing/homing_before, metrics on/off = homing/homing_nometrics, homing_si8/smg), the
-    direct gRPC baseline."""
+    homing/homing_before, metrics on/off = homing/homing_nometrics, homing_si8/smg,
+    2 processes / 1 = homing_p2/homing), the direct gRPC baseline."""
     medians: dict[str, dict[str, float | None]] = {}
     for _, key, path in METRICS:
         medians[key] = {t: _median(rounds, *(p.format(t=t) for p in path)) for t in TARGETS}
     medians["peak_rss_mib"] = {t: rss.get(t) for t in TARGETS}
-    ratios, after_before, metrics, si8 = {}, {}, {}, {}
+    ratios, after_before, metrics, si8, processes = {}, {}, {}, {}, {}
     for key, values in medians.items():
         ratios[key] = _ratio(values.get(HOMING), values.get(SMG))
         after_before[key] = _ratio(values.get(HOMING), values.get(HOMING_BEFORE))
         metrics[key] = _ratio(values.get(HOMING), values.get(HOMING_NOMETRICS))
+        processes[key] = _ratio(values.get(HOMING_P2), values.get(HOMING))
     for key, _ in SI8_METRICS:
         si8[key] = _ratio(medians[key].get(HOMING_SI8), medians[key].get(SMG))
     baseline = {
@@ -111,6 +114,7 @@ def summarize(rounds: Sequence[dict[str, Any]], rss: dict[str, float]) -> dict[s
         "ratios_after_before": after_before,
         "ratios_metrics_on_off": metrics,
         "ratios_si8_to_smg_si1": si8,
+        "ratios_p2_to_p1": processes,
         "direct_grpc_baseline": baseline,
     }
 
@@ -134,6 +138,7 @@ def print_table(result: dict[str, Any]) -> None:
     )
     before = HOMING_BEFORE in targets
     nometrics = HOMING_NOMETRICS in targets
+    p2 = HOMING_P2 in targets
     homing = bool(targets & {HOMING, HOMING_SI8})  # the si8 rows use its column
     before_name = f"homing before ({settings['homing_before_commit'] or 'old src'})"
     columns = [
@@ -141,6 +146,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("homing/smg", homing and SMG in targets),
         (before_name, before), ("after/before", before),
         ("homing, no request metrics", nometrics), ("metrics on/off", nometrics and homing),
+        (f"homing, {P2_PROCESSES} processes", p2), (f"{P2_PROCESSES} proc/1", p2 and homing),
         ("homing gRPC API", HOMING_GRPC in targets),
         ("grpc.aio client alone", GRPC_FLOOR in targets),
     ]  # fmt: skip
@@ -153,9 +159,9 @@ def print_table(result: dict[str, Any]) -> None:
     def add(cells: list[str]) -> None:
         table.add_row(*(c for c, present in zip(cells, shown, strict=True) if present))
 
-    medians, ratios, after_before, on_off = (
+    medians, ratios, after_before, on_off, by_processes = (
         result["medians"], result["ratios"], result["ratios_after_before"],
-        result["ratios_metrics_on_off"],
+        result["ratios_metrics_on_off"], result["ratios_p2_to_p1"],
     )  # fmt: skip
     labels = [(label, key) for label, key, _ in METRICS] + [("peak RSS (MiB)", "peak_rss_mib")]
     for label, key in labels:
@@ -176,20 +182,23 @@ def print_table(result: dict[str, Any]) -> None:
             cell(row.get(HOMING_BEFORE)) if gateway else "",
             cell(after_before[key]) if gateway else "",
             cell(row.get(HOMING_NOMETRICS)) if gateway else "",
-            cell(on_off[key]) if gateway else "", grpc_cell, floor_cell,
+            cell(on_off[key]) if gateway else "",
+            cell(row.get(HOMING_P2)) if gateway else "",
+            cell(by_processes[key]) if gateway else "", grpc_cell, floor_cell,
         ])  # fmt: skip
     if HOMING_SI8 in targets:
         table.add_section()
         si8 = result["ratios_si8_to_smg_si1"]
         add([
             f"[i]homing at stream_interval {SI8_STREAM_INTERVAL} vs smg at stream_interval 1:[/i]",
-            "[i]homing si8[/i]", "[i]smg si1[/i]", "[i]si8/si1[/i]", "", "", "", "", "", "",
+            "[i]homing si8[/i]", "[i]smg si1[/i]", "[i]si8/si1[/i]", "", "", "", "", "", "", "",
+            "",
         ])  # fmt: skip
         for key, label in SI8_METRICS:
             add([
                 label,
                 cell(medians[key].get(HOMING_SI8)), cell(medians[key].get(SMG)),
-                cell(si8[key]), "", "", "", "", "", "",
+                cell(si8[key]), "", "", "", "", "", "", "", "",
             ])  # fmt: skip
     console = Console()
     if not console.is_terminal:  # a log or a pipe: wide enough for one line a row

@@ -155,7 +155,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for index in range(args.rounds):
             rounds.append(await run_round(client, errors, args, index, wrk, script))
             print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-        rss = {name: peak_rss_mib(proc.pid) for name, proc in stack.procs.items()}
+        rss = {  # a target of several processes: their sum
+            name: sum(peak_rss_mib(p) for p in stack.gateway_pids(name)) for name in stack.procs
+        }
         if stack.floor is not None:
             rss[GRPC_FLOOR] = peak_rss_mib(stack.floor.proc.pid)
         rss["workers"] = max(peak_rss_mib(p.pid) for p in stack.sims)

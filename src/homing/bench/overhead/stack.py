@@ -26,15 +26,17 @@ import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 
 from homing.bench.overhead.floor import FloorClient
-from homing.bench.overhead.procfs import cpu_seconds
+from homing.bench.overhead.procfs import children, cpu_seconds, stat_cpu_seconds
 from homing.bench.overhead.targets import (
     GRPC_FLOOR,
     HOMING,
     HOMING_BEFORE,
     HOMING_GRPC,
     HOMING_NOMETRICS,
+    HOMING_P2,
     HOMING_SI8,
     NOMETRICS_CONFIG,
+    P2_PROCESSES,
     SI8_STREAM_INTERVAL,
     SMG,
     TARGETS,
@@ -118,6 +120,10 @@ class Stack:
                 group.create_task(
                     self._start_homing(HOMING_NOMETRICS, scratch, config=nometrics_config)
                 )
+            if HOMING_P2 in self.targets:
+                group.create_task(
+                    self._start_homing(HOMING_P2, scratch, flags=["--processes", str(P2_PROCESSES)])
+                )
             if SMG in self.targets:
                 group.create_task(self._start_smg(scratch / "smg"))
         for url in self.worker_urls:
@@ -140,9 +146,10 @@ class Stack:
         env: dict[str, str] | None = None,
         config: Path | None = None,
         as_found: bool = False,
+        flags: list[str] | None = None,
     ) -> None:
         """`homing serve` over the workers as `name`: `env` added to ours, `config` its
-        `--config` (the flags given here override what it says). `as_found`: with
+        `--config` (the flags given here, and `flags`, override what it says). `as_found`: with
         `GRPC_EXPERIMENTS` as this process found it, before homing set its default (an older
         tree decides for itself, as it did when it ran alone)."""
         port, grpc_port = free_port(), free_port()
@@ -152,6 +159,7 @@ class Stack:
         ]  # fmt: skip
         if config is not None:
             argv += ["--config", str(config)]
+        argv += flags or []
         for url in self.worker_urls:
             argv += ["--worker", url]
         state = scratch / f"{name}-state"  # its own admin socket, whatever else runs here
@@ -216,11 +224,21 @@ class Stack:
 
     def gateway_pid(self, target: str) -> int:
         """The process whose CPU a target's requests cost (homing for its gRPC API too, the
-        floor's child for GRPC_FLOOR)."""
+        floor's child for GRPC_FLOOR; HOMING_P2's leader)."""
         if target == GRPC_FLOOR:
             assert self.floor is not None
             return self.floor.proc.pid
         return self.procs[HOMING if target == HOMING_GRPC else target].pid
+
+    def gateway_pids(self, target: str) -> list[int]:
+        """Every process whose CPU a target's requests cost: `gateway_pid`, and for
+        HOMING_P2 its other gateway processes (its children that are not workers)."""
+        pid = self.gateway_pid(target)
+        return [pid, *children(pid)] if target == HOMING_P2 else [pid]
+
+    def gateway_cpu_s(self, pids: list[int]) -> tuple[float, float]:
+        """CPU seconds of `pids` together so far: (process clocks, /proc ticks)."""
+        return sum(cpu_seconds(p) for p in pids), sum(stat_cpu_seconds(p) for p in pids)
 
     def worker_cpu_s(self) -> float:
         """CPU seconds of both workers so far."""

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 HOMING, SMG, HOMING_GRPC, DIRECT = "homing", "smg", "homing_grpc", "direct"
 HOMING_BEFORE, HOMING_SI8, GRPC_FLOOR = "homing_before", "homing_si8", "grpc_aio"
-HOMING_NOMETRICS = "homing_nometrics"
-GATEWAYS = (HOMING, SMG, HOMING_BEFORE, HOMING_NOMETRICS)
+HOMING_NOMETRICS, HOMING_P2 = "homing_nometrics", "homing_p2"
+GATEWAYS = (HOMING, SMG, HOMING_BEFORE, HOMING_NOMETRICS, HOMING_P2)
 """The HTTP gateways measured in every phase, requests/s included."""
-TARGETS = (HOMING, SMG, HOMING_BEFORE, HOMING_NOMETRICS, HOMING_GRPC, HOMING_SI8, GRPC_FLOOR)
+TARGETS = (
+    HOMING, SMG, HOMING_BEFORE, HOMING_NOMETRICS, HOMING_P2, HOMING_GRPC, HOMING_SI8, GRPC_FLOOR
+)  # fmt: skip
 """Every target `--targets` may name, in the table's order."""
 STREAMED_ONLY = frozenset({HOMING_SI8})
 """Targets measured only streamed (CPU per streamed request and token, streamed first byte)."""
 SI8_STREAM_INTERVAL = 8
 NOMETRICS_CONFIG = "[obs]\nrequest_metrics = false\n"
 """HOMING_NOMETRICS's `--config` file: homing without its per-request series."""
+P2_PROCESSES = 2
+"""HOMING_P2's `--processes`: its CPU is that of all its gateway processes together."""
