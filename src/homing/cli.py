@@ -189,17 +189,20 @@ def _follow(plan_file: str) -> int:
 
     from homing.app.processes import FollowerPlan
     from homing.daemon.runner import Daemon
+    from homing.engines.pool.shared_in_flight import InFlightBoard
 
     path = Path(plan_file)
     try:
         plan = FollowerPlan.read(path)
         structlog.contextvars.bind_contextvars(process=plan.index)
         http = socket.socket(fileno=plan.http_fd)
+        board = InFlightBoard.open(plan.leader.board) if plan.leader.board else None
         daemon = Daemon(
             plan.config,
             lambda: FollowerPlan.read(path).config,
             follow=plan.leader,
             sockets={"http": http},
+            shared_in_flight=(board, plan.index) if board is not None else None,
         )
         _run(daemon.run())
     except (OSError, ValueError, RuntimeError, TimeoutError) as err:

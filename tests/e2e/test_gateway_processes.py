@@ -97,6 +97,8 @@ def _start(tmp_path: Path, extra: str = "") -> Iterator[Served]:
     try:
         notify.until("READY", 60)
         serving = next(e for e in _events(log, "serving") if e.get("process") == 0)
+        # the state directory's "processes", or a shorter one where sockets would not fit
+        (runtime,) = (e["path"] for e in _events(log, "gateway_processes_runtime"))
         yield Served(
             process=process,
             log=log,
@@ -104,7 +106,7 @@ def _start(tmp_path: Path, extra: str = "") -> Iterator[Served]:
             http=int(str(serving["http"]).rsplit(":", 1)[1]),
             grpc=int(str(serving["grpc"]).rsplit(":", 1)[1]),
             leader_admin=f"unix:{state}/admin.sock",
-            follower_admin=f"unix:{state}/processes/process-1/admin.sock",
+            follower_admin=f"unix:{runtime}/process-1/admin.sock",
         )
     finally:
         if process.poll() is None:
@@ -171,10 +173,17 @@ async def _in_flight(address: str) -> int:
         return (await admin.get_stats()).in_flight
 
 
-async def _grpc_streams_reach_both(s: Served, streams: int = 16) -> tuple[int, int]:
+async def _workers_in_flight(address: str) -> int:
+    """The requests in flight on every worker, as `homing workers ls` there shows them."""
+    async with AdminClient(address) as admin:
+        return sum(w.in_flight for w in (await admin.list_workers()).workers)
+
+
+async def _grpc_streams_reach_both(s: Served, streams: int = 16) -> tuple[int, int, int]:
     """`streams` long gRPC streams, each on its own connection (the kernel spreads the
     connections over both processes' SO_REUSEPORT sockets by their addresses); returns the
-    streams in flight in the leader and in the follower once all are."""
+    streams in flight in the leader and in the follower once all are, and the requests in
+    flight on the workers as the leader's `homing workers ls` shows them."""
     channels = [
         grpc.aio.insecure_channel(
             f"127.0.0.1:{s.grpc}", options=[("grpc.use_local_subchannel_pool", 1)]
@@ -194,7 +203,7 @@ async def _grpc_streams_reach_both(s: Served, streams: int = 16) -> tuple[int, i
             await call.read()  # the first answer: the stream is open on a worker
             calls.append(call)
         leader, follower = await _in_flight(s.leader_admin), await _in_flight(s.follower_admin)
-        return leader, follower
+        return leader, follower, await _workers_in_flight(s.leader_admin)
     finally:
         for call in calls:
             call.cancel()
@@ -222,14 +231,17 @@ def test_two_processes_serve_one_port_pair_follow_one_admin_api_and_stop_togethe
     served: Served,
 ) -> None:
     """The follower answers HTTP on the leader's port while the leader is stopped; 16 gRPC
-    connections land on both processes; a drain on the leader's admin API drains the
-    worker in the follower; SIGHUP reloads both; SIGTERM stops both, exit 0."""
+    connections land on both processes, and the leader's `homing workers ls` counts all 16
+    in flight on the workers (the shared in-flight board); a drain on the leader's admin
+    API drains the worker in the follower; SIGHUP reloads both; SIGTERM stops both, exit
+    0."""
     s = served
     (follower,) = s.follower_pids()
     _only_the_follower_serves_http(s)
-    leader_streams, follower_streams = asyncio.run(_grpc_streams_reach_both(s))
+    leader_streams, follower_streams, on_workers = asyncio.run(_grpc_streams_reach_both(s))
     assert leader_streams + follower_streams == 16
     assert leader_streams > 0 and follower_streams > 0  # 2 in 2**16 to fail by chance
+    assert on_workers == 16  # the leader's admin API counts the follower's requests too
     url, phase = asyncio.run(_until_drained_in_follower(s))
     assert phase in ("draining", "gone"), (url, phase)
     assert [e["kind"] for e in s.events("mirror_action")] == ["drain"]

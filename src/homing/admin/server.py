@@ -227,7 +227,7 @@ def worker_message(model: ModelDispatch, w: WorkerState) -> pb.Worker:
         version=w.version,
         phase=w.phase.value,
         healthy=w.healthy,
-        in_flight=w.in_flight,
+        in_flight=w.in_flight_all,
         cached_blocks=model.router.index.worker_blocks(w.worker_id),
         kv_stream=w.kv_stream,
         last_error=w.last_error or "",

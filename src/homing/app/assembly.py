@@ -139,6 +139,7 @@ class Assembly(AppParts):
             on_health_change=self._on_health_change,
             on_transition=on_transition,
             clock=self.clock,
+            shared=self.shared_in_flight,
             config=PoolConfig(
                 health_interval_s=cfg.engines.health_interval_s,
                 health_timeout_s=health_timeout_s,

@@ -30,6 +30,7 @@ from homing.config import (
 )
 from homing.embedded import SglangLauncher, SimLauncher
 from homing.engines.pool import WorkerPool, WorkerState
+from homing.engines.pool.shared_in_flight import InFlightBoard
 from homing.fleet import Fleet, ModelDispatch
 from homing.fleet.fleet import WorkerIds
 from homing.gateway.admission import AdmissionController
@@ -62,10 +63,12 @@ class AppParts:
         clock: Clock | None = None,
         state_dir: str | None = None,
         follow: Leader | None = None,
+        shared_in_flight: tuple[InFlightBoard, int] | None = None,
     ) -> None:
         self.config = config
         self.state_dir = state_dir
         self.follow = follow
+        self.shared_in_flight = shared_in_flight
         self._mirror_task: asyncio.Task[None] | None = None
         self.listen_sockets = dict(listen_sockets or {})
         self.keyring: KeyRing | None = None

@@ -27,12 +27,13 @@ from homing.config.scaler import ScalerSettings
 @dataclass(frozen=True)
 class Leader:
     """What a follower reaches of its leader: the admin API at `admin` ("unix:PATH") with
-    `key` (None: it has no keys), and the quota store's socket `quotas` (None: the
-    quotas are not the leader's memory backend)."""
+    `key` (None: it has no keys), the quota store's socket `quotas` (None: the quotas are
+    not the leader's memory backend), and the in-flight board's file `board`."""
 
     admin: str
     key: str | None = None
     quotas: str | None = None
+    board: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,18 @@ class FollowerPlan:
             http_fd=int(body["http_fd"]),
             config=HomingConfig.model_validate(body["config"]),
         )
+
+
+#: The longest path `runtime_dir` adds to its directory: a follower's admin socket.
+LONGEST_RUNTIME_PATH = len("/process-256/admin.sock")
+
+
+def runtime_dir(state_dir: str, max_socket_path: int) -> Path | None:
+    """Where a leader keeps its followers' plans, sockets and shared files: `state_dir`'s
+    "processes", or None when a socket there would be longer than `max_socket_path` (the
+    caller then makes a private directory of a shorter path)."""
+    path = Path(state_dir) / "processes"
+    return path if len(str(path)) + LONGEST_RUNTIME_PATH <= max_socket_path else None
 
 
 #: The name of the admin key the leader makes for its followers (`with_process_key`).

@@ -38,7 +38,9 @@ class App(Assembly, Listeners, Shutdown, Reloading):
     workers' own processes on theirs). `state_dir`: where the admin socket and the rollout
     file store live when `admin` names neither (default `default_state_dir()`). `follow`:
     the leader of several gateway processes (`homing.app.processes`) whose workers this
-    one, a follower, mirrors, and whose quota store it uses.
+    one, a follower, mirrors, and whose quota store it uses. `shared_in_flight`: (board,
+    this process's row) where several gateway processes publish their requests in flight
+    per worker (`homing.engines.pool.shared_in_flight`).
     """
 
     async def __aenter__(self) -> App:

@@ -75,7 +75,8 @@ class Follower:
 
 class Followers:
     """`count` followers whose plans `plan(index)` gives (index 1..count), files under
-    `runtime_dir`, each inheriting `http_socket`; `clock` times the restarts."""
+    `runtime_dir`, each inheriting `http_socket`; `clock` times the restarts;
+    `on_exit(index)` runs when a follower exited, before it is started again."""
 
     def __init__(
         self,
@@ -85,8 +86,10 @@ class Followers:
         runtime_dir: Path,
         http_socket: socket.socket,
         clock: Clock,
+        on_exit: Callable[[int], None] | None = None,
     ) -> None:
         self._plan = plan
+        self._on_exit = on_exit
         self._dir = runtime_dir
         self._http = http_socket
         self._clock = clock
@@ -205,6 +208,8 @@ class Followers:
                 restart_in_s=f.delay_s,
             )
             f.process = None
+            if self._on_exit is not None:
+                self._on_exit(f.index)
             await self._clock.sleep(f.delay_s)
             if self._stopping:
                 return

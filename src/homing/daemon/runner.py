@@ -29,16 +29,25 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable, Coroutine, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
+from homing.admin.server import MAX_SOCKET_PATH
 from homing.app import App, ReloadRefused
-from homing.app.processes import FollowerPlan, Leader, follower_config, with_process_key
+from homing.app.processes import (
+    FollowerPlan,
+    Leader,
+    follower_config,
+    runtime_dir,
+    with_process_key,
+)
 from homing.clock import SystemClock
 from homing.config import ConfigError, HomingConfig, default_state_dir
 from homing.daemon.activation import check_names, listen_sockets
@@ -47,6 +56,7 @@ from homing.daemon.followers import Followers, bind_http
 from homing.daemon.notify import Notifier
 from homing.daemon.watchdog import StallMonitor, WatchdogPinger, watchdog_interval_s
 from homing.engines.lifecycle import Phase
+from homing.engines.pool.shared_in_flight import InFlightBoard
 from homing.gateway.quotas.shared import QuotaServer
 
 log = structlog.get_logger("homing.daemon")
@@ -58,6 +68,9 @@ ACTIVATED_LISTENERS = {"http"}
 #: Seconds a follower gets beyond `gateway.drain_timeout_s` to exit after SIGTERM before
 #: it is killed (its own drain, then its pools' and listeners' close).
 FOLLOWER_GRACE_S = 10.0
+
+#: The in-flight board's file in the leader's runtime directory.
+BOARD_FILE = "in_flight.board"
 
 
 class Daemon:
@@ -79,12 +92,16 @@ class Daemon:
         environ: MutableMapping[str, str] | None = None,
         follow: Leader | None = None,
         sockets: Mapping[str, socket.socket] | None = None,
+        shared_in_flight: tuple[InFlightBoard, int] | None = None,
     ) -> None:
         self._leads = follow is None and config.gateway.process_count() > 1
         self._process_key = secrets.token_hex(32) if self._leads else None
         self.config = self._keyed(config)
         self._load = load
         self._follow = follow
+        self._shared = shared_in_flight
+        self._runtime: Path | None = None
+        self._runtime_temporary = False
         self._quota_server: QuotaServer | None = None
         self._sockets = dict(sockets) if sockets is not None else None
         self.followers: Followers | None = None
@@ -151,9 +168,15 @@ class Daemon:
             sockets = listen_sockets(self._environ)
             check_names(sockets, ACTIVATED_LISTENERS)
         leads = self._leads
-        if leads and "http" not in sockets:
-            sockets["http"] = bind_http(cfg.gateway.host, cfg.gateway.port)
-        app = self.app = App(cfg, listen_sockets=sockets, follow=self._follow)
+        if leads:
+            if "http" not in sockets:
+                sockets["http"] = bind_http(cfg.gateway.host, cfg.gateway.port)
+            runtime = self._runtime_dir()
+            board = InFlightBoard.create(str(runtime / BOARD_FILE), cfg.gateway.process_count())
+            self._shared = (board, 0)
+        app = self.app = App(
+            cfg, listen_sockets=sockets, follow=self._follow, shared_in_flight=self._shared
+        )
         status_task: asyncio.Task[None] | None = None
         try:
             self.notifier.status("starting")
@@ -182,6 +205,24 @@ class Daemon:
             await asyncio.gather(*stops)
             if self._quota_server is not None:  # once no follower charges any more
                 await self._quota_server.stop()
+            if self._shared is not None:
+                self._shared[0].close()
+            if self._runtime is not None and self._runtime_temporary:
+                shutil.rmtree(self._runtime, ignore_errors=True)
+
+    def _runtime_dir(self) -> Path:
+        """Where the leader keeps its followers' plans, sockets and shared files (made
+        0700): the state directory's "processes", or a private temporary directory when
+        a Unix socket there would be too long to bind (removed at the stop)."""
+        if self._runtime is None:
+            chosen = runtime_dir(default_state_dir(self.config.admin.state_dir), MAX_SOCKET_PATH)
+            if chosen is None:
+                chosen = Path(tempfile.mkdtemp(prefix="homing-processes-"))
+                self._runtime_temporary = True
+            chosen.mkdir(parents=True, exist_ok=True, mode=0o700)
+            log.info("gateway_processes_runtime", path=str(chosen))
+            self._runtime = chosen
+        return self._runtime
 
     async def _start_followers(self, app: App, http: socket.socket) -> bool:
         """Start the other gateway processes once this one serves; True once every one is
@@ -189,24 +230,25 @@ class Daemon:
         cfg = self.config
         count = cfg.gateway.process_count() - 1
         self.notifier.status(f"starting {count} more gateway processes")
-        runtime_dir = Path(default_state_dir(cfg.admin.state_dir)) / "processes"
-        runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        runtime = self._runtime_dir()
         quotas = None
         if app.quotas is not None and cfg.quotas.backend == "memory":
-            quotas = str(runtime_dir / "quotas.sock")
+            quotas = str(runtime / "quotas.sock")
             self._quota_server = QuotaServer(app.quotas.store, quotas)
             await self._quota_server.start()
         leader = Leader(
             admin=next(a for a in app.admin.addresses if a.startswith("unix:")),
             key=self._process_key,
             quotas=quotas,
+            board=str(runtime / BOARD_FILE),
         )
         self.followers = Followers(
             count,
-            lambda index: self._plan(app, index, leader, http, runtime_dir),
-            runtime_dir=runtime_dir,
+            lambda index: self._plan(app, index, leader, http, runtime),
+            runtime_dir=runtime,
             http_socket=http,
             clock=self._clock,
+            on_exit=self._forget_process,
         )
         task = await self._until_done_or_stopped(
             self.followers.start(cfg.engines.startup_timeout_s)
@@ -217,7 +259,7 @@ class Daemon:
         return True
 
     def _plan(
-        self, app: App, index: int, leader: Leader, http: socket.socket, runtime_dir: Path
+        self, app: App, index: int, leader: Leader, http: socket.socket, runtime: Path
     ) -> FollowerPlan:
         """What follower `index` runs now: this configuration over the fleet's workers
         (none draining or gone), on this process's ports."""
@@ -230,9 +272,14 @@ class Daemon:
             self.config,
             workers=workers,
             grpc_port=app.grpc_port,
-            state_dir=str(runtime_dir / f"process-{index}"),
+            state_dir=str(runtime / f"process-{index}"),
         )
         return FollowerPlan(index=index, leader=leader, http_fd=http.fileno(), config=config)
+
+    def _forget_process(self, index: int) -> None:
+        """Gateway process `index` exited: its requests in flight died with it."""
+        if self._shared is not None:
+            self._shared[0].clear(index)
 
     def _keyed(self, config: HomingConfig) -> HomingConfig:
         """`config` with the followers' admin key when this process leads others."""

@@ -41,8 +41,9 @@ class WorkerSnapshot:
     workers; so it is unhashable).
 
     `in_flight`: requests this gateway has dispatched and not yet finished (own accounting,
-    exact and immediate). `running` / `waiting`: the engine's own counts from its latest
-    EngineLoad record (all clients, lags by one scheduler step or heartbeat).
+    exact and immediate; with several gateway processes, all of theirs). `running` /
+    `waiting`: the engine's own counts from its latest EngineLoad record (all clients, lags
+    by one scheduler step or heartbeat).
     `token_usage`: KV-cache utilisation in [0, 1] as the engine reports it (SGLang's excludes
     evictable radix-cache pages; other engines' may include retained prefix cache).
     `active_token_usage`: the record's non-evictable occupancy in [0, 1], None when the
@@ -114,16 +115,15 @@ def snapshot_from_state(state: WorkerState) -> WorkerSnapshot:
     `active_token_usage` None where the engine does not report it)."""
     load = state.load
     draining = state.draining
+    in_flight = state.in_flight_all
     if load is None:
-        return WorkerSnapshot(
-            worker_id=state.worker_id, in_flight=state.in_flight, draining=draining
-        )
+        return WorkerSnapshot(worker_id=state.worker_id, in_flight=in_flight, draining=draining)
     queued = load.waiting_uncached_tokens
     if queued is None:
         queued = load.prefill_pending_tokens
     return WorkerSnapshot(
         worker_id=state.worker_id,
-        in_flight=state.in_flight,
+        in_flight=in_flight,
         running=load.running,
         waiting=load.waiting,
         token_usage=load.token_usage,

@@ -236,7 +236,7 @@ class PoolScaler:
         samples = []
         for w in ready:
             snap = self.snapshot(w, SAMPLE_WINDOW_S)
-            running = float(w.load.running) if w.load is not None else float(w.in_flight)
+            running = float(w.load.running) if w.load is not None else float(w.in_flight_all)
             samples.append(
                 ReplicaSample(
                     running=running,
@@ -257,7 +257,7 @@ class PoolScaler:
             warm=counts.warm,
             starting=counts.starting - warm_share,
             draining=counts.draining,
-            in_flight=sum(w.in_flight for w in serving),
+            in_flight=sum(w.in_flight_all for w in serving),
             queued=self.dispatch.queued,
             prefill_tokens_per_s=demand.prefill_tokens_per_s,
             arrivals_per_s=demand.arrivals_per_s,
@@ -306,7 +306,9 @@ class PoolScaler:
                 self._drain(v.worker_id, reason="scale_down")
         extra_warm = warm_left - d.desired_warm
         if extra_warm > 0 and need <= 0:
-            idle = sorted((w for w in warm if w.worker_id in self._warm), key=lambda w: w.in_flight)
+            idle = sorted(
+                (w for w in warm if w.worker_id in self._warm), key=lambda w: w.in_flight_all
+            )
             for w in idle[:extra_warm]:
                 self._warm.discard(w.worker_id)
                 self._drain(w.worker_id, reason="warm_surplus")

@@ -21,6 +21,7 @@ from homing.app.processes import (
     FollowerPlan,
     Leader,
     follower_config,
+    runtime_dir,
     with_process_key,
 )
 from homing.config import AdminKeySettings, HomingConfig
@@ -339,3 +340,13 @@ def test_an_address_not_of_this_host_is_an_os_error_naming_it() -> None:
     assert err.value.strerror == (
         "cannot listen on 192.0.2.1:8080: Cannot assign requested address"
     )
+
+
+def test_the_runtime_dir_is_the_state_dirs_processes_while_its_sockets_fit() -> None:
+    """A follower's admin socket is the longest path under it; past 107 bytes (Linux's
+    sun_path) the leader makes a shorter private directory instead (None here)."""
+    short = "/var/lib/homing"
+    assert runtime_dir(short, 107) == Path(short) / "processes"
+    fits = "/" + "d" * (107 - len("/processes") - len("/process-256/admin.sock") - 1)
+    assert runtime_dir(fits, 107) == Path(fits) / "processes"
+    assert runtime_dir(fits + "d", 107) is None

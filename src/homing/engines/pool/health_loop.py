@@ -199,7 +199,7 @@ class HealthLoop:
         )
         return probe_verdict(
             outcome,
-            busy=is_busy(s.in_flight, sample),
+            busy=is_busy(s.in_flight_all, sample),
             last_progress_at=s.last_progress_at,
             now=self._clock.now(),
             window_s=self._config.progress_window_s,

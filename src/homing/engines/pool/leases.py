@@ -36,12 +36,17 @@ log = structlog.get_logger(__name__)
 def in_flight(state: WorkerState, on_idle: Callable[[], None]) -> Iterator[None]:
     """Count one request in flight on the worker of `state` for the duration of the block,
     released exactly once, in `finally`, whatever ends the block; `on_idle()` when the last
-    one ends."""
+    one ends. With other gateway processes (`state.shared`) each change is published."""
     state.in_flight += 1
+    shared = state.shared
+    if shared is not None:
+        shared.publish(state.in_flight)
     try:
         yield
     finally:
         state.in_flight -= 1
+        if shared is not None:
+            shared.publish(state.in_flight)
         if state.in_flight == 0:
             on_idle()
 

@@ -32,6 +32,7 @@ from homing.engines.pool.discovery import (
 )
 from homing.engines.pool.health_loop import HealthLoop
 from homing.engines.pool.kv_loop import KvEventSink, KvLoop
+from homing.engines.pool.shared_in_flight import InFlightBoard, SharedCount
 from homing.engines.pool.state import (
     LeaseMark,
     PoolConfig,
@@ -63,7 +64,9 @@ class WorkerPool:
     unhealthy, or its breaker changes state. `on_transition`: called after each lifecycle
     transition. `client_factory(url, worker_id)`: the client of each worker added (default
     an `EngineClient`; tests pass one that gives `homing.engines.testing.FakeEngine`s).
-    Raises ValueError for duplicate or malformed urls.
+    `shared`: (board, this process's row) when several gateway processes serve the same
+    workers: each worker's requests in flight are published there, and read back from the
+    others (`WorkerState.in_flight_all`). Raises ValueError for duplicate or malformed urls.
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class WorkerPool:
         new_id: Callable[[], str] | None = None,
         wall_clock: Callable[[], float] = time.time,
         client_factory: Callable[[str, str], EngineApi] | None = None,
+        shared: tuple[InFlightBoard, int] | None = None,
     ) -> None:
         specs = [w if isinstance(w, WorkerSpec) else WorkerSpec(w) for w in workers]
         specs = [
@@ -94,6 +98,7 @@ class WorkerPool:
         self._on_transition = on_transition
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._client_factory = client_factory or _engine_client
+        self._shared = shared
         if new_id is None:
             counter = itertools.count()
             new_id = lambda: f"w{next(counter)}"  # noqa: E731
@@ -157,8 +162,15 @@ class WorkerPool:
 
     def _register(self, spec: WorkerSpec) -> Worker:
         worker_id = self._new_id()
+        state = WorkerState(worker_id=worker_id, url=spec.url, version=spec.version)
+        if self._shared is not None:
+            board, process = self._shared
+            slot = board.slot(spec.url)
+            if slot is not None:
+                state.shared = SharedCount(board, process, slot)
+                state.shared.publish(0)  # a URL added again starts from none of ours
         w = Worker(
-            state=WorkerState(worker_id=worker_id, url=spec.url, version=spec.version),
+            state=state,
             client=self._client_factory(spec.url, worker_id),
             warm=spec.warm,
         )
@@ -445,8 +457,8 @@ class WorkerPool:
 
     @property
     def total_in_flight(self) -> int:
-        """Requests in flight over all workers."""
-        return sum(w.state.in_flight for w in self._workers.values())
+        """Requests in flight over all workers, from every gateway process of the box."""
+        return sum(w.state.in_flight_all for w in self._workers.values())
 
     # ------------------------------------------------------------------ leases
 

@@ -17,6 +17,7 @@ from homing.engines.breaker import Breaker, BreakerConfig, BreakerState
 from homing.engines.client import EngineApi
 from homing.engines.health import LoadSample
 from homing.engines.lifecycle import Action, Phase, accepts_requests
+from homing.engines.pool.shared_in_flight import SharedCount
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,9 @@ class EngineLoadView:
 class WorkerState:
     """One worker as the pool sees it (live object: read it, do not mutate it).
 
-    `in_flight`: requests dispatched through `track` and not finished.
+    `in_flight`: requests this process dispatched through `track` and not finished;
+    `in_flight_all` adds those the other gateway processes of the box have on it (`shared`,
+    None with one process).
     `discovered`: GetModelInfo/GetServerInfo succeeded and agree with the pool's model.
     `last_error`: the latest failure seen (probe, discovery, stream), for logs and admin.
     `kv_epoch`: how many times the worker's index entries were flushed by the pool.
@@ -111,6 +114,13 @@ class WorkerState:
     last_progress_at: float | None = None
     probes_excused: int = 0
     drained_from: Phase | None = None
+    shared: SharedCount | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def in_flight_all(self) -> int:
+        """Requests in flight on the worker from every gateway process of the box."""
+        shared = self.shared
+        return self.in_flight if shared is None else self.in_flight + shared.others()
 
     @property
     def draining(self) -> bool:
