@@ -1,7 +1,8 @@
 """`homing serve` with `gateway.processes = 2` as a user runs it: a real leader process with
 its simulated workers and a real follower process, both serving the same HTTP and gRPC
-ports, one admin API whose drains reach both, reloads and the stop passed on, and a killed
-follower started again."""
+ports, one admin API whose drains reach both, reloads and the stop passed on, a killed
+follower started again, one tenant's quota across both, and 30 open streams through a
+reload, a drain and a killed follower."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 from helpers import NotifyListener
@@ -315,3 +317,115 @@ def test_a_tenant_at_10_requests_a_minute_gets_exactly_10_of_40_across_processes
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 30, codes
     answered_by = {e.get("process") for e in limited.events("request_done")}
     assert answered_by == {0, 1}  # each got some of the 40: 2 in 2**40 to fail by chance
+
+
+@dataclass
+class StreamEnd:
+    """How one SSE stream ended: `done` ([DONE] last), `error_event` (an error event before
+    [DONE]), `tokens` (the completion tokens its usage chunk counts; None: no usage chunk),
+    or `transport` (the connection broke: the error's type)."""
+
+    done: bool = False
+    error_event: bool = False
+    tokens: int | None = None
+    transport: str | None = None
+
+
+async def _one_stream(port: int, index: int, opened: asyncio.Event, count: list[int]) -> StreamEnd:
+    body = {
+        "model": MODEL,
+        "prompt": f"stream {index}",
+        "max_tokens": STREAM_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    end = StreamEnd()
+    try:
+        async with aiohttp.ClientSession() as session:  # a connection of its own
+            async with session.post(
+                f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=_TIMEOUT
+            ) as resp:
+                assert resp.status == 200
+                first = True
+                async for line in resp.content:
+                    text = line.decode().strip()
+                    if not text.startswith("data: "):
+                        continue
+                    if first:
+                        first = False
+                        count[0] += 1
+                        if count[0] == STREAMS:
+                            opened.set()
+                    if text == "data: [DONE]":
+                        end.done = True
+                    elif '"error"' in text:
+                        end.error_event = True
+                    else:
+                        usage = json.loads(text.removeprefix("data: ")).get("usage")
+                        if usage:
+                            end.tokens = usage["completion_tokens"]
+    except (aiohttp.ClientError, ConnectionError) as err:
+        end.transport = type(err).__name__
+    return end
+
+
+STREAMS = 30
+STREAM_TOKENS = 3000  # about 3 s at 10x speed: open through the fault
+_TIMEOUT = aiohttp.ClientTimeout(total=60)
+
+
+async def _streams_through(port: int, fault: Callable[[], None]) -> list[StreamEnd]:
+    """30 streams, each on its own connection; `fault()` once every one has its first
+    event; how each ended (all end: none may hang past the 60 s client timeout)."""
+    opened, count = asyncio.Event(), [0]
+    tasks = [asyncio.create_task(_one_stream(port, i, opened, count)) for i in range(STREAMS)]
+    await asyncio.wait_for(opened.wait(), 30)
+    fault()
+    return list(await asyncio.gather(*tasks))
+
+
+def _finished(end: StreamEnd) -> bool:
+    """Every token (by its usage) and [DONE], no error."""
+    return end.done and not end.error_event and end.tokens == STREAM_TOKENS
+
+
+@pytest.mark.timeout(120)
+def test_30_streams_open_through_a_sighup_all_finish(served: Served) -> None:
+    """A reload of both processes while 30 streams run cuts none of them."""
+    hup = lambda: served.process.send_signal(signal.SIGHUP)  # noqa: E731
+    ends = asyncio.run(_streams_through(served.http, hup))
+    assert [e for e in ends if not _finished(e)] == []
+    served.notify.until("READY", 30)  # the reload's own READY=1
+
+
+@pytest.mark.timeout(120)
+def test_30_streams_open_through_a_sigterm_all_finish_and_both_processes_exit(
+    served: Served,
+) -> None:
+    """SIGTERM drains both processes (drain_timeout_s 5 s, streams ~3 s): all 30 finish,
+    then the leader exits 0 with its follower gone."""
+    (follower,) = served.follower_pids()
+    ends = asyncio.run(
+        _streams_through(served.http, lambda: served.process.send_signal(signal.SIGTERM))
+    )
+    assert [e for e in ends if not _finished(e)] == []
+    assert served.process.wait(30) == 0
+    assert not Path(f"/proc/{follower}").exists()
+
+
+@pytest.mark.timeout(120)
+def test_30_streams_open_through_a_killed_follower_end_finished_or_broken_never_silent(
+    served: Served,
+) -> None:
+    """SIGKILL of the follower with 30 streams open: the leader's streams all finish; the
+    follower's connections are closed by the kernel with the process (nothing of it is left
+    to write an error event), so each of its streams ends with a broken connection the
+    client sees. No stream ends early looking complete, none hangs."""
+    (follower,) = served.follower_pids()
+    ends = asyncio.run(_streams_through(served.http, lambda: os.kill(follower, signal.SIGKILL)))
+    finished = [e for e in ends if _finished(e)]
+    broken = [e for e in ends if e.transport is not None and not e.done]
+    print(f"{len(finished)} streams finished, {len(broken)} broken with the follower")
+    assert len(finished) + len(broken) == STREAMS, ends
+    assert finished and broken  # both processes had streams (30 connections, 2 processes)
