@@ -33,7 +33,7 @@ CONFIG = """
 port = 0
 grpc_port = 0
 processes = 2
-drain_timeout_s = 5.0
+drain_timeout_s = 60.0  # a loaded machine slows the streams; the drain waits for them
 [sim]
 workers = 2
 speedup = 10.0
@@ -184,8 +184,8 @@ async def _workers_in_flight(address: str) -> int:
 async def _grpc_streams_reach_both(s: Served, streams: int = 16) -> tuple[int, int, int]:
     """`streams` long gRPC streams, each on its own connection (the kernel spreads the
     connections over both processes' SO_REUSEPORT sockets by their addresses); returns the
-    streams in flight in the leader and in the follower once all are, and the requests in
-    flight on the workers as the leader's `homing workers ls` shows them."""
+    requests in flight as the leader's and the follower's `homing stats` show them once all
+    are open, and those on the workers as the leader's `homing workers ls` shows them."""
     channels = [
         grpc.aio.insecure_channel(
             f"127.0.0.1:{s.grpc}", options=[("grpc.use_local_subchannel_pool", 1)]
@@ -232,18 +232,29 @@ async def _until_drained_in_follower(s: Served) -> tuple[str, str]:
 def test_two_processes_serve_one_port_pair_follow_one_admin_api_and_stop_together(
     served: Served,
 ) -> None:
-    """The follower answers HTTP on the leader's port while the leader is stopped; 16 gRPC
-    connections land on both processes, and the leader's `homing workers ls` counts all 16
-    in flight on the workers (the shared in-flight board); a drain on the leader's admin
+    """The follower answers HTTP on the leader's port while the leader is stopped;
+    /metrics has both processes' series whichever answers; 16 gRPC connections land on
+    both processes, and both processes' `homing stats` and the leader's `homing workers ls`
+    count all 16 in flight (the shared in-flight board); a drain on the leader's admin
     API drains the worker in the follower; SIGHUP reloads both; SIGTERM stops both, exit
     0."""
     s = served
     (follower,) = s.follower_pids()
     _only_the_follower_serves_http(s)
-    leader_streams, follower_streams, on_workers = asyncio.run(_grpc_streams_reach_both(s))
-    assert leader_streams + follower_streams == 16
-    assert leader_streams > 0 and follower_streams > 0  # 2 in 2**16 to fail by chance
-    assert on_workers == 16  # the leader's admin API counts the follower's requests too
+    for _ in range(4):  # whichever process a scrape reaches, it answers for both
+        with urllib.request.urlopen(f"http://127.0.0.1:{s.http}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        assert "homing_gateway_processes_scraped 2.0" in text
+        assert 'homing_event_loop_busy_ratio{process="0"}' in text
+        assert 'homing_event_loop_busy_ratio{process="1"}' in text
+    leader_stats, follower_stats, on_workers = asyncio.run(_grpc_streams_reach_both(s))
+    # each admin API counts every process's requests (the shared in-flight board)
+    assert (leader_stats, follower_stats, on_workers) == (16, 16, 16)
+    deadline = time.monotonic() + 10
+    while len(s.events("request_done")) < 17 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the 16 streams, cancelled, and the HTTP completion
+    served_by = [e["process"] for e in s.events("request_done")]
+    assert sorted(set(served_by)) == [0, 1], served_by  # 2 in 2**16 to fail by chance
     url, phase = asyncio.run(_until_drained_in_follower(s))
     assert phase in ("draining", "gone"), (url, phase)
     assert [e["kind"] for e in s.events("mirror_action")] == ["drain"]
@@ -403,7 +414,7 @@ def test_30_streams_open_through_a_sighup_all_finish(served: Served) -> None:
 def test_30_streams_open_through_a_sigterm_all_finish_and_both_processes_exit(
     served: Served,
 ) -> None:
-    """SIGTERM drains both processes (drain_timeout_s 5 s, streams ~3 s): all 30 finish,
+    """SIGTERM drains both processes (drain_timeout_s 60 s, streams ~3 s): all 30 finish,
     then the leader exits 0 with its follower gone."""
     (follower,) = served.follower_pids()
     ends = asyncio.run(

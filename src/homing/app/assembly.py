@@ -31,6 +31,7 @@ from homing.engines.lifecycle import Action, Phase
 from homing.engines.metrics import EngineMetrics
 from homing.engines.outliers import OutlierConfig
 from homing.engines.pool import PoolConfig, WorkerPool, WorkerSpec, WorkerState
+from homing.engines.pool.shared_in_flight import SharedCount
 from homing.fleet import Fleet, ModelDispatch
 from homing.fleet.fleet import CUT_GRACE_S
 from homing.fleet.stream_interval import StreamIntervalPolicy
@@ -59,6 +60,9 @@ from homing.text.tokenizer import TextTokenizer, tokenizer_from_bundle
 
 log = structlog.get_logger("homing.app")
 
+
+#: The in-flight board's entry for the gateway processes' own requests (no worker URL).
+REQUESTS_KEY = "homing:requests"
 
 #: The SLO burn-rate window the autoscaler's fast path reads (seconds): the shortest of
 #: `homing.obs.slo.BURN_WINDOWS`, the one a traffic step moves first.
@@ -281,7 +285,16 @@ class Assembly(AppParts):
             migrate_streams=cfg.router.migrate_streams,
             metrics=metrics,
             clock=self.clock,
+            shared=self._shared_requests(),
         )
+
+    def _shared_requests(self) -> SharedCount | None:
+        """Where this process publishes its requests in flight, with several processes."""
+        if self.shared_in_flight is None:
+            return None
+        board, index = self.shared_in_flight
+        slot = board.slot(REQUESTS_KEY)
+        return SharedCount(board, index, slot) if slot is not None else None
 
     async def _check_quota_store(self) -> None:
         """Log whether the quota store answers; serving starts either way (requests get

@@ -13,8 +13,10 @@ holds. Closing them is the drain's (`shutdown`).
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from aiohttp import web
+from prometheus_client import generate_latest
 
 from homing.admin.server import AdminServer, prepare_socket
 from homing.app.parts import AppParts
@@ -23,6 +25,7 @@ from homing.gateway.grpc_api import GrpcApi
 from homing.gateway.http import HttpApi
 from homing.gateway.http_server import GatewayRunner
 from homing.gateway.tls import read_pem_pair, server_ssl_context
+from homing.obs.process_metrics import ProcessMetrics
 
 
 class Listeners(AppParts):
@@ -67,6 +70,14 @@ class Listeners(AppParts):
             body_timeout_s=gw.body_timeout_s,
         )
         self.http.metrics_registry = self.gateway_metrics.registry
+        if self.shared_in_flight is not None:  # several processes: one /metrics for all
+            board, index = self.shared_in_flight
+            registry = self.gateway_metrics.registry
+            self.process_metrics = ProcessMetrics(
+                Path(board.path).parent, index, board.processes, lambda: generate_latest(registry)
+            )
+            await self.process_metrics.start()
+            self.http.process_metrics = self.process_metrics
         ssl_context = None
         tls = None
         if gw.tls_cert_file is not None and gw.tls_key_file is not None:
@@ -111,7 +122,7 @@ class Listeners(AppParts):
             self._admin_settings(),
             tenants=self.config.tenants,
             quotas=self.quotas,
-            in_flight=lambda: service.in_flight if service is not None else 0,
+            in_flight=lambda: service.in_flight_all if service is not None else 0,
             started_at=self._started_at,
             clock=self.clock,
             scaler=lambda: self.scaler,  # it starts after the admin API

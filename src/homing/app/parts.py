@@ -33,6 +33,7 @@ from homing.engines.pool import WorkerPool, WorkerState
 from homing.engines.pool.shared_in_flight import InFlightBoard
 from homing.fleet import Fleet, ModelDispatch
 from homing.fleet.fleet import WorkerIds
+from homing.fleet.mirror import LeaderReader
 from homing.gateway.admission import AdmissionController
 from homing.gateway.auth import KeyRing
 from homing.gateway.grpc_api import GrpcApi
@@ -43,6 +44,7 @@ from homing.gateway.service import InferenceService
 from homing.obs.demand import DemandMeter
 from homing.obs.loop_busy import LoopBusySampler
 from homing.obs.metrics import FleetMetrics, RouterMetrics
+from homing.obs.process_metrics import ProcessMetrics
 from homing.obs.requests import RequestMetrics, RequestRecorder
 from homing.obs.slo import Slo
 from homing.rollout.controller import RolloutController
@@ -69,7 +71,9 @@ class AppParts:
         self.state_dir = state_dir
         self.follow = follow
         self.shared_in_flight = shared_in_flight
+        self.process_metrics: ProcessMetrics | None = None
         self._mirror_task: asyncio.Task[None] | None = None
+        self._mirror_reader: LeaderReader | None = None
         self.listen_sockets = dict(listen_sockets or {})
         self.keyring: KeyRing | None = None
         self.launchers: list[SimLauncher | SglangLauncher] = []

@@ -72,7 +72,7 @@ class App(Assembly, Listeners, Shutdown, Reloading):
                 await self._start_admin(self.fleet)
             self._start_scaler(specs, list(models))
             if self.follow is not None:
-                reader = leader_reader(self.follow.admin, key=self.follow.key)
+                reader = self._mirror_reader = leader_reader(self.follow.admin, key=self.follow.key)
                 mirror = FleetMirror(self.fleet, reader, clock=self.clock)
                 self._mirror_task = asyncio.get_running_loop().create_task(
                     mirror.run(), name="mirror"

@@ -35,6 +35,9 @@ class Shutdown(AppParts):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._mirror_task
             self._mirror_task = None
+        if self._mirror_reader is not None:
+            await self._mirror_reader.close()
+            self._mirror_reader = None
         if self._scaler_task is not None:  # no scaling decision races the shutdown
             self._scaler_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -61,6 +64,9 @@ class Shutdown(AppParts):
         try:
             await self._stop_serving()
         finally:
+            if self.process_metrics is not None:
+                await self.process_metrics.stop()
+                self.process_metrics = None
             # The actuators stop what they started (local processes) once the pools are
             # down, or after whatever failed above.
             actuators, self._actuators = list(self._actuators.values()), {}

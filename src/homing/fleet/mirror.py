@@ -156,28 +156,44 @@ def leader_workers(response: pb.ListWorkersResponse) -> list[LeaderWorker]:
     return [LeaderWorker(w.model, w.url, w.version, Phase(w.phase)) for w in response.workers]
 
 
-def leader_reader(
-    address: str, *, key: str | None = None, timeout_s: float = READ_TIMEOUT_S
-) -> Callable[[], Awaitable[list[LeaderWorker]]]:
-    """A reader of the leader's worker list: each call opens a channel to `address` (the
-    leader's admin API as grpc dials it: "unix:PATH" or "HOST:PORT"), calls `ListWorkers`
-    with `authorization: Bearer KEY` when `key` is given, at most `timeout_s` seconds, and
-    closes it. The call raises `grpc.aio.AioRpcError` (unreachable, refused, late) or
-    ValueError (`leader_workers`).
+class LeaderReader:
+    """A reader of the leader's worker list over one kept-open channel to `address` (the
+    leader's admin API as grpc dials it: "unix:PATH" or "HOST:PORT"; grpc reconnects it
+    after a failure): each call is one `ListWorkers` with `authorization: Bearer KEY` when
+    `key` is given, at most `timeout_s` seconds. A call raises `grpc.aio.AioRpcError`
+    (unreachable, refused, late) or ValueError (`leader_workers`). `close` ends the channel.
 
     Speaks the generated stubs, not `homing.admin.client`: that client sits above the
     fleet in the layers (docs/architecture.md)."""
-    metadata = (("authorization", f"Bearer {key}"),) if key else ()
 
-    async def read() -> list[LeaderWorker]:
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = pb_grpc.AdminStub(channel)
-            response = await stub.ListWorkers(
-                pb.ListWorkersRequest(), timeout=timeout_s, metadata=metadata
-            )
+    def __init__(self, address: str, *, key: str | None, timeout_s: float) -> None:
+        self.address = address
+        self._metadata = (("authorization", f"Bearer {key}"),) if key else ()
+        self._timeout_s = timeout_s
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.AdminStub | None = None
+
+    async def __call__(self) -> list[LeaderWorker]:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.address)
+            self._stub = pb_grpc.AdminStub(self._channel)
+        response = await self._stub.ListWorkers(
+            pb.ListWorkersRequest(), timeout=self._timeout_s, metadata=self._metadata
+        )
         return leader_workers(response)
 
-    return read
+    async def close(self) -> None:
+        """Close the channel (a later call opens another)."""
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
+
+
+def leader_reader(
+    address: str, *, key: str | None = None, timeout_s: float = READ_TIMEOUT_S
+) -> LeaderReader:
+    """A `LeaderReader` of the leader's admin API at `address`."""
+    return LeaderReader(address, key=key, timeout_s=timeout_s)
 
 
 class FleetMirror:

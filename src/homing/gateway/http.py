@@ -71,6 +71,7 @@ from homing.gateway.requests import (
     parse_completion,
 )
 from homing.gateway.service import InferenceService
+from homing.obs.process_metrics import ProcessMetrics
 from homing.text.output import ContentDelta
 
 log = structlog.get_logger("homing.http")
@@ -291,6 +292,8 @@ class HttpApi:
         self.app.router.add_get("/ready", self.ready)
         # Prometheus exposition of this registry (set by the App; 404 while None).
         self.metrics_registry: CollectorRegistry | None = None
+        # Several gateway processes: every one's series in each answer.
+        self.process_metrics: ProcessMetrics | None = None
         # (the clock's time of each of the last fresh expositions, the latest body)
         self._expositions: deque[float] = deque(maxlen=METRICS_PER_SECOND)
         self._exposition = b""
@@ -340,7 +343,8 @@ class HttpApi:
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        """`GET /metrics`: Prometheus text format of `metrics_registry` (router, gateway).
+        """`GET /metrics`: Prometheus text format of `metrics_registry` (router, gateway),
+        with every gateway process's series when there are several (`process_metrics`).
         At most `METRICS_PER_SECOND` expositions are built a second; a scrape past that gets
         the latest one (the endpoint is open, and building one costs the event loop ms)."""
         if self.metrics_registry is None:
@@ -348,8 +352,11 @@ class HttpApi:
         now = self.service.clock.now()
         done = self._expositions
         if len(done) < METRICS_PER_SECOND or now - done[0] >= 1.0:
-            self._exposition = generate_latest(self.metrics_registry)
             done.append(now)
+            own = generate_latest(self.metrics_registry)
+            if self.process_metrics is not None:
+                own = await self.process_metrics.exposition(own)
+            self._exposition = own
         body = self._exposition
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -22,6 +22,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from homing.clock import Clock, SystemClock
+from homing.engines.pool.shared_in_flight import SharedCount
 from homing.fleet import Fleet, Lease, NoReplica
 from homing.gateway.admission import AdmissionController
 from homing.gateway.errors import APIError, no_capacity, shutting_down
@@ -45,6 +46,8 @@ class InferenceService:
     model's budget, on `clock`). `migrate_streams`: a stream whose worker fails after the
     client got its first byte resumes on another worker (once), instead of ending with an
     error event. `metrics`: where retries and migrations are counted (None: nowhere).
+    `shared`: where `in_flight` is published for the box's other gateway processes
+    (`in_flight_all` adds theirs; None with one process).
     """
 
     def __init__(
@@ -60,8 +63,10 @@ class InferenceService:
         migrate_streams: bool = False,
         metrics: GatewayMetrics | None = None,
         clock: Clock | None = None,
+        shared: SharedCount | None = None,
     ) -> None:
         self.fleet = fleet
+        self.shared = shared
         self.clock: Clock = clock or SystemClock()
         self.recorder = recorder or RequestRecorder(now=self.clock.now, metrics=None)
         self.request_log = RequestLog(self.recorder, clock=self.clock)
@@ -146,12 +151,20 @@ class InferenceService:
             generation.interrupt(error(), outcome)
         return len(self._open)
 
+    @property
+    def in_flight_all(self) -> int:
+        """Requests in flight in every gateway process of the box (`shared`)."""
+        shared = self.shared
+        return self.in_flight if shared is None else self.in_flight + shared.others()
+
     def track(self, generation: Generation) -> Callable[[], None]:
         """Count `generation` in flight (`in_flight`, the recorder's per-model gauge) until the
         returned callable is called; calls after the first do nothing."""
         model = generation.prepared.model
         self.recorder.started(model.model_id)
         self.in_flight += 1
+        if self.shared is not None:
+            self.shared.publish(self.in_flight)
         self._open.add(generation)
         self._idle.clear()
         left = False
@@ -163,6 +176,8 @@ class InferenceService:
             left = True
             self.recorder.ended(model.model_id)
             self.in_flight -= 1
+            if self.shared is not None:
+                self.shared.publish(self.in_flight)
             self._open.discard(generation)
             if self.in_flight == 0:
                 self._idle.set()
