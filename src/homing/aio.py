@@ -24,6 +24,18 @@ async def cancel_and_wait(task: asyncio.Task[object]) -> None:
             raise
 
 
+async def first_done(*aws: Awaitable[object]) -> None:
+    """Wait until the first of `aws` has ended (or the caller is cancelled), then cancel
+    the others. What the first one returned or raised is not read: the caller looks at
+    the state the awaitables watch."""
+    tasks = [asyncio.ensure_future(aw) for aw in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
     """Run `aws` concurrently and return their results in order; when one fails (or the
     caller is cancelled), cancel the others, wait until all have ended, and raise that

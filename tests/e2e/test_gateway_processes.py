@@ -24,7 +24,7 @@ import grpc
 import pytest
 from helpers import NotifyListener
 
-from homing.admin.client import AdminClient
+from homing.admin.client import AdminClient, AdminError
 from homing.v1 import inference_pb2 as pb
 from homing.v1 import inference_pb2_grpc as pb_grpc
 
@@ -213,6 +213,14 @@ async def _grpc_streams_reach_both(s: Served, streams: int = 16) -> tuple[int, i
             await channel.close()
 
 
+async def _rollout_refusal(s: Served) -> tuple[grpc.StatusCode, str]:
+    """Starting a rollout on the leader: refused, its code and message."""
+    async with AdminClient(s.leader_admin) as admin:
+        with pytest.raises(AdminError) as err:
+            await admin.start_rollout(MODEL, "v2", None, None)
+    return err.value.code, err.value.message
+
+
 async def _until_drained_in_follower(s: Served) -> tuple[str, str]:
     """Drain w1 on the leader; its url and its phase in the follower once it is no longer
     ready there (at most 10 s)."""
@@ -235,9 +243,9 @@ def test_two_processes_serve_one_port_pair_follow_one_admin_api_and_stop_togethe
     """The follower answers HTTP on the leader's port while the leader is stopped;
     /metrics has both processes' series whichever answers; 16 gRPC connections land on
     both processes, and both processes' `homing stats` and the leader's `homing workers ls`
-    count all 16 in flight (the shared in-flight board); a drain on the leader's admin
-    API drains the worker in the follower; SIGHUP reloads both; SIGTERM stops both, exit
-    0."""
+    count all 16 in flight (the shared in-flight board); a rollout is refused (the
+    followers would not follow its split); a drain on the leader's admin API drains the
+    worker in the follower; SIGHUP reloads both; SIGTERM stops both, exit 0."""
     s = served
     (follower,) = s.follower_pids()
     _only_the_follower_serves_http(s)
@@ -255,6 +263,12 @@ def test_two_processes_serve_one_port_pair_follow_one_admin_api_and_stop_togethe
         time.sleep(0.1)  # the 16 streams, cancelled, and the HTTP completion
     served_by = [e["process"] for e in s.events("request_done")]
     assert sorted(set(served_by)) == [0, 1], served_by  # 2 in 2**16 to fail by chance
+    code, message = asyncio.run(_rollout_refusal(s))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert message == (
+        "rollouts and version splits change one process's routing only: run them with "
+        "gateway.processes = 1 (the other processes do not follow them yet)"
+    )
     url, phase = asyncio.run(_until_drained_in_follower(s))
     assert phase in ("draining", "gone"), (url, phase)
     assert [e["kind"] for e in s.events("mirror_action")] == ["drain"]

@@ -1,4 +1,5 @@
-"""cancel_and_wait ends the task and never swallows a cancellation of its caller."""
+"""cancel_and_wait ends the task and never swallows a cancellation of its caller; first_done
+returns at the first awaitable to end and cancels the others."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from homing.aio import cancel_and_wait
+from homing.aio import cancel_and_wait, first_done
 
 
 async def _stubborn(release: asyncio.Event) -> None:
@@ -55,3 +56,20 @@ async def test_a_task_failure_propagates() -> None:
     await asyncio.sleep(0)
     with pytest.raises(RuntimeError, match="cleanup failed"):
         await cancel_and_wait(task)
+
+
+async def test_first_done_returns_at_the_first_and_cancels_the_rest() -> None:
+    """The event that fires ends the wait; the other waiter is cancelled, not left pending."""
+    fired, never = asyncio.Event(), asyncio.Event()
+    waiters: list[asyncio.Future[object]] = []
+
+    async def watched(event: asyncio.Event) -> None:
+        waiters.append(asyncio.current_task())  # type: ignore[arg-type]
+        await event.wait()
+
+    asyncio.get_running_loop().call_soon(fired.set)
+    await first_done(watched(fired), watched(never))
+    await asyncio.sleep(0)
+    assert fired.is_set() and not never.is_set()
+    assert [w.done() for w in waiters] == [True, True]
+    assert waiters[1].cancelled()

@@ -79,6 +79,12 @@ class NoRollouts(FleetError):
     code = "UNAVAILABLE"
 
 
+class SplitChangesRefused(FleetError):
+    """This gateway does not change version splits (several processes would not follow)."""
+
+    code = "FAILED_PRECONDITION"
+
+
 class InvalidRequest(FleetError):
     """A request field out of range (a negative timeout, a missing model)."""
 
@@ -355,10 +361,12 @@ class AdminServicer(pb_grpc.AdminServicer):
         started_at: float,
         scaler: Callable[[], Scaler | None] = lambda: None,
         rollouts: RolloutController | None = None,
+        split_changes_refused: str | None = None,
     ) -> None:
         self.fleet = fleet
         self.clock = clock
         self.rollouts = rollouts
+        self.split_changes_refused = split_changes_refused
         self.keys = list(keys)
         self.tenants = list(tenants)
         self.quotas = quotas
@@ -562,6 +570,13 @@ class AdminServicer(pb_grpc.AdminServicer):
             raise NoRollouts("this gateway runs no rollout controller")
         return self.rollouts
 
+    def _changing_split(self) -> RolloutController:
+        """The controller, for a call that changes a version split (`SplitChangesRefused`,
+        with the reason, where such changes are refused)."""
+        if self.split_changes_refused is not None:
+            raise SplitChangesRefused(self.split_changes_refused)
+        return self._controller()
+
     def _status(self, model_id: str) -> pb.RolloutStatus:
         controller = self._controller()
         return status_message(controller.status(model_id), self.fleet.model(model_id))
@@ -577,7 +592,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         self, request: pb.StartRolloutRequest, context: grpc.aio.ServicerContext
     ) -> pb.RolloutStatus:
         bake_s = request.bake_s if request.HasField("bake_s") else None
-        await self._controller().start(
+        await self._changing_split().start(
             request.model, request.version, list(request.steps) or None, bake_s
         )
         return self._status(request.model)
@@ -614,7 +629,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def SetVersions(
         self, request: pb.SetVersionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.RolloutStatus:
-        controller = self._controller()
+        controller = self._changing_split()
         weights = weights_of(request)
         if request.reset:
             await controller.reset_split(request.model)
@@ -632,6 +647,8 @@ class AdminServer:
     when the process started serving (default: now);
     `scaler`: the running autoscaler, asked at each `GetScaler` (None: none enabled).
     `rollouts`: the version splits and rollouts (None: the rollout calls are UNAVAILABLE).
+    `split_changes_refused`: why starting a rollout or setting a split is refused
+    (FAILED_PRECONDITION with it; None: allowed).
     After `start`: `socket_path` (None without a socket), `tcp_port` (None without TCP)
     and `addresses` (as `--admin` takes them: "unix:PATH", "HOST:PORT").
     """
@@ -648,6 +665,7 @@ class AdminServer:
         started_at: float | None = None,
         scaler: Callable[[], Scaler | None] = lambda: None,
         rollouts: RolloutController | None = None,
+        split_changes_refused: str | None = None,
     ) -> None:
         self.settings = settings
         clock = clock if clock is not None else SystemClock()
@@ -661,6 +679,7 @@ class AdminServer:
             started_at=clock.now() if started_at is None else started_at,
             scaler=scaler,
             rollouts=rollouts,
+            split_changes_refused=split_changes_refused,
         )
         self.server: grpc.aio.Server | None = None
         self.socket_path: str | None = None

@@ -127,6 +127,12 @@ class Listeners(AppParts):
             clock=self.clock,
             scaler=lambda: self.scaler,  # it starts after the admin API
             rollouts=self.rollouts,
+            split_changes_refused=(
+                "rollouts and version splits change one process's routing only: run them "
+                "with gateway.processes = 1 (the other processes do not follow them yet)"
+                if self.shares_listeners
+                else None
+            ),
         )
         await self.admin.start()
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import structlog
 
+from homing.aio import first_done
 from homing.app.processes import FollowerPlan
 from homing.clock import Clock
 from homing.lifeline import LIFELINE, child_environ
@@ -136,13 +137,7 @@ class Followers:
 
     async def _until_ready(self, f: Follower) -> None:
         assert f.process is not None
-        ready = asyncio.ensure_future(f.ready.wait())
-        exited = asyncio.ensure_future(f.process.wait())
-        try:
-            await asyncio.wait({ready, exited}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-            exited.cancel()
+        await first_done(f.ready.wait(), f.process.wait())
         if not f.ready.is_set():
             raise RuntimeError(
                 f"gateway process {f.index} exited with {f.process.returncode} before ready"

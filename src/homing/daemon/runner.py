@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import structlog
 
 from homing.admin.server import MAX_SOCKET_PATH
+from homing.aio import first_done
 from homing.app import App, ReloadRefused
 from homing.app.processes import (
     FollowerPlan,
@@ -319,13 +320,7 @@ class Daemon:
         """Serve reloads until a stop signal; a reload under way when it comes is cancelled
         (what it already applied stays)."""
         while not self._stop.is_set():
-            stop = asyncio.ensure_future(self._stop.wait())
-            reload = asyncio.ensure_future(self._reload_wanted.wait())
-            try:
-                await asyncio.wait({stop, reload}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-                reload.cancel()
+            await first_done(self._stop.wait(), self._reload_wanted.wait())
             if self._stop.is_set():
                 return
             self._reload_wanted.clear()
