@@ -273,10 +273,8 @@ def test_two_processes_serve_one_port_pair_follow_one_admin_api_and_stop_togethe
     assert phase in ("draining", "gone"), (url, phase)
     assert [e["kind"] for e in s.events("mirror_action")] == ["drain"]
     s.process.send_signal(signal.SIGHUP)
-    s.notify.until("READY", 30)
-    deadline = time.monotonic() + 20
-    while len(s.events("reload_applied")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    status = s.notify.until("READY", 30)["STATUS"]  # once the follower's reload is done too
+    assert "reloaded: nothing changed" in status and "process 1" not in status, status
     assert sorted(e["process"] for e in s.events("reload_applied")) == [0, 1]
     s.process.send_signal(signal.SIGTERM)
     assert s.process.wait(30) == 0
@@ -428,14 +426,23 @@ def test_30_streams_open_through_a_sighup_all_finish(served: Served) -> None:
 def test_30_streams_open_through_a_sigterm_all_finish_and_both_processes_exit(
     served: Served,
 ) -> None:
-    """SIGTERM drains both processes (drain_timeout_s 60 s, streams ~3 s): all 30 finish,
-    then the leader exits 0 with its follower gone."""
+    """The 30 streams open on the follower (the leader is stopped, SIGSTOP, while they
+    open), then the leader gets SIGTERM with none of its own: it drains at once but stops
+    the workers it started only once the follower has drained (drain_timeout_s 60 s,
+    streams ~3 s). All 30 finish; the leader exits 0 with its follower gone."""
     (follower,) = served.follower_pids()
-    ends = asyncio.run(
-        _streams_through(served.http, lambda: served.process.send_signal(signal.SIGTERM))
-    )
+
+    def stop() -> None:
+        served.process.send_signal(signal.SIGCONT)
+        served.process.send_signal(signal.SIGTERM)
+
+    served.process.send_signal(signal.SIGSTOP)  # every stream opens on the follower
+    try:
+        ends = asyncio.run(_streams_through(served.http, stop))
+    finally:
+        served.process.send_signal(signal.SIGCONT)
     assert [e for e in ends if not _finished(e)] == []
-    assert served.process.wait(30) == 0
+    assert served.process.wait(60) == 0
     assert not Path(f"/proc/{follower}").exists()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -72,6 +72,9 @@ class AppParts:
         self.follow = follow
         self.shared_in_flight = shared_in_flight
         self.process_metrics: ProcessMetrics | None = None
+        # Awaited before the workers homing started are stopped (the other gateway
+        # processes may still stream on them: the leader's Daemon sets it).
+        self.keep_workers: Callable[[], Awaitable[object]] | None = None
         self._mirror_task: asyncio.Task[None] | None = None
         self._mirror_reader: LeaderReader | None = None
         self.listen_sockets = dict(listen_sockets or {})

@@ -73,8 +73,10 @@ class FollowerPlan:
         )
 
 
-#: The longest path `runtime_dir` adds to its directory: a follower's admin socket.
-LONGEST_RUNTIME_PATH = len("/process-256/admin.sock")
+#: The longest path `runtime_dir` adds to its directory: a follower's admin socket, as the
+#: admin server first binds it (`homing.admin.server`: a private directory of 10
+#: characters in the socket's own).
+LONGEST_RUNTIME_PATH = len("/process-256/.bXXXXXXXX/admin.sock")
 
 
 def runtime_dir(state_dir: str, max_socket_path: int) -> Path | None:
@@ -111,7 +113,8 @@ def follower_config(
 
     `workers`: per served model, in `cfg.served_models()` order, the (url, version) of the
     leader's workers now. `grpc_port`: the leader's bound gRPC port (shared on
-    SO_REUSEPORT). `state_dir`: the follower's own, for its admin socket and files.
+    SO_REUSEPORT). `state_dir`: the follower's own directory, for its admin socket (its
+    state directory stays the leader's: the rollout store there is read, not written).
     Every model lists those workers (nothing is launched) with its autoscaler off; the
     follower is one process, with its admin API on its socket only. ValueError (pydantic's)
     when the result does not validate, or `workers` has another length than the models."""
@@ -129,7 +132,9 @@ def follower_config(
         for spec, listed in zip(specs, workers, strict=True)
     ]
     gateway = cfg.gateway.model_copy(update={"processes": 1, "grpc_port": grpc_port})
-    admin = cfg.admin.model_copy(update={"state_dir": state_dir, "socket": None, "port": None})
+    # Its own admin socket; the state directory stays the leader's, whose rollout store
+    # holds the version splits every process must route by.
+    admin = cfg.admin.model_copy(update={"socket": f"{state_dir}/admin.sock", "port": None})
     engines = cfg.engines.model_copy(update={"workers": [], "launch": "sim"})
     follower = cfg.model_copy(
         update={

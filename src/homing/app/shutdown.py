@@ -69,8 +69,15 @@ class Shutdown(AppParts):
                 self.process_metrics = None
             # The actuators stop what they started (local processes) once the pools are
             # down, or after whatever failed above.
+            await self._workers_released()
             actuators, self._actuators = list(self._actuators.values()), {}
             await asyncio.gather(*(a.close() for a in actuators), return_exceptions=True)
+
+    async def _workers_released(self) -> None:
+        """Wait for `keep_workers` (the other gateway processes' drain), once."""
+        keep, self.keep_workers = self.keep_workers, None
+        if keep is not None:
+            await keep()
 
     async def _stop_serving(self) -> None:
         """`stop` after the autoscaler: listeners, the drain, admission, quotas, pools."""
@@ -115,5 +122,6 @@ class Shutdown(AppParts):
             await self.fleet.stop()
         pools, self._pools = self._pools, []
         await asyncio.gather(*(pool.stop() for pool in pools))
+        await self._workers_released()
         launchers, self.launchers = self.launchers, []
         await asyncio.gather(*(launcher.stop() for launcher in launchers))

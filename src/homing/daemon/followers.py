@@ -1,7 +1,8 @@
 """The follower processes of a `homing serve` with `gateway.processes` > 1.
 
 The leader (the process systemd started) runs N-1 followers, `homing serve --follower
-PLAN` (`homing.app.processes`), and supervises each the way systemd supervises the leader:
+PLAN` (`homing.app.processes`), and supervises each with systemd's notification protocol
+(its exits, not its liveness: no watchdog yet):
 - each follower's `NOTIFY_SOCKET` is a datagram socket of the leader's, so its own
   `Daemon` reports READY=1 and STOPPING=1 here;
 - `start` returns once every follower sent READY=1 (TimeoutError naming the ones that did
@@ -9,7 +10,8 @@ PLAN` (`homing.app.processes`), and supervises each the way systemd supervises t
 - a follower that exits while the leader serves (a crash, a SIGKILL) is started again
   after a backoff: 1 s, doubling to 30 s, back to 1 s once one has served for 60 s. Its
   clients' connections were closed by the kernel with it; the others' streams go on;
-- `reload` rewrites each plan, then sends SIGHUP: the follower re-reads its plan;
+- `reload` rewrites each plan, then sends SIGHUP: the follower re-reads its plan, and
+  its READY=1 after it (with its STATUS= line, which says whether it applied) ends the wait;
 - `stop` sends SIGTERM (each follower drains as the leader does) and waits, then SIGKILL;
 - a follower gets SIGTERM when the leader dies, however it dies (PR_SET_PDEATHSIG, set by
   `homing.lifeline.LIFELINE` before the follower's program starts).
@@ -23,7 +25,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +37,9 @@ from homing.clock import Clock
 from homing.lifeline import LIFELINE, child_environ
 
 log = structlog.get_logger("homing.daemon")
+
+#: What a follower runs, its plan file's path appended.
+FOLLOWER_PROGRAM = (sys.executable, "-m", "homing", "serve", "--follower")
 
 #: Restart backoff of a follower that exited: first delay, cap, and how long one must have
 #: served for the next exit to start from the first delay again (seconds).
@@ -56,7 +61,8 @@ def restart_delay(previous_s: float | None, served_s: float) -> float:
 class Follower:
     """One follower: its plan file, notify socket and current process (None between a
     crash and its restart). `ready`: it sent READY=1 since it last started. `restarts`:
-    how often it was started again."""
+    how often it was started again. `status`: its last STATUS= line. `reload`: set by its
+    READY=1 while a reload asked of it is under way."""
 
     index: int
     plan_path: Path
@@ -67,6 +73,8 @@ class Follower:
     started_at: float = 0.0
     delay_s: float | None = None
     restarts: int = 0
+    status: str = ""
+    reload: asyncio.Event | None = None
 
     @property
     def pid(self) -> int | None:
@@ -77,7 +85,9 @@ class Follower:
 class Followers:
     """`count` followers whose plans `plan(index)` gives (index 1..count), files under
     `runtime_dir`, each inheriting `http_socket`; `clock` times the restarts;
-    `on_exit(index)` runs when a follower exited, before it is started again."""
+    `on_exit(index)` runs when a follower exited, before it is started again. `program`:
+    the command a follower runs, its plan file's path appended (an absolute executable
+    first)."""
 
     def __init__(
         self,
@@ -88,9 +98,11 @@ class Followers:
         http_socket: socket.socket,
         clock: Clock,
         on_exit: Callable[[int], None] | None = None,
+        program: Sequence[str] = FOLLOWER_PROGRAM,
     ) -> None:
         self._plan = plan
         self._on_exit = on_exit
+        self._program = list(program)
         self._dir = runtime_dir
         self._http = http_socket
         self._clock = clock
@@ -155,11 +167,7 @@ class Followers:
             "-c",
             LIFELINE,
             str(os.getpid()),
-            sys.executable,
-            "-m",
-            "homing",
-            "serve",
-            "--follower",
+            *self._program,
             str(f.plan_path),
             pass_fds=(fd,),
             env=env,
@@ -169,7 +177,8 @@ class Followers:
         log.info("gateway_process_started", index=f.index, pid=f.process.pid)
 
     def _on_notify(self, f: Follower) -> None:
-        """A datagram from `f`'s notify socket: READY=1 marks it ready."""
+        """Datagrams from `f`'s notify socket: READY=1 marks it ready (and ends a reload it
+        was asked for); STATUS= is kept as its `status`."""
         while True:
             try:
                 data = f.notify.recv(4096)
@@ -177,53 +186,89 @@ class Followers:
                 return
             except OSError:
                 return
-            if b"READY=1" in data.split(b"\n"):
+            lines = data.decode(errors="replace").split("\n")
+            for line in lines:
+                if line.startswith("STATUS="):
+                    f.status = line.removeprefix("STATUS=")
+            if "READY=1" in lines:
                 f.ready.set()
+                if f.reload is not None:
+                    f.reload.set()
 
     def _supervise(self, f: Follower) -> None:
         task = asyncio.get_running_loop().create_task(self._watch(f), name=f"process-{f.index}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._watch_ended)
+
+    def _watch_ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # a bug of ours: say so
+            log.error("gateway_process_supervision_failed", error=repr(task.exception()))
 
     async def _watch(self, f: Follower) -> None:
-        """Restart `f` whenever it exits, until `stop`."""
+        """Restart `f` whenever it exits, until `stop`; a start that fails is tried again
+        after the next backoff."""
         while not self._stopping:
-            assert f.process is not None
-            code = await f.process.wait()
-            if self._stopping:
-                return
-            served_s = self._clock.now() - f.started_at
-            f.delay_s = restart_delay(f.delay_s, served_s)
-            log.error(
-                "gateway_process_exited",
-                index=f.index,
-                pid=f.process.pid,
-                code=code,
-                served_s=round(served_s, 3),
-                restart_in_s=f.delay_s,
-            )
-            f.process = None
-            if self._on_exit is not None:
-                self._on_exit(f.index)
-            await self._clock.sleep(f.delay_s)
+            if f.process is not None:
+                code = await f.process.wait()
+                if self._stopping:
+                    return
+                served_s = self._clock.now() - f.started_at
+                f.delay_s = restart_delay(f.delay_s, served_s)
+                log.error(
+                    "gateway_process_exited",
+                    index=f.index,
+                    pid=f.process.pid,
+                    code=code,
+                    served_s=round(served_s, 3),
+                    restart_in_s=f.delay_s,
+                )
+                f.process = None
+                if self._on_exit is not None:
+                    self._on_exit(f.index)
+            await self._clock.sleep(f.delay_s or RESTART_FIRST_S)
             if self._stopping:
                 return
             try:
                 await self._spawn(f)
-            except OSError as err:  # e.g. out of processes: try again after the next delay
-                log.error("gateway_process_start_failed", index=f.index, error=str(err))
-                f.started_at = self._clock.now()
+            except Exception as err:  # out of processes, a plan not written: try again
+                f.delay_s = restart_delay(f.delay_s, 0.0)
+                log.error(
+                    "gateway_process_start_failed",
+                    index=f.index,
+                    error=str(err) or type(err).__name__,
+                    retry_in_s=f.delay_s,
+                )
                 continue
             f.restarts += 1
 
-    async def reload(self) -> None:
-        """Rewrite every plan (a follower that restarts reads the new one too), then
-        SIGHUP the running followers."""
+    async def reload(self, timeout_s: float) -> dict[int, str]:
+        """Rewrite every plan (a follower that restarts reads the new one too), SIGHUP the
+        running followers and wait, at most `timeout_s`, for each one's READY=1 after its
+        reload: the STATUS line each sent with it by index ("no answer within T s" for one
+        that did not; a follower that is down is not asked)."""
+        asked = []
         for f in self.members:
             self._plan(f.index).write(f.plan_path)
             if f.process is not None and f.process.returncode is None:
+                f.reload = asyncio.Event()
                 with contextlib.suppress(ProcessLookupError):
                     f.process.send_signal(signal.SIGHUP)
+                    asked.append(f)
+        outcomes: dict[int, str] = {}
+        try:
+            async with self._clock.timeout(timeout_s):
+                for f in asked:
+                    assert f.reload is not None
+                    await f.reload.wait()
+                    outcomes[f.index] = f.status
+        except TimeoutError:
+            for f in asked:
+                outcomes.setdefault(f.index, f"no answer within {timeout_s:g} s")
+        finally:
+            for f in asked:
+                f.reload = None
+        return outcomes
 
     async def stop(self, timeout_s: float) -> None:
         """SIGTERM every follower (each drains), wait at most `timeout_s` for them all,
@@ -253,6 +298,7 @@ class Followers:
                 await asyncio.gather(*(p.wait() for p in running))
         loop = asyncio.get_running_loop()
         for f in self.members:
+            f.plan_path.unlink(missing_ok=True)  # it holds the leader's admin key
             if f.notify.fileno() >= 0:
                 loop.remove_reader(f.notify.fileno())
                 f.notify.close()

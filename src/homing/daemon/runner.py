@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -70,6 +71,9 @@ ACTIVATED_LISTENERS = {"http"}
 #: it is killed (its own drain, then its pools' and listeners' close).
 FOLLOWER_GRACE_S = 10.0
 
+#: Seconds the leader waits for each follower's READY=1 after a reload.
+FOLLOWER_RELOAD_S = 30.0
+
 #: The in-flight board's file in the leader's runtime directory.
 BOARD_FILE = "in_flight.board"
 
@@ -103,6 +107,7 @@ class Daemon:
         self._shared = shared_in_flight
         self._runtime: Path | None = None
         self._runtime_temporary = False
+        self._runtime_lock: int | None = None  # a descriptor held for the process's life
         self._quota_server: QuotaServer | None = None
         self._sockets = dict(sockets) if sockets is not None else None
         self.followers: Followers | None = None
@@ -201,8 +206,10 @@ class Daemon:
             in_flight = app.service.in_flight if app.service is not None else 0
             self.notifier.stopping(status=f"draining {in_flight} requests in flight")
             stops = [app.stop()]
-            if self.followers is not None:  # they drain beside this one
-                stops.append(self.followers.stop(cfg.gateway.drain_timeout_s + FOLLOWER_GRACE_S))
+            if self.followers is not None:  # they drain beside this one, on our workers
+                followers_gone = asyncio.Event()
+                app.keep_workers = followers_gone.wait
+                stops.append(self._stop_followers(self.followers, followers_gone))
             await asyncio.gather(*stops)
             if self._quota_server is not None:  # once no follower charges any more
                 await self._quota_server.stop()
@@ -210,6 +217,14 @@ class Daemon:
                 self._shared[0].close()
             if self._runtime is not None and self._runtime_temporary:
                 shutil.rmtree(self._runtime, ignore_errors=True)
+
+    async def _stop_followers(self, followers: Followers, gone: asyncio.Event) -> None:
+        """Drain and stop the followers (the drain timeout of the configuration in force
+        plus `FOLLOWER_GRACE_S`), then set `gone`, whatever happened."""
+        try:
+            await followers.stop(self.config.gateway.drain_timeout_s + FOLLOWER_GRACE_S)
+        finally:
+            gone.set()
 
     def _runtime_dir(self) -> Path:
         """Where the leader keeps its followers' plans, sockets and shared files (made
@@ -221,6 +236,7 @@ class Daemon:
                 chosen = Path(tempfile.mkdtemp(prefix="homing-processes-"))
                 self._runtime_temporary = True
             chosen.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._runtime_lock = _lock_runtime(chosen)
             log.info("gateway_processes_runtime", path=str(chosen))
             self._runtime = chosen
         return self._runtime
@@ -276,6 +292,20 @@ class Daemon:
             state_dir=str(runtime / f"process-{index}"),
         )
         return FollowerPlan(index=index, leader=leader, http_fd=http.fileno(), config=config)
+
+    async def _reload_followers(self, followers: Followers) -> str:
+        """Reload the followers; what to add to this reload's outcome: each follower whose
+        reload did not say "reloaded" (refused, failed, no answer), or that could not be
+        asked."""
+        try:
+            outcomes = await followers.reload(FOLLOWER_RELOAD_S)
+        except Exception as err:  # a plan not written: the followers keep their config
+            log.exception("followers_reload_failed", error=str(err) or type(err).__name__)
+            return f"; the other gateway processes were not reloaded: {err}"
+        odd = {i: status for i, status in outcomes.items() if "reloaded" not in status}
+        for index, status in odd.items():
+            log.error("gateway_process_reload", index=index, status=status)
+        return "".join(f"; process {i}: {status}" for i, status in sorted(odd.items()))
 
     def _forget_process(self, index: int) -> None:
         """Gateway process `index` exited: its requests in flight died with it."""
@@ -366,7 +396,7 @@ class Daemon:
             self.config = new
             self.last_reload = plan.outcome()
             if self.followers is not None:
-                await self.followers.reload()
+                self.last_reload += await self._reload_followers(self.followers)
             (log.warning if plan.failed else log.info)(
                 "reload_applied",
                 changes=list(plan.changes),
@@ -402,3 +432,20 @@ class Daemon:
         self._opened, self._rate_at = opened, now
         line = app.status_line(rate)
         return f"{line}; {self.last_reload}" if self.last_reload else line
+
+
+def _lock_runtime(runtime: Path) -> int:
+    """Hold an exclusive lock on `runtime`'s lock file for this process's life (the
+    descriptor is returned, never closed): a second leader on the same directory would
+    replace the first's in-flight table and sockets. RuntimeError naming the directory
+    when another live process holds it."""
+    fd = os.open(runtime / "leader.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RuntimeError(
+            f"another homing serve with several gateway processes uses {runtime}; give "
+            "each its own state directory (HOMING_STATE_DIR or admin.state_dir)"
+        ) from None
+    return fd

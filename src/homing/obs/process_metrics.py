@@ -121,5 +121,9 @@ class ProcessMetrics:
         """This process's exposition `mine` merged with every other process's that
         answers."""
         fetched = await asyncio.gather(*(self._fetch(j, p) for j, p in self._peers.items()))
-        parts = [(self.index, mine), *(f for f in fetched if f is not None)]
-        return merge(sorted(parts))
+        parts = sorted([(self.index, mine), *(f for f in fetched if f is not None)])
+        try:  # parsing every exposition costs ms per process: off the serving loop
+            return await asyncio.to_thread(merge, parts)
+        except ValueError as err:  # a peer's answer that is not the text format
+            log.warning("process_metrics_unreadable", error=str(err))
+            return await asyncio.to_thread(merge, [(self.index, mine)])

@@ -337,7 +337,7 @@ class PoolScaler:
         candidates = [
             VictimCandidate(
                 worker_id=w.worker_id,
-                in_flight=w.in_flight,
+                in_flight=w.in_flight_all,
                 unique_blocks=values[w.worker_id].unique_blocks,
                 unique_recent_blocks=values[w.worker_id].unique_recent_blocks,
                 phase=w.phase.value,
@@ -367,7 +367,7 @@ class PoolScaler:
             model=self.model,
             worker=worker_id,
             reason=reason,
-            in_flight=state.in_flight,
+            in_flight=state.in_flight_all,
         )
         self._spawn(self._stop_when_gone(worker_id, state.url), f"scaler-stop-{worker_id}")
 

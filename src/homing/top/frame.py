@@ -261,6 +261,12 @@ class _Reader:
             return 0.0 if zero_if_declared and name in self.last.families else None
         return _clean(sum(found.values()))
 
+    def gauge_max(self, name: str, want: Labels) -> float | None:
+        """The largest of the matching series of gauge `name` (an engine's own count, which
+        every gateway process reports); None when none."""
+        found = self.last.series(name, want)
+        return _clean(max(found.values())) if found else None
+
     def gauge_mean(self, name: str, want: Labels) -> float | None:
         """The mean of the matching series of gauge `name` (ratios); None when none."""
         found = self.last.series(name, want)
@@ -408,8 +414,8 @@ def _worker_row(r: _Reader, model: str, worker: str) -> WorkerRow:
         requests_per_second=r.rate("homing_requests", w),
         ttft_p95_s=r.quantile(0.95, "homing_request_ttft_seconds", w),
         in_flight=r.gauge_sum("homing_worker_requests_in_flight", w, zero_if_declared=True),
-        running=r.gauge_sum("homing_worker_running_requests", w),
-        waiting=r.gauge_sum("homing_worker_waiting_requests", w),
+        running=r.gauge_max("homing_worker_running_requests", w),
+        waiting=r.gauge_max("homing_worker_waiting_requests", w),
         kv_usage_ratio=r.gauge_mean("homing_worker_kv_usage_ratio", w),
         cache_hit_ratio=r.gauge_mean("homing_worker_cache_hit_ratio", w),
     )

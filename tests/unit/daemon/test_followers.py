@@ -17,6 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from homing.app.processes import (
+    LONGEST_RUNTIME_PATH,
     PROCESS_KEY_ID,
     FollowerPlan,
     Leader,
@@ -66,9 +67,9 @@ def test_a_follower_of_the_embedded_default_lists_the_leaders_workers_and_launch
     assert follower.scaler.enabled is False
     assert (follower.gateway.processes, follower.gateway.grpc_port) == (1, 40123)
     assert (follower.admin.socket, follower.admin.port, follower.admin.state_dir) == (
+        "/run/homing/processes/process-1/admin.sock",
         None,
-        None,
-        "/run/homing/processes/process-1",
+        None,  # the leader's (here the default): its rollout store is the one to follow
     )
     assert follower.admin.socket_path() == "/run/homing/processes/process-1/admin.sock"
 
@@ -99,14 +100,14 @@ def test_a_follower_of_two_named_models_lists_each_models_workers_in_order() -> 
 
 def test_a_follower_has_no_admin_listener_but_its_socket_and_keeps_the_keys() -> None:
     """The leader's admin TCP port is the leader's alone; the follower's admin API is on
-    its own socket under its state directory."""
+    its own socket in its own directory, while its state directory stays the leader's."""
     follower = follower_config(two_models(), workers=[[], []], grpc_port=50051, state_dir="/tmp/p2")
     admin = follower.admin
     assert (admin.enabled, admin.socket, admin.port, admin.state_dir) == (
         True,
+        "/tmp/p2/admin.sock",
         None,
-        None,
-        "/tmp/p2",
+        two_models().admin.state_dir,
     )
     assert admin.keys == [AdminKeySettings(id="ops", sha256=OPS_DIGEST)]
 
@@ -343,10 +344,11 @@ def test_an_address_not_of_this_host_is_an_os_error_naming_it() -> None:
 
 
 def test_the_runtime_dir_is_the_state_dirs_processes_while_its_sockets_fit() -> None:
-    """A follower's admin socket is the longest path under it; past 107 bytes (Linux's
-    sun_path) the leader makes a shorter private directory instead (None here)."""
+    """A follower's admin socket, as the admin server first binds it, is the longest path
+    under it; past 107 bytes (Linux's sun_path) the leader makes a shorter private
+    directory instead (None here)."""
     short = "/var/lib/homing"
     assert runtime_dir(short, 107) == Path(short) / "processes"
-    fits = "/" + "d" * (107 - len("/processes") - len("/process-256/admin.sock") - 1)
+    fits = "/" + "d" * (107 - len("/processes") - LONGEST_RUNTIME_PATH - 1)
     assert runtime_dir(fits, 107) == Path(fits) / "processes"
     assert runtime_dir(fits + "d", 107) is None

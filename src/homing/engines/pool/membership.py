@@ -45,6 +45,11 @@ from homing.engines.pool.state import (
 
 log = structlog.get_logger(__name__)
 
+#: A drained worker other gateway processes serve too: seconds before its retirement looks
+#: at their requests (two polls of their mirror of the leader's workers), then how often.
+SHARED_DRAIN_SETTLE_S = 2.0
+SHARED_DRAIN_POLL_S = 0.2
+
 
 def _engine_client(url: str, worker_id: str) -> EngineApi:
     """The default `client_factory`: an `EngineClient` of the worker at `url`."""
@@ -272,7 +277,8 @@ class WorkerPool:
 
     def drain(self, worker_id: str) -> WorkerState:
         """No new requests for `worker_id`; it leaves the pool when its last request ends
-        (at once when none is in flight). KeyError, `IllegalTransition` (already draining)."""
+        (at once when none is in flight; with other gateway processes, when the box's last
+        one ends). KeyError, `IllegalTransition` (already draining)."""
         w = self._workers[worker_id]
         before = w.state.phase
         self._apply(w, Action.DRAIN)
@@ -320,8 +326,12 @@ class WorkerPool:
     async def _drop(self, w: Worker, action: Action) -> None:
         """Take `w` out: every piece of bookkeeping first, with no await between (so a
         cancelled caller leaves nothing half done), then the tasks' end and the channel's
-        close, shielded from the caller's cancellation."""
+        close, shielded from the caller's cancellation. A drained worker that other gateway
+        processes also serve (`state.shared`) leaves once the whole box has nothing on it
+        (`_until_box_idle`)."""
         worker_id = w.state.worker_id
+        if action is Action.DRAINED and w.state.shared is not None:
+            await self._until_box_idle(w)
         if self._workers.get(worker_id) is not w:
             return  # already gone
         if action is Action.DRAINED and w.state.phase is not Phase.DRAINING:
@@ -349,6 +359,16 @@ class WorkerPool:
         await asyncio.gather(*w.tasks, return_exceptions=True)
         if close:
             await w.client.close()
+
+    async def _until_box_idle(self, w: Worker) -> None:
+        """Return once no gateway process of the box has a request on draining `w`: after
+        `SHARED_DRAIN_SETTLE_S` (the other processes learn of the drain from the leader's
+        admin API, polled every second, and route to `w` until then), then every
+        `SHARED_DRAIN_POLL_S` (their releases wake nothing here). Returns at once when `w`
+        is no longer draining."""
+        await self._clock.sleep(SHARED_DRAIN_SETTLE_S)
+        while w.state.phase is Phase.DRAINING and w.state.in_flight_all > 0:
+            await self._clock.sleep(SHARED_DRAIN_POLL_S)
 
     def _retire_soon(self, w: Worker, action: Action) -> None:
         task = asyncio.get_running_loop().create_task(self._drop(w, action))
