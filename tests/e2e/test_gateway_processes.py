@@ -273,7 +273,7 @@ def test_two_processes_serve_one_port_pair_follow_one_admin_api_and_stop_togethe
     assert phase in ("draining", "gone"), (url, phase)
     assert [e["kind"] for e in s.events("mirror_action")] == ["drain"]
     s.process.send_signal(signal.SIGHUP)
-    status = s.notify.until("READY", 30)["STATUS"]  # once the follower's reload is done too
+    status = s.notify.until("READY", 45)["STATUS"]  # once the follower's reload is done too
     assert "reloaded: nothing changed" in status and "process 1" not in status, status
     assert sorted(e["process"] for e in s.events("reload_applied")) == [0, 1]
     s.process.send_signal(signal.SIGTERM)
@@ -444,6 +444,8 @@ def test_30_streams_open_through_a_sigterm_all_finish_and_both_processes_exit(
     assert [e for e in ends if not _finished(e)] == []
     assert served.process.wait(60) == 0
     assert not Path(f"/proc/{follower}").exists()
+    by = [e["process"] for e in served.events("request_done")]
+    assert by == [1] * STREAMS  # all on the follower: the leader had none to wait for
 
 
 @pytest.mark.timeout(120)

@@ -601,28 +601,28 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def PauseRollout(
         self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
     ) -> pb.RolloutStatus:
-        await self._controller().pause(request.model)
+        await self._changing_split().pause(request.model)
         return self._status(request.model)
 
     @_admin_call
     async def ResumeRollout(
         self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
     ) -> pb.RolloutStatus:
-        await self._controller().resume(request.model)
+        await self._changing_split().resume(request.model)
         return self._status(request.model)
 
     @_admin_call
     async def PromoteRollout(
         self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
     ) -> pb.RolloutStatus:
-        await self._controller().promote(request.model)
+        await self._changing_split().promote(request.model)
         return self._status(request.model)
 
     @_admin_call
     async def RollbackRollout(
         self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
     ) -> pb.RolloutStatus:
-        await self._controller().rollback(request.model)
+        await self._changing_split().rollback(request.model)
         return self._status(request.model)
 
     @_admin_call
@@ -647,8 +647,9 @@ class AdminServer:
     when the process started serving (default: now);
     `scaler`: the running autoscaler, asked at each `GetScaler` (None: none enabled).
     `rollouts`: the version splits and rollouts (None: the rollout calls are UNAVAILABLE).
-    `split_changes_refused`: why starting a rollout or setting a split is refused
-    (FAILED_PRECONDITION with it; None: allowed).
+    `split_changes_refused`: why a call that changes a version split (a rollout's start,
+    pause, resume, promotion or rollback, or a split set) is refused (FAILED_PRECONDITION
+    with it; None: allowed).
     After `start`: `socket_path` (None without a socket), `tcp_port` (None without TCP)
     and `addresses` (as `--admin` takes them: "unix:PATH", "HOST:PORT").
     """

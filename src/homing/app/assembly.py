@@ -311,7 +311,8 @@ class Assembly(AppParts):
     async def _start_rollouts(self, fleet: Fleet) -> None:
         """Each model's version split and rollout, restored from the store (RuntimeError
         "rollouts: ..." when it cannot be read: a restart must not forget a rollback), and
-        the task that takes their verdicts."""
+        the task that takes their verdicts and saves them (none in a follower: the store is
+        its leader's, which alone writes it)."""
         store, self._rollout_redis = build_rollout_store(
             self.config, state_dir=self._admin_settings().state_dir
         )
@@ -323,6 +324,8 @@ class Assembly(AppParts):
         except RolloutStoreError as err:
             raise RuntimeError(f"rollouts: {err}") from None
         self.rollouts = controller
+        if self.follow is not None:  # it routes by the leader's stored split, writes none
+            return
         self._rollout_task = asyncio.get_running_loop().create_task(
             controller.run(), name="rollouts"
         )

@@ -62,7 +62,8 @@ class Follower:
     """One follower: its plan file, notify socket and current process (None between a
     crash and its restart). `ready`: it sent READY=1 since it last started. `restarts`:
     how often it was started again. `status`: its last STATUS= line. `reload`: set by its
-    READY=1 while a reload asked of it is under way."""
+    READY=1 while a reload asked of it is under way; `reload_pending`: a reload came while
+    it was starting (its SIGHUP goes with its READY=1)."""
 
     index: int
     plan_path: Path
@@ -75,6 +76,7 @@ class Follower:
     restarts: int = 0
     status: str = ""
     reload: asyncio.Event | None = None
+    reload_pending: bool = False
 
     @property
     def pid(self) -> int | None:
@@ -194,6 +196,10 @@ class Followers:
                 f.ready.set()
                 if f.reload is not None:
                     f.reload.set()
+                if f.reload_pending and f.process is not None:
+                    f.reload_pending = False
+                    with contextlib.suppress(ProcessLookupError):
+                        f.process.send_signal(signal.SIGHUP)
 
     def _supervise(self, f: Follower) -> None:
         task = asyncio.get_running_loop().create_task(self._watch(f), name=f"process-{f.index}")
@@ -244,24 +250,32 @@ class Followers:
 
     async def reload(self, timeout_s: float) -> dict[int, str]:
         """Rewrite every plan (a follower that restarts reads the new one too), SIGHUP the
-        running followers and wait, at most `timeout_s`, for each one's READY=1 after its
-        reload: the STATUS line each sent with it by index ("no answer within T s" for one
-        that did not; a follower that is down is not asked)."""
-        asked = []
+        ready followers and wait, at most `timeout_s` in all, for each one's READY=1 after
+        its reload: the STATUS line each sent with it, by index ("exited during the
+        reload" or "no answer within T s" otherwise). A follower still starting gets its
+        SIGHUP once it is ready (its outcome is not waited for); one that is down reads
+        the new plan when it starts."""
         for f in self.members:
             self._plan(f.index).write(f.plan_path)
-            if f.process is not None and f.process.returncode is None:
-                f.reload = asyncio.Event()
-                with contextlib.suppress(ProcessLookupError):
-                    f.process.send_signal(signal.SIGHUP)
-                    asked.append(f)
+        asked = []
+        for f in self.members:
+            if f.process is None or f.process.returncode is not None:
+                continue
+            if not f.ready.is_set():
+                f.reload_pending = True  # a SIGHUP before its handler is set would end it
+                continue
+            f.reload = asyncio.Event()
+            with contextlib.suppress(ProcessLookupError):
+                f.process.send_signal(signal.SIGHUP)
+            asked.append(f)
         outcomes: dict[int, str] = {}
         try:
             async with self._clock.timeout(timeout_s):
                 for f in asked:
-                    assert f.reload is not None
-                    await f.reload.wait()
-                    outcomes[f.index] = f.status
+                    assert f.reload is not None and f.process is not None
+                    await first_done(f.reload.wait(), f.process.wait())
+                    reloaded = f.reload.is_set()
+                    outcomes[f.index] = f.status if reloaded else "exited during the reload"
         except TimeoutError:
             for f in asked:
                 outcomes.setdefault(f.index, f"no answer within {timeout_s:g} s")

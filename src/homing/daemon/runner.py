@@ -210,7 +210,9 @@ class Daemon:
                 followers_gone = asyncio.Event()
                 app.keep_workers = followers_gone.wait
                 stops.append(self._stop_followers(self.followers, followers_gone))
-            await asyncio.gather(*stops)
+            for failed in await asyncio.gather(*stops, return_exceptions=True):
+                if isinstance(failed, BaseException):
+                    log.error("stop_failed", error=repr(failed))
             if self._quota_server is not None:  # once no follower charges any more
                 await self._quota_server.stop()
             if self._shared is not None:

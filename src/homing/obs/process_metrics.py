@@ -68,6 +68,15 @@ def merge(parts: Sequence[tuple[int, bytes]]) -> bytes:
     return generate_latest(_Families([*families.values(), scraped]))  # type: ignore[arg-type]
 
 
+def _readable(part: tuple[int, bytes]) -> bool:
+    """Whether `part`'s exposition parses (an unreadable one is left out of a scrape)."""
+    try:
+        merge([part])
+    except ValueError:
+        return False
+    return True
+
+
 class ProcessMetrics:
     """Process `index` of `processes` whose sockets live in `runtime`: `start` serves
     `own()`'s exposition on its socket; `exposition(mine)` is the merged answer."""
@@ -78,6 +87,7 @@ class ProcessMetrics:
         self._path = runtime / f"process-{index}.metrics"
         self._peers = {j: runtime / f"process-{j}.metrics" for j in range(processes) if j != index}
         self._runner: web.AppRunner | None = None
+        self._inode: int | None = None
 
     async def start(self) -> None:
         """Serve this process's exposition on its socket. OSError when it cannot."""
@@ -92,6 +102,7 @@ class ProcessMetrics:
             await web.UnixSite(self._runner, str(self._path)).start()
         finally:
             os.umask(old)
+        self._inode = os.stat(self._path).st_ino
 
     async def stop(self) -> None:
         """Stop serving and remove the socket."""
@@ -99,7 +110,8 @@ class ProcessMetrics:
             await self._runner.cleanup()
             self._runner = None
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path)
+            if os.stat(self._path).st_ino == self._inode:  # not a newer process's socket
+                os.unlink(self._path)
 
     async def _serve(self, request: web.Request) -> web.Response:
         return web.Response(body=self._own())  # type: ignore[operator]
@@ -126,4 +138,4 @@ class ProcessMetrics:
             return await asyncio.to_thread(merge, parts)
         except ValueError as err:  # a peer's answer that is not the text format
             log.warning("process_metrics_unreadable", error=str(err))
-            return await asyncio.to_thread(merge, [(self.index, mine)])
+            return await asyncio.to_thread(lambda: merge([p for p in parts if _readable(p)]))

@@ -40,9 +40,10 @@ async def test_a_drained_worker_stays_while_another_process_streams_on_it(
     await clock.settle()
     assert pool.has("w0") and pool.state("w0").phase is Phase.DRAINING
     board.store(1, slot, 0)  # process 1's streams ended
-    clock.advance(SHARED_DRAIN_POLL_S)
+    clock.advance(2 * SHARED_DRAIN_POLL_S)
     await clock.settle()
     assert not pool.has("w0")
+    board.close()
 
 
 async def test_a_drained_idle_worker_waits_for_the_others_to_learn_of_the_drain(
@@ -55,9 +56,33 @@ async def test_a_drained_idle_worker_waits_for_the_others_to_learn_of_the_drain(
     pool = make_pool(board, clock)
     pool.drain("w0")
     await clock.settle()  # its retirement waits from here
-    clock.advance(SHARED_DRAIN_SETTLE_S - 0.1)
+    clock.advance(SHARED_DRAIN_SETTLE_S - 0.5)
     await clock.settle()
     assert pool.has("w0")
-    clock.advance(0.1)
+    clock.advance(1.0)
     await clock.settle()
     assert not pool.has("w0")
+    board.close()
+
+
+async def test_drained_undrained_and_drained_again_waits_from_the_second_drain(
+    tmp_path: Path,
+) -> None:
+    """The first drain's retirement, still waiting, does not retire the second drain's
+    worker early: the others learn of the second drain only from its start."""
+    clock = ManualClock()
+    board = InFlightBoard.create(str(tmp_path / "board"), processes=2, slots=8)
+    pool = make_pool(board, clock)
+    pool.drain("w0")
+    await clock.settle()
+    clock.advance(SHARED_DRAIN_SETTLE_S - 0.5)
+    pool.undrain("w0")
+    pool.drain("w0")
+    await clock.settle()
+    clock.advance(1.0)  # the first retirement's settle has passed, not the second's
+    await clock.settle()
+    assert pool.has("w0") and pool.state("w0").phase is Phase.DRAINING
+    clock.advance(SHARED_DRAIN_SETTLE_S)
+    await clock.settle()
+    assert not pool.has("w0")
+    board.close()

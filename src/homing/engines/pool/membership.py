@@ -282,6 +282,7 @@ class WorkerPool:
         w = self._workers[worker_id]
         before = w.state.phase
         self._apply(w, Action.DRAIN)
+        w.drains += 1
         w.state.drained_from = before
         if w.state.in_flight == 0:
             self._retire_soon(w, Action.DRAINED)
@@ -331,7 +332,10 @@ class WorkerPool:
         (`_until_box_idle`)."""
         worker_id = w.state.worker_id
         if action is Action.DRAINED and w.state.shared is not None:
+            drains = w.drains
             await self._until_box_idle(w)
+            if w.drains != drains:
+                return  # undrained and drained again meanwhile: that drain's retirement waits
         if self._workers.get(worker_id) is not w:
             return  # already gone
         if action is Action.DRAINED and w.state.phase is not Phase.DRAINING:

@@ -168,6 +168,7 @@ class Worker:
     failures_seen: int = 0  # transport failures of requests on it so far (never reset)
     rank_samples: dict[int | None, LoadSample] = field(default_factory=dict)
     warm: bool = False  # joins cordoned (WorkerSpec.warm)
+    drains: int = 0  # drains begun so far: a retirement waiting on the box knows its own
 
 
 @dataclass(eq=False)
