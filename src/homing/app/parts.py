@@ -158,8 +158,9 @@ class AppParts:
     @property
     def shares_listeners(self) -> bool:
         """Whether other gateway processes listen on the same ports (a follower, or the
-        leader of several): the gRPC port is bound with SO_REUSEPORT."""
-        return self.follow is not None or self.config.gateway.process_count() > 1
+        leader of several, which share an in-flight board): the gRPC port is bound with
+        SO_REUSEPORT."""
+        return self.follow is not None or self.shared_in_flight is not None
 
     def _admin_settings(self) -> AdminSettings:
         """`config.admin`, with `state_dir` as its directory when it names none."""

@@ -99,7 +99,9 @@ class Daemon:
         sockets: Mapping[str, socket.socket] | None = None,
         shared_in_flight: tuple[InFlightBoard, int] | None = None,
     ) -> None:
-        self._leads = follow is None and config.gateway.process_count() > 1
+        # "auto" read once: the table's rows and the followers started must agree.
+        self._processes = 1 if follow is not None else config.gateway.process_count()
+        self._leads = self._processes > 1
         self._process_key = secrets.token_hex(32) if self._leads else None
         self.config = self._keyed(config)
         self._load = load
@@ -178,7 +180,7 @@ class Daemon:
             if "http" not in sockets:
                 sockets["http"] = bind_http(cfg.gateway.host, cfg.gateway.port)
             runtime = self._runtime_dir()
-            board = InFlightBoard.create(str(runtime / BOARD_FILE), cfg.gateway.process_count())
+            board = InFlightBoard.create(str(runtime / BOARD_FILE), self._processes)
             self._shared = (board, 0)
         app = self.app = App(
             cfg, listen_sockets=sockets, follow=self._follow, shared_in_flight=self._shared
@@ -247,7 +249,7 @@ class Daemon:
         """Start the other gateway processes once this one serves; True once every one is
         ready, False when the stop signal came first. Raises what made the start fail."""
         cfg = self.config
-        count = cfg.gateway.process_count() - 1
+        count = self._processes - 1
         self.notifier.status(f"starting {count} more gateway processes")
         runtime = self._runtime_dir()
         quotas = None

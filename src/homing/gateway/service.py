@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from homing.clock import Clock, SystemClock
-from homing.engines.pool.shared_in_flight import SharedCount
+from homing.engines.pool.shared_in_flight import SharedCount, box_total
 from homing.fleet import Fleet, Lease, NoReplica
 from homing.gateway.admission import AdmissionController
 from homing.gateway.errors import APIError, no_capacity, shutting_down
@@ -154,8 +154,7 @@ class InferenceService:
     @property
     def in_flight_all(self) -> int:
         """Requests in flight in every gateway process of the box (`shared`)."""
-        shared = self.shared
-        return self.in_flight if shared is None else self.in_flight + shared.others()
+        return box_total(self.in_flight, self.shared)
 
     def track(self, generation: Generation) -> Callable[[], None]:
         """Count `generation` in flight (`in_flight`, the recorder's per-model gauge) until the

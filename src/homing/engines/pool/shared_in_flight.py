@@ -89,26 +89,30 @@ class InFlightBoard:
         """The slot of worker `url`, claimed if it has none yet; None when the table is
         full (that worker's counts then stay each process's own)."""
         key = url_key(url)
+        found = self._probe(key, claim=False)  # found without the lock in the usual case
+        if found is not None:
+            return found
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            return self._probe(key, claim=True)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _probe(self, key: int, *, claim: bool) -> int | None:
+        """`key`'s slot, probing linearly from its hash; at the first free slot, None, or
+        that slot taken for `key` when `claim` (call it holding the lock)."""
         words = self._words
         start = key % self.slots
-        for i in range(self.slots):  # found without the lock in the usual case
+        for i in range(self.slots):
             s = HEADER_WORDS + (start + i) % self.slots
             if words[s] == key:
                 return s - HEADER_WORDS
             if words[s] == 0:
-                break
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            for i in range(self.slots):
-                s = HEADER_WORDS + (start + i) % self.slots
-                if words[s] == key:
-                    return s - HEADER_WORDS
-                if words[s] == 0:
-                    words[s] = key
-                    return s - HEADER_WORDS
-            return None
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+                if not claim:
+                    return None
+                words[s] = key
+                return s - HEADER_WORDS
+        return None
 
     def store(self, process: int, slot: int, count: int) -> None:
         """Process `process`'s requests in flight on `slot`'s worker are `count` now."""
@@ -151,3 +155,9 @@ class SharedCount:
     def others(self) -> int:
         """The requests the other processes have in flight on the worker."""
         return self.board.others(self.process, self.slot)
+
+
+def box_total(own: int, shared: SharedCount | None) -> int:
+    """`own` requests in flight plus the other processes' on the same entry (`own` alone
+    without a board)."""
+    return own if shared is None else own + shared.others()

@@ -17,7 +17,7 @@ from homing.engines.breaker import Breaker, BreakerConfig, BreakerState
 from homing.engines.client import EngineApi
 from homing.engines.health import LoadSample
 from homing.engines.lifecycle import Action, Phase, accepts_requests
-from homing.engines.pool.shared_in_flight import SharedCount
+from homing.engines.pool.shared_in_flight import SharedCount, box_total
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,7 @@ class WorkerState:
     @property
     def in_flight_all(self) -> int:
         """Requests in flight on the worker from every gateway process of the box."""
-        shared = self.shared
-        return self.in_flight if shared is None else self.in_flight + shared.others()
+        return box_total(self.in_flight, self.shared)
 
     @property
     def draining(self) -> bool:
