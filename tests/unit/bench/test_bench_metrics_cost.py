@@ -8,7 +8,17 @@ import argparse
 import pytest
 
 from homing.bench.gateway_overhead import MODES, TENANT_MODES, metrics_cost
-from homing.bench.overhead import HOMING, HOMING_NOMETRICS, HOMING_P2, SMG, summarize
+from homing.bench.overhead import (
+    HOMING,
+    HOMING_NOMETRICS,
+    HOMING_P2,
+    HOMING_SI2,
+    HOMING_SI4,
+    HOMING_SI8,
+    SMG,
+    STREAM_INTERVALS,
+    summarize,
+)
 from homing.bench.overhead.cli import _targets
 
 
@@ -79,3 +89,22 @@ def test_summarize_gives_two_processes_over_one_as_homing_p2_over_homing() -> No
 
 def test_targets_accepts_homing_p2() -> None:
     assert _targets("homing,homing-p2") == frozenset({HOMING, HOMING_P2})
+
+
+def test_summarize_gives_each_fixed_interval_over_homing_and_smg_at_one() -> None:
+    """A fixed-interval target's CPU per token over homing's and smg's (both at interval 1)."""
+    key = "cpu_us_per_streamed_token"
+    rounds = [
+        {key: {HOMING: 50.0, SMG: 20.0, HOMING_SI4: si4, HOMING_SI8: 10.0}}
+        for si4 in (12.0, 14.0, 13.0)
+    ]
+    summary = summarize(rounds, rss={})
+    ratios = summary["ratios_intervals_to_si1"]
+    assert ratios[HOMING_SI4][key] == {"to_homing": 0.26, "to_smg": 0.65}  # median 13
+    assert ratios[HOMING_SI8][key] == {"to_homing": 0.2, "to_smg": 0.5}
+    assert ratios[HOMING_SI2][key] == {"to_homing": None, "to_smg": None}  # not measured
+
+
+def test_targets_accepts_the_fixed_interval_targets() -> None:
+    assert _targets("homing-si2,homing_si4") == frozenset({HOMING_SI2, HOMING_SI4})
+    assert STREAM_INTERVALS == {HOMING_SI2: 2, HOMING_SI4: 4, HOMING_SI8: 8}

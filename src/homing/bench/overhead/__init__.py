@@ -37,7 +37,7 @@ with two gateways smg goes first in odd rounds), medians over the rounds reporte
 - homing's own gRPC API (`homing.v1.Inference/ChatCompletion`): the same CPU per request, CPU
   per token and first-byte figures (smg has no such API).
 
-Four more targets, each in the same interleaved rounds (every phase's order of targets
+More targets, each in the same interleaved rounds (every phase's order of targets
 rotating by one each round):
 
 - "homing_before" (`--homing-before-src DIR`, the `src` directory of an older homing
@@ -48,9 +48,12 @@ rotating by one each round):
   file in the scratch directory): no per-request Prometheus series (the log line, SLO
   bookkeeping and worker snapshots stay); every HTTP figure homing has, and the ratio
   metrics on/off (homing / homing_nometrics);
-- "homing_si8": the same `homing serve` with `[engines] stream_interval = 8` (a TOML file in
-  the scratch directory; the command-line flags override the rest of it): only the streamed
-  CPU per token and the streamed first byte, set beside smg at stream_interval 1;
+- "homing_p2": the same `homing serve` with `--processes 2`, its CPU that of both gateway
+  processes; every HTTP figure homing has, and the ratio 2 processes / 1;
+- "homing_si2", "homing_si4", "homing_si8": the same `homing serve` with `[engines]
+  stream_interval` 2, 4 or 8 (a TOML file in the scratch directory; the command-line flags
+  override the rest of it): only the streamed CPU per token and the streamed first byte, set
+  beside homing's and smg's at stream_interval 1;
 - "grpc_aio": no gateway, the floor under any Python gateway: a child process (this package,
   `python -m homing.bench.overhead _grpc-floor`) with one `grpc.aio` channel (homing's
   `DEFAULT_CHANNEL_OPTIONS`) to the first worker, under uvloop, running each CPU phase as the
@@ -62,8 +65,9 @@ rotating by one each round):
 
 Written: `--json` (every round's raw figures, the medians, the ratios, command, date,
 machine) and a table on stdout: metric, homing, smg, homing/smg, homing_before,
-after/before, homing without request metrics, metrics on/off, homing's gRPC API, grpc.aio
-client alone; then the stream_interval 8 rows.
+after/before, homing without request metrics, metrics on/off, homing with 2 processes, 2
+processes / 1, homing's gRPC API, grpc.aio client alone; then the rows of the fixed stream
+intervals.
 
     python -m homing.bench.overhead --rounds 3 --json bench-out/overhead.json
 
@@ -90,8 +94,11 @@ from homing.bench.overhead.targets import (
     HOMING_GRPC,
     HOMING_NOMETRICS,
     HOMING_P2,
+    HOMING_SI2,
+    HOMING_SI4,
     HOMING_SI8,
     SMG,
+    STREAM_INTERVALS,
     STREAMED_ONLY,
     TARGETS,
 )
@@ -124,9 +131,12 @@ __all__ = [
     "HOMING_GRPC",
     "HOMING_NOMETRICS",
     "HOMING_P2",
+    "HOMING_SI2",
+    "HOMING_SI4",
     "HOMING_SI8",
     "SMG",
     "STREAMED_ONLY",
+    "STREAM_INTERVALS",
     "TARGETS",
     "build_parser",
     "main",

@@ -1,5 +1,6 @@
 """The figures of `make bench-overhead` over its rounds: medians per metric and target, the
-ratios (homing/smg, after/before, metrics on/off, stream_interval 8 against smg at 1), and
+ratios (homing/smg, after/before, metrics on/off, the fixed stream intervals against homing
+and smg at 1), and
 the table printed on stdout.
 
 Rule of this file: pure arithmetic over the rounds' JSON-ready dicts and their rendering;
@@ -9,7 +10,7 @@ no clock, no processes, no files.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from homing.bench.overhead.targets import (
@@ -20,10 +21,9 @@ from homing.bench.overhead.targets import (
     HOMING_GRPC,
     HOMING_NOMETRICS,
     HOMING_P2,
-    HOMING_SI8,
     P2_PROCESSES,
-    SI8_STREAM_INTERVAL,
     SMG,
+    STREAM_INTERVALS,
     TARGETS,
 )
 
@@ -72,15 +72,13 @@ FLOOR_METRICS = frozenset({
     "peak_rss_mib",
 })  # fmt: skip
 """The metrics the grpc.aio floor has (its "gateway" CPU is the bare client's)."""
-SI8_METRICS = (
-    ("cpu_us_per_streamed_token", "CPU per streamed token at stream_interval 8 (us, slope)"),
-    ("cpu_ms_streamed_64", "CPU per streamed request at stream_interval 8, 64 tok (ms)"),
-    ("cpu_ms_streamed_256", "CPU per streamed request at stream_interval 8, 256 tok (ms)"),
-    ("added_p50_ms_streamed", "added first byte p50 at stream_interval 8, streamed (ms)"),
-    ("added_p99_ms_streamed", "added first byte p99 at stream_interval 8, streamed (ms)"),
-    ("peak_rss_mib", "peak RSS at stream_interval 8 (MiB)"),
+INTERVAL_METRICS = (
+    ("cpu_us_per_streamed_token", "CPU per streamed token (us, slope)"),
+    ("cpu_ms_streamed_256", "CPU per streamed request, 256 tok (ms)"),
+    ("added_p50_ms_streamed", "added first byte p50, streamed (ms)"),
 )
-"""(JSON key, table label) of the rows homing at stream_interval 8 gets beside smg at 1."""
+"""(JSON key, table label) of the rows each fixed stream interval gets beside homing's and
+smg's at stream_interval 1."""
 
 
 def _ratio(top: float | None, bottom: float | None) -> float | None:
@@ -89,20 +87,28 @@ def _ratio(top: float | None, bottom: float | None) -> float | None:
 
 def summarize(rounds: Sequence[dict[str, Any]], rss: dict[str, float]) -> dict[str, Any]:
     """Medians over the rounds per metric and target, the ratios (homing/smg, after/before =
-    homing/homing_before, metrics on/off = homing/homing_nometrics, homing_si8/smg,
-    2 processes / 1 = homing_p2/homing), the direct gRPC baseline."""
+    homing/homing_before, metrics on/off = homing/homing_nometrics, each fixed interval's
+    target against homing and against smg (both at 1), 2 processes / 1 = homing_p2/homing),
+    the direct gRPC baseline."""
     medians: dict[str, dict[str, float | None]] = {}
     for _, key, path in METRICS:
         medians[key] = {t: _median(rounds, *(p.format(t=t) for p in path)) for t in TARGETS}
     medians["peak_rss_mib"] = {t: rss.get(t) for t in TARGETS}
-    ratios, after_before, metrics, si8, processes = {}, {}, {}, {}, {}
+    ratios, after_before, metrics, processes = {}, {}, {}, {}
     for key, values in medians.items():
         ratios[key] = _ratio(values.get(HOMING), values.get(SMG))
         after_before[key] = _ratio(values.get(HOMING), values.get(HOMING_BEFORE))
         metrics[key] = _ratio(values.get(HOMING), values.get(HOMING_NOMETRICS))
         processes[key] = _ratio(values.get(HOMING_P2), values.get(HOMING))
-    for key, _ in SI8_METRICS:
-        si8[key] = _ratio(medians[key].get(HOMING_SI8), medians[key].get(SMG))
+    intervals: dict[str, dict[str, dict[str, float | None]]] = {}
+    for target in STREAM_INTERVALS:
+        intervals[target] = {
+            key: {
+                "to_homing": _ratio(medians[key].get(target), medians[key].get(HOMING)),
+                "to_smg": _ratio(medians[key].get(target), medians[key].get(SMG)),
+            }
+            for key, _ in INTERVAL_METRICS
+        }
     baseline = {
         f"direct_{kind}_{q}_ms": _median(rounds, f"first_byte_{kind}", DIRECT, f"{q}_ms")
         for kind in ("non_streamed", "streamed")
@@ -113,15 +119,15 @@ def summarize(rounds: Sequence[dict[str, Any]], rss: dict[str, float]) -> dict[s
         "ratios": ratios,
         "ratios_after_before": after_before,
         "ratios_metrics_on_off": metrics,
-        "ratios_si8_to_smg_si1": si8,
+        "ratios_intervals_to_si1": intervals,
         "ratios_p2_to_p1": processes,
         "direct_grpc_baseline": baseline,
     }
 
 
 def print_table(result: dict[str, Any]) -> None:
-    """The medians as a rich table on stdout; the stream_interval 8 rows in a section of
-    their own (homing at 8 in the homing column, smg at 1 in smg's)."""
+    """The medians as a rich table on stdout; then the fixed stream intervals' figures in a
+    table of their own, each beside homing's and smg's at stream_interval 1."""
     from rich.console import Console
     from rich.table import Table
 
@@ -139,7 +145,7 @@ def print_table(result: dict[str, Any]) -> None:
     before = HOMING_BEFORE in targets
     nometrics = HOMING_NOMETRICS in targets
     p2 = HOMING_P2 in targets
-    homing = bool(targets & {HOMING, HOMING_SI8})  # the si8 rows use its column
+    homing = HOMING in targets
     before_name = f"homing before ({settings['homing_before_commit'] or 'old src'})"
     columns = [
         ("metric", True), ("homing", homing), ("smg", SMG in targets),
@@ -186,24 +192,13 @@ def print_table(result: dict[str, Any]) -> None:
             cell(row.get(HOMING_P2)) if gateway else "",
             cell(by_processes[key]) if gateway else "", grpc_cell, floor_cell,
         ])  # fmt: skip
-    if HOMING_SI8 in targets:
-        table.add_section()
-        si8 = result["ratios_si8_to_smg_si1"]
-        add([
-            f"[i]homing at stream_interval {SI8_STREAM_INTERVAL} vs smg at stream_interval 1:[/i]",
-            "[i]homing si8[/i]", "[i]smg si1[/i]", "[i]si8/si1[/i]", "", "", "", "", "", "", "",
-            "",
-        ])  # fmt: skip
-        for key, label in SI8_METRICS:
-            add([
-                label,
-                cell(medians[key].get(HOMING_SI8)), cell(medians[key].get(SMG)),
-                cell(si8[key]), "", "", "", "", "", "", "", "",
-            ])  # fmt: skip
     console = Console()
     if not console.is_terminal:  # a log or a pipe: wide enough for one line a row
         console = Console(width=200)
     console.print(table)
+    shown_intervals = [(t, k) for t, k in STREAM_INTERVALS.items() if t in targets]
+    if shown_intervals:
+        console.print(_intervals_table(result, shown_intervals, cell))
     base = result["direct_grpc_baseline"]
     console.print(
         f"direct gRPC first byte (the baseline): non-streamed p50 "
@@ -221,3 +216,33 @@ def print_table(result: dict[str, Any]) -> None:
         "errors: " + (", ".join(f"{t} {n}" for t, n in counts.items()) if counts else "none")
         + f"; wall time {result['wall_s']:g} s; rps by {settings['rps_generator']}"
     )  # fmt: skip
+
+
+def _intervals_table(
+    result: dict[str, Any], shown: list[tuple[str, int]], cell: Callable[[float | None], str]
+) -> Any:
+    """A rich table: one row per stream interval (1 = the homing target), per metric of
+    INTERVAL_METRICS its median and its ratios to homing's and smg's at 1."""
+    from rich.table import Table
+
+    medians = result["medians"]
+    table = Table(
+        title="homing at fixed stream intervals (ratios: to homing and to smg at interval 1)",
+        title_justify="left",
+    )
+    table.add_column("stream_interval", justify="right")
+    for _, label in INTERVAL_METRICS:
+        table.add_column(label, justify="right")
+        table.add_column("/ homing", justify="right")
+        table.add_column("/ smg", justify="right")
+    rows = [(HOMING, 1, None), *((t, k, result["ratios_intervals_to_si1"][t]) for t, k in shown)]
+    for target, interval, ratios in rows:
+        cells = [str(interval)]
+        for key, _ in INTERVAL_METRICS:
+            cells.append(cell(medians[key].get(target)))
+            if ratios is None:
+                cells += ["1", cell(result["ratios"][key])]
+            else:
+                cells += [cell(ratios[key]["to_homing"]), cell(ratios[key]["to_smg"])]
+        table.add_row(*cells)
+    return table

@@ -39,7 +39,7 @@ from homing.bench.overhead.targets import (
     GATEWAYS,
     GRPC_FLOOR,
     NOMETRICS_CONFIG,
-    SI8_STREAM_INTERVAL,
+    STREAM_INTERVALS,
     STREAMED_ONLY,
     TARGETS,
 )
@@ -177,7 +177,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "targets": [t for t in TARGETS if t in args.targets],
             "homing_before_src": str(args.homing_before_src) if args.homing_before_src else None,
             "homing_before_commit": _git_commit(args.homing_before_src),
-            "si8_stream_interval": SI8_STREAM_INTERVAL,
+            "stream_intervals": STREAM_INTERVALS,
             "nometrics_config": NOMETRICS_CONFIG,
             "cpu_requests": args.cpu_requests,
             "stream_requests_at_64": args.stream_requests,

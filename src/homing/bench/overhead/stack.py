@@ -34,11 +34,10 @@ from homing.bench.overhead.targets import (
     HOMING_GRPC,
     HOMING_NOMETRICS,
     HOMING_P2,
-    HOMING_SI8,
     NOMETRICS_CONFIG,
     P2_PROCESSES,
-    SI8_STREAM_INTERVAL,
     SMG,
+    STREAM_INTERVALS,
     TARGETS,
 )
 from homing.bench.overhead.workload import PROMPT_TEXT, READY_TIMEOUT_S, REQUEST_TIMEOUT_S
@@ -101,8 +100,10 @@ class Stack:
             self.floor = await FloorClient.spawn(
                 self.worker_urls[0], self.prompt_ids, self.log_dir / f"{GRPC_FLOOR}.log"
             )
-        si8_config = scratch / "homing-si8.toml"
-        si8_config.write_text(f"[engines]\nstream_interval = {SI8_STREAM_INTERVAL}\n")
+        interval_configs = {}
+        for name, interval in STREAM_INTERVALS.items():
+            interval_configs[name] = scratch / f"{name}.toml"
+            interval_configs[name].write_text(f"[engines]\nstream_interval = {interval}\n")
         nometrics_config = scratch / "homing-nometrics.toml"
         nometrics_config.write_text(NOMETRICS_CONFIG)
         async with asyncio.TaskGroup() as group:  # one failing stops the others' wait
@@ -114,8 +115,9 @@ class Stack:
                 group.create_task(
                     self._start_homing(HOMING_BEFORE, scratch, env=pythonpath, as_found=True)
                 )
-            if HOMING_SI8 in self.targets:
-                group.create_task(self._start_homing(HOMING_SI8, scratch, config=si8_config))
+            for name, config in interval_configs.items():
+                if name in self.targets:
+                    group.create_task(self._start_homing(name, scratch, config=config))
             if HOMING_NOMETRICS in self.targets:
                 group.create_task(
                     self._start_homing(HOMING_NOMETRICS, scratch, config=nometrics_config)
