@@ -27,15 +27,16 @@ PROMPT = [{"role": "user", "content": "Count the stars over the harbour tonight"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gateway() -> AsyncIterator[App]:
-    """Two models of one simulated worker each: "every-token" (the default interval) and
-    "by-four" (`stream_interval = 4`). The workers are instant, which also sends each step's
+    """Two models of one simulated worker each: "every-token" (`stream_interval = 1`, fixed:
+    the default "auto" could coarsen under a loaded machine) and "by-four"
+    (`stream_interval = 4`). The workers are instant, which also sends each step's
     tokens as a chunk of their own, as SGLang does (a timed worker joins the outputs of
     steps its reader fell behind on), so the counts are exact."""
     sim = SimSettings(workers=1, extra_args=["--instant"])
     config = HomingConfig(
         gateway=GatewaySettings(port=0, grpc_port=0, drain_timeout_s=2.0),
         models=[
-            ModelSettings(name="every-token", sim=sim),
+            ModelSettings(name="every-token", sim=sim, stream_interval=1),
             ModelSettings(name="by-four", sim=sim, stream_interval=4),
         ],
     )
@@ -89,7 +90,7 @@ async def test_a_non_streamed_answer_is_one_engine_message(gateway: App) -> None
 
 
 async def test_a_streamed_answer_is_a_message_per_token_and_the_complete(gateway: App) -> None:
-    """Streamed at the default interval: one chunk per token, then the `complete`."""
+    """Streamed at interval 1: one chunk per token, then the `complete`."""
     _, events, messages = await _chat(gateway, "every-token", stream=True)
     assert messages == TOKENS + 1
     assert events > 1

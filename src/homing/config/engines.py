@@ -95,8 +95,8 @@ class EngineSettings(Section):
     healthy_threshold: int = Field(default=2, ge=1)
     # The single model's stream interval (as `[[models]]` `stream_interval`; with
     # `[[models]]` each model has its own and these are not used).
-    stream_interval: StreamInterval = 1
-    max_stream_interval: MaxStreamInterval = 8
+    stream_interval: StreamInterval = "auto"
+    max_stream_interval: MaxStreamInterval = 4
     progress_window_s: Seconds = 5.0
     outliers: OutlierSettings = Field(default_factory=OutlierSettings)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)

@@ -79,10 +79,10 @@ class ModelSettings(Section):
     (default `router.policy` and `router.weights`). `tokenizer_path`: a local tokenizer
     directory (default: the workers' GetTokenizer bundle). `stream_interval`: tokens per
     streamed chunk asked of the engine (SGLang's `stream_interval`; 1 asks nothing, so the
-    workers' own `--stream-interval` applies, 1 by default),
-    or "auto": from 1 up to `max_stream_interval` while the gateway's event loop is the
-    bottleneck (homing.fleet.stream_interval); larger chunks cost the gateway less per
-    token and make the client see tokens in bursts. The first token is never held back.
+    workers' own `--stream-interval` applies, 1 by default), or "auto" (the default): from 1
+    up to `max_stream_interval` (default 4) while the gateway's event loop is the bottleneck
+    (homing.fleet.stream_interval); larger chunks cost the gateway less per token and make the
+    client see tokens in bursts. The first token is never held back.
     `slo` / `scaler`: this model's SLO and autoscaler (default: the top-level sections).
     `versions`: the weighted split of its versions, version label -> weight (relative,
     percent in practice; homing.router.versions); a version left out gets no requests
@@ -99,8 +99,8 @@ class ModelSettings(Section):
     policy: RoutingPolicy | None = None
     weights: CostWeightSettings | None = None
     tokenizer_path: str | None = None
-    stream_interval: StreamInterval = 1
-    max_stream_interval: MaxStreamInterval = 8
+    stream_interval: StreamInterval = "auto"
+    max_stream_interval: MaxStreamInterval = 4
     slo: SloSettings | None = None
     scaler: ScalerSettings | None = None
     versions: dict[str, float] | None = None

@@ -35,10 +35,11 @@ Auto-mode constants (defaults):
   window should cover a typical stream (300 tokens at 50 ms per token is 15 s) so the
   samples reflect it. For the same reason a doubling may overshoot while in-flight
   streams still run at the old k; the low mark brings it back.
-- `maximum` 8 (config `max_stream_interval`): messages per token fall as 1/k, so doubling
-  past 8 removes at most 1/16 of the k = 1 per-message cost while doubling the burst gap
-  (8 tokens at 10-20 ms per token is an 80-160 ms gap); a power of two, reached from 1 in
-  three doublings.
+- `maximum` 4 (config `max_stream_interval`): measured gateway CPU per 256-token stream at
+  k = 2, 4, 8 is 0.57, 0.35 and 0.29 of k = 1's (`make bench-overhead`, docs/benchmarks.md,
+  "Tokens per chunk"), so 4 takes most of the saving, while 8 takes 0.06 more at twice the
+  burst gap (at the seed's 50 ms per token, 4 tokens is a 200 ms gap, 8 a 400 ms one); a
+  power of two, reached from 1 in two doublings.
 
 Pure: no I/O, time only from the injected `Clock`; not thread-safe (call it from the loop).
 """
@@ -53,7 +54,7 @@ from homing.clock import Clock
 StreamIntervalSetting = int | Literal["auto"]
 """A model's setting: a fixed number of tokens per chunk (>= 1), or "auto"."""
 
-DEFAULT_MAX_INTERVAL = 8
+DEFAULT_MAX_INTERVAL = 4
 DEFAULT_HIGH = 0.85
 DEFAULT_LOW = 0.4
 DEFAULT_RAISE_AFTER_S = 5.0

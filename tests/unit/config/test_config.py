@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from homing.config import ConfigError, HomingConfig, load_config
+from homing.config import ConfigError, HomingConfig, ModelSettings, load_config
+from homing.fleet.stream_interval import DEFAULT_MAX_INTERVAL
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -93,18 +94,23 @@ def test_cost_weights_must_be_finite_and_non_negative(
     assert str(err.value) == f"{path}: router.weights.decode: {message}"
 
 
-def test_stream_interval_defaults_to_one_token_per_chunk() -> None:
-    """By default the interval is 1 (nothing asked of the workers), up to 8 in auto mode."""
+def test_stream_interval_defaults_to_auto_up_to_four_tokens_per_chunk() -> None:
+    """By default the interval is "auto" (1 until the gateway's loop is the bottleneck), up to
+    4, the policy's own default maximum."""
     [model] = load_config(None).served_models()
-    assert (model.stream_interval, model.max_stream_interval) == (1, 8)
+    assert (model.stream_interval, model.max_stream_interval) == ("auto", 4)
+    assert model.max_stream_interval == DEFAULT_MAX_INTERVAL
+    [named] = HomingConfig(models=[ModelSettings(name="m")]).served_models()
+    assert (named.stream_interval, named.max_stream_interval) == ("auto", DEFAULT_MAX_INTERVAL)
 
 
 @pytest.mark.parametrize(
     ("toml", "expected"),
     [
-        ("[engines]\nstream_interval = 4\n", (4, 8)),
+        ("[engines]\nstream_interval = 4\n", (4, 4)),
+        ("[engines]\nstream_interval = 1\n", (1, 4)),
         ('[engines]\nstream_interval = "auto"\nmax_stream_interval = 16\n', ("auto", 16)),
-        ('[[models]]\nname = "m"\nstream_interval = "auto"\n', ("auto", 8)),
+        ('[[models]]\nname = "m"\nstream_interval = "auto"\n', ("auto", 4)),
         ('[[models]]\nname = "m"\nstream_interval = 2\nmax_stream_interval = 4\n', (2, 4)),
     ],
 )

@@ -25,7 +25,9 @@ with two gateways smg goes first in odd rounds), medians over the rounds reporte
   requests of 16 tokens at concurrency
   `--concurrency`, divided by the requests; the two workers' CPU the same way;
 - CPU per streamed token: CPU per streamed request at 64 and at 256 tokens (stream_interval
-  1, so 64 and 256 chunks from the worker) and the slope (cpu256 - cpu64) / 192;
+  1, so 64 and 256 chunks from the worker: every homing target without a config of its own
+  runs with one saying `[engines] stream_interval = 1`, since the default "auto" would
+  coarsen chunks under this load) and the slope (cpu256 - cpu64) / 192;
 - requests/s at concurrency 32, non-streamed, 16 tokens, for `--rps-seconds` by wrk (Debian's
   `wrk`, one thread, a Lua script that posts the body and counts good answers; an aiohttp
   client of the same shape where wrk is missing), and the gateway's CPU per request then;

@@ -35,6 +35,7 @@ from homing.bench.overhead.procfs import machine, peak_rss_mib
 from homing.bench.overhead.report import summarize
 from homing.bench.overhead.stack import Stack
 from homing.bench.overhead.targets import (
+    BASE_CONFIG,
     DIRECT,
     GATEWAYS,
     GRPC_FLOOR,
@@ -178,6 +179,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "homing_before_src": str(args.homing_before_src) if args.homing_before_src else None,
             "homing_before_commit": _git_commit(args.homing_before_src),
             "stream_intervals": STREAM_INTERVALS,
+            "base_config": BASE_CONFIG,
             "nometrics_config": NOMETRICS_CONFIG,
             "cpu_requests": args.cpu_requests,
             "stream_requests_at_64": args.stream_requests,

@@ -28,6 +28,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sgl_grpc
 from homing.bench.overhead.floor import FloorClient
 from homing.bench.overhead.procfs import children, cpu_seconds, stat_cpu_seconds
 from homing.bench.overhead.targets import (
+    BASE_CONFIG,
     GRPC_FLOOR,
     HOMING,
     HOMING_BEFORE,
@@ -106,14 +107,18 @@ class Stack:
             interval_configs[name].write_text(f"[engines]\nstream_interval = {interval}\n")
         nometrics_config = scratch / "homing-nometrics.toml"
         nometrics_config.write_text(NOMETRICS_CONFIG)
+        base_config = scratch / "homing.toml"
+        base_config.write_text(BASE_CONFIG)
         async with asyncio.TaskGroup() as group:  # one failing stops the others' wait
             if self.targets & {HOMING, HOMING_GRPC}:
-                group.create_task(self._start_homing(HOMING, scratch))
+                group.create_task(self._start_homing(HOMING, scratch, config=base_config))
             if HOMING_BEFORE in self.targets:
                 assert self.before_src is not None
                 pythonpath = {"PYTHONPATH": str(self.before_src)}
                 group.create_task(
-                    self._start_homing(HOMING_BEFORE, scratch, env=pythonpath, as_found=True)
+                    self._start_homing(
+                        HOMING_BEFORE, scratch, env=pythonpath, as_found=True, config=base_config
+                    )
                 )
             for name, config in interval_configs.items():
                 if name in self.targets:
@@ -124,7 +129,12 @@ class Stack:
                 )
             if HOMING_P2 in self.targets:
                 group.create_task(
-                    self._start_homing(HOMING_P2, scratch, flags=["--processes", str(P2_PROCESSES)])
+                    self._start_homing(
+                        HOMING_P2,
+                        scratch,
+                        config=base_config,
+                        flags=["--processes", str(P2_PROCESSES)],
+                    )
                 )
             if SMG in self.targets:
                 group.create_task(self._start_smg(scratch / "smg"))

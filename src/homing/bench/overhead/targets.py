@@ -21,7 +21,10 @@ STREAM_INTERVALS = {HOMING_SI2: 2, HOMING_SI4: 4, HOMING_SI8: 8}
 """The homing targets run at a fixed `[engines] stream_interval`, and that interval."""
 STREAMED_ONLY = frozenset(STREAM_INTERVALS)
 """Targets measured only streamed (CPU per streamed request and token, streamed first byte)."""
-NOMETRICS_CONFIG = "[obs]\nrequest_metrics = false\n"
+BASE_CONFIG = "[engines]\nstream_interval = 1\n"
+"""The `--config` file of every homing target without one of its own: a token per chunk, as
+smg streams (the default "auto" would coarsen chunks under the bench's load)."""
+NOMETRICS_CONFIG = BASE_CONFIG + "[obs]\nrequest_metrics = false\n"
 """HOMING_NOMETRICS's `--config` file: homing without its per-request series."""
 P2_PROCESSES = 2
 """HOMING_P2's `--processes`: its CPU is that of all its gateway processes together."""
