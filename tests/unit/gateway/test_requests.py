@@ -49,7 +49,9 @@ def test_stop_accepts_string_or_list_of_at_most_four() -> None:
         parse_chat({"model": "m", "messages": MSG, "stop": [""]})
 
 
-@pytest.mark.parametrize("prompt", [[], [1, -2], [True], {"a": 1}, None, 3])
+@pytest.mark.parametrize(
+    "prompt", [[], [1, -2], [True], [1, False], [1, 2.0], [1, "2"], [[1]], {"a": 1}, None, 3]
+)
 def test_bad_prompts_are_400(prompt: object) -> None:
     """A prompt must be text or a non-empty list of non-negative token ids."""
     with pytest.raises(APIError) as info:
