@@ -172,11 +172,12 @@ bench-stops: proto
 	$(PY) -m homing.bench.stop_caps --requests 8 --rounds 3 --json bench-out/stop-caps.json
 
 ## make bench-router: router microbenchmarks (decision latency at 2k/16k tokens x 8/64/256
-## workers with 1M blocks indexed, event ingestion, bytes per block, 1M-prompt churn)
+## workers and at fleet scale, 500/2,000/4,000 workers, with 1M blocks indexed, event
+## ingestion, bytes per block, 1M-prompt churn)
 bench-router: proto
 	mkdir -p bench-out
 	$(PY) -m homing.bench.router_micro --blocks 1000000 --churn 1000000 \
-	    --json bench-out/router-micro.json
+	    --workers 8 64 256 500 2000 4000 --json bench-out/router-micro.json
 
 ## make bench-routers: homing's four policies and smg cache_aware on the first 2,000 Mooncake
 ## requests, 8 simulated 70B TP8 workers at 3x speed, ~70% load under round robin (~20 min)

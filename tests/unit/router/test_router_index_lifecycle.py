@@ -88,6 +88,23 @@ class TestEpochs:
             drain(index)
         assert len(index._one) <= 2
 
+    def test_a_reused_slot_is_credited_to_its_new_owner(self) -> None:
+        """The memoized spans of a lookup follow a slot's owner: after w0's slot is swept
+        and taken by w2, the same prefix is w2's, and editing a returned match changes no
+        later lookup."""
+        index = PrefixIndex(BS)
+        tokens = prompt(8)
+        index.apply("w0", chain(tokens, 100))
+        index.apply("w1", chain(tokens, 100))
+        first = index.lookup(tokens).tokens
+        assert first == {"w0": 8, "w1": 8}
+        first["w0"] = 999  # a caller's edit stays its own
+        assert index.lookup(tokens).tokens == {"w0": 8, "w1": 8}
+        index.remove_worker("w0")
+        drain(index)
+        index.apply("w2", chain(tokens, 100))
+        assert index.lookup(tokens).tokens == {"w1": 8, "w2": 8}
+
     def test_removal_of_a_worker_forgets_it(self) -> None:
         """remove_worker drops the worker's credit and its mode entry."""
         index = PrefixIndex(BS)

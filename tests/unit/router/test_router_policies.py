@@ -207,6 +207,19 @@ class TestCacheAware:
         cold = self.policy.select(RouteRequest(prompt_ids=list(range(5000, 5256))), FOUR)
         assert (cold.best_worker_id, cold.best_tokens) == ("", 0)
 
+    def test_the_best_holder_of_a_tie_is_the_first_the_index_names(self) -> None:
+        """Two workers hold the whole prompt: `best_worker_id` is the first of them in the
+        index's match (as `max` over the match keeps the first), whichever one is chosen."""
+        store(self.index, "w2", PROMPT)
+        store(self.index, "w1", PROMPT)
+        store(self.index, "w0", PROMPT[:64])
+        held = self.index.lookup(REQUEST.prompt_ids).tokens
+        first_longest = next(w for w, t in held.items() if t == 256)
+        workers = [snap("w0"), snap("w1", in_flight=5), snap("w2", in_flight=1)]
+        decision = self.policy.select(REQUEST, workers)
+        assert (decision.best_worker_id, decision.best_tokens) == (first_longest, 256)
+        assert decision.best_worker_id == max(held, key=held.__getitem__)
+
     def test_full_kv_without_a_queue_does_not_veto_the_holder(self) -> None:
         """KV usage is a stock: a holder at 0.99 with nothing waiting and free slots keeps
         its affinity, and so does one whose usage is evictable cache (`active_token_usage`)

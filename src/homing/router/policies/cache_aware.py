@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import attrgetter
 
 from homing.router.cost import CostWeights
@@ -366,9 +367,12 @@ class CacheAwarePolicy(BasePolicy):
         held = found.tokens
         tokens = held.get(wid, 0)
         saved = found.effective(wid, self.config.weights.lower_tier_worth)
-        # the first worker of the longest match (max keeps the first on a tie)
-        best_id = max(held, key=held.__getitem__) if held else ""
-        best = held[best_id] if held else 0
+        # the first worker of the longest match (as `max(held, key=held.get)`, in C loops)
+        best_id, best = "", 0
+        if held:
+            values = list(held.values())
+            best = max(values)
+            best_id = next(islice(held, values.index(best), None))
         return RouteDecision(
             wid, branch, tokens, max(0, round(prompt_tokens - saved)), best_id, best
         )
