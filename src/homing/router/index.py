@@ -289,9 +289,6 @@ class PrefixIndex:
         self._one: list[int] = []  # canonical 1 << slot objects
         self._owner: list[str | None] = []
         self._owners_memo: dict[int, tuple[str | None, ...]] = {}  # mask -> owners
-        # (mask, tokens) -> {owner: tokens}: the first span of a lookup, copied (a prefix
-        # every worker holds makes it as large as the fleet); cleared with `_owners_memo`.
-        self._spans_memo: dict[tuple[int, int], dict[str | None, int]] = {}
         self._count: list[int] = []  # entries credited per live slot
         self._serial: list[int] = []  # allocation number per slot (stale expiry entries)
         self._free: list[int] = []  # heap of free slots
@@ -455,9 +452,6 @@ class PrefixIndex:
         for mask, depth in drops:
             exact = mask & ~approx_mask
             if exact:
-                if not tokens:  # the first span: a copy of the memoized dict
-                    tokens = self._span(exact, depth * bs).copy()  # type: ignore[assignment]
-                    continue
                 owners = memo.get(exact)
                 if owners is None:
                     owners = self._owners_of(exact)
@@ -470,20 +464,6 @@ class PrefixIndex:
             for w in approximate:
                 tokens[w] = guessed[w]
         return Matches(tokens, None, approximate)
-
-    def _span(self, mask: int, tokens: int) -> dict[str | None, int]:
-        """{owner: `tokens`} for the slots of `mask`, lowest slot first, memoized with the
-        owners (do not mutate it: copy)."""
-        key = (mask, tokens)
-        span = self._spans_memo.get(key)
-        if span is None:
-            owners = self._owners_memo.get(mask)
-            if owners is None:
-                owners = self._owners_of(mask)
-            if len(self._spans_memo) >= OWNERS_MEMO_SIZE:
-                self._spans_memo.clear()
-            span = self._spans_memo[key] = dict(zip(owners, repeat(tokens)))
-        return span
 
     def _owners_of(self, mask: int) -> tuple[str | None, ...]:
         """Owners of the slots in `mask`, lowest slot first, memoized until a slot changes
@@ -774,7 +754,6 @@ class PrefixIndex:
         self._serial[slot] += 1
         self._owner[slot] = worker_id
         self._owners_memo.clear()
-        self._spans_memo.clear()
         self._count[slot] = 0
         bit = self._one[slot]
         self._live |= bit
@@ -792,7 +771,6 @@ class PrefixIndex:
         self._dead |= bit
         self._owner[slot] = None
         self._owners_memo.clear()
-        self._spans_memo.clear()
         dropped = self._count[slot]
         self._count[slot] = 0
         return dropped

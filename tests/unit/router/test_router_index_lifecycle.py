@@ -105,6 +105,18 @@ class TestEpochs:
         index.apply("w2", chain(tokens, 100))
         assert index.lookup(tokens).tokens == {"w1": 8, "w2": 8}
 
+    def test_an_approximate_holder_in_the_first_span_is_credited(self) -> None:
+        """A worker credited by an approximate record beside an exact holder of the same
+        prefix is in the match, marked approximate (the first span's approximate slots are
+        read as the later spans' are)."""
+        index = PrefixIndex(BS)
+        tokens = prompt(8)
+        index.apply("w0", chain(tokens, 100))
+        index.record_approximate("w1", tokens, now=0.0)
+        found = index.lookup(tokens)
+        assert found.tokens == {"w0": 8, "w1": 8}
+        assert found.approximate == frozenset({"w1"})
+
     def test_removal_of_a_worker_forgets_it(self) -> None:
         """remove_worker drops the worker's credit and its mode entry."""
         index = PrefixIndex(BS)
