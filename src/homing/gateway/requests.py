@@ -68,11 +68,13 @@ MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 
 THREADED_BODY_BYTES = 64 * 1024
-_INT_ONLY = {int}
 """A request body (HTTP JSON, or gRPC message) over this many bytes is parsed and validated
 in a worker thread: at ~8 ms of CPU per MB of long strings (JSON and pydantic), and several
 times that for many small objects (2,048 short named messages, 180 KB, took ~10 ms on one
 core), a larger one would hold the event loop."""
+
+_INT_ONLY = frozenset({int})
+"""The element types of a token-id list: exact `int` (a bool, or any subclass, is refused)."""
 
 # Tools: OpenAI's bounds (at most 128 tools; a function name is 1-64 of [a-zA-Z0-9_-]).
 MAX_TOOLS = 128
@@ -555,7 +557,7 @@ class CompletionRequest(_Common):
     def _prompt(cls, value: Any) -> str | list[int]:
         if isinstance(value, str):
             return value
-        # Exact ints only (a bool is an int subclass); the type set and `min` run in C,
+        # Exact ints only (not bool or another int subclass); the type set and `min` run in C,
         # ~2.4x faster than a generator over a long prompt's ids.
         if isinstance(value, list) and value and set(map(type, value)) == _INT_ONLY:
             if min(value) >= 0:

@@ -4,6 +4,7 @@ target names and the ratio arithmetic, on hand-built figures."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,17 @@ def test_summarize_gives_each_fixed_interval_over_homing_and_smg_at_one() -> Non
 def test_targets_accepts_the_fixed_interval_targets() -> None:
     assert _targets("homing-si2,homing_si4") == frozenset({HOMING_SI2, HOMING_SI4})
     assert STREAM_INTERVALS == {HOMING_SI2: 2, HOMING_SI4: 4, HOMING_SI8: 8}
+
+
+def test_an_older_tree_gets_the_interval_config_only_if_it_knows_the_key(tmp_path: Path) -> None:
+    """homing_before runs with `[engines] stream_interval = 1` only when its tree has that
+    setting (an older one refuses unknown keys, and streams a token per chunk anyway)."""
+    from homing.bench.overhead.stack import _knows_stream_interval
+
+    engines = tmp_path / "homing" / "config" / "engines.py"
+    assert not _knows_stream_interval(tmp_path)  # no such file: an even older layout
+    engines.parent.mkdir(parents=True)
+    engines.write_text("class EngineSettings:\n    health_interval_s = 1.0\n")
+    assert not _knows_stream_interval(tmp_path)
+    engines.write_text("class EngineSettings:\n    stream_interval = 1\n")
+    assert _knows_stream_interval(tmp_path)

@@ -240,8 +240,9 @@ def _intervals_table(
         cells = [str(interval)]
         for key, _ in INTERVAL_METRICS:
             cells.append(cell(medians[key].get(target)))
-            if ratios is None:
-                cells += ["1", cell(result["ratios"][key])]
+            if ratios is None:  # homing's own row: 1 where it was measured
+                own = medians[key].get(HOMING) is not None
+                cells += ["1" if own else "-", cell(result["ratios"][key])]
             else:
                 cells += [cell(ratios[key]["to_homing"]), cell(ratios[key]["to_smg"])]
         table.add_row(*cells)

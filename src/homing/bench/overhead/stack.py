@@ -115,9 +115,12 @@ class Stack:
             if HOMING_BEFORE in self.targets:
                 assert self.before_src is not None
                 pythonpath = {"PYTHONPATH": str(self.before_src)}
+                # A tree older than `[engines] stream_interval` streams a token per chunk
+                # anyway, and would refuse the key.
+                before_config = base_config if _knows_stream_interval(self.before_src) else None
                 group.create_task(
                     self._start_homing(
-                        HOMING_BEFORE, scratch, env=pythonpath, as_found=True, config=base_config
+                        HOMING_BEFORE, scratch, env=pythonpath, as_found=True, config=before_config
                     )
                 )
             for name, config in interval_configs.items():
@@ -288,3 +291,10 @@ async def _wait_until(
                     return
             await asyncio.sleep(0.2)
     raise RuntimeError(f"not ready within {READY_TIMEOUT_S:g} s; see {log_path}")
+
+
+def _knows_stream_interval(src: Path) -> bool:
+    """Whether the homing tree under `src` (a `src` directory) has `[engines]
+    stream_interval` in its config."""
+    engines = src / "homing" / "config" / "engines.py"
+    return engines.is_file() and "stream_interval" in engines.read_text()
