@@ -354,7 +354,10 @@ class StreamEnd:
     transport: str | None = None
 
 
-async def _one_stream(port: int, index: int, opened: asyncio.Event, count: list[int]) -> StreamEnd:
+async def _one_stream(
+    port: int, index: int, opened: asyncio.Event, count: list[int], expected: int
+) -> StreamEnd:
+    """One stream; the `expected`-th to get its first event sets `opened`."""
     body = {
         "model": MODEL,
         "prompt": f"stream {index}",
@@ -378,7 +381,7 @@ async def _one_stream(port: int, index: int, opened: asyncio.Event, count: list[
                     if first:
                         first = False
                         count[0] += 1
-                        if count[0] == STREAMS:
+                        if count[0] == expected:
                             opened.set()
                     if text == "data: [DONE]":
                         end.done = True
@@ -402,8 +405,32 @@ async def _streams_through(port: int, fault: Callable[[], None]) -> list[StreamE
     """30 streams, each on its own connection; `fault()` once every one has its first
     event; how each ended (all end: none may hang past the 60 s client timeout)."""
     opened, count = asyncio.Event(), [0]
-    tasks = [asyncio.create_task(_one_stream(port, i, opened, count)) for i in range(STREAMS)]
+    tasks = [
+        asyncio.create_task(_one_stream(port, i, opened, count, STREAMS)) for i in range(STREAMS)
+    ]
     await asyncio.wait_for(opened.wait(), 30)
+    fault()
+    return list(await asyncio.gather(*tasks))
+
+
+async def _streams_on_both(
+    port: int, leader: subprocess.Popen[bytes], follower: int, fault: Callable[[], None]
+) -> list[StreamEnd]:
+    """`_streams_through`, half of the streams on each process: the first half opens while
+    the leader is stopped (SIGSTOP: the follower accepts them all from the shared socket),
+    the second while the follower is; both run again before `fault()`."""
+    half, tasks = STREAMS // 2, []
+    for paused, start in ((leader.pid, 0), (follower, half)):
+        opened, count = asyncio.Event(), [0]
+        os.kill(paused, signal.SIGSTOP)
+        try:
+            tasks += [
+                asyncio.create_task(_one_stream(port, start + i, opened, count, half))
+                for i in range(half)
+            ]
+            await asyncio.wait_for(opened.wait(), 30)
+        finally:
+            os.kill(paused, signal.SIGCONT)
     fault()
     return list(await asyncio.gather(*tasks))
 
@@ -457,9 +484,10 @@ def test_30_streams_open_through_a_killed_follower_end_finished_or_broken_never_
     to write an error event), so each of its streams ends with a broken connection the
     client sees. No stream ends early looking complete, none hangs."""
     (follower,) = served.follower_pids()
-    ends = asyncio.run(_streams_through(served.http, lambda: os.kill(follower, signal.SIGKILL)))
+    kill = lambda: os.kill(follower, signal.SIGKILL)  # noqa: E731
+    ends = asyncio.run(_streams_on_both(served.http, served.process, follower, kill))
     finished = [e for e in ends if _finished(e)]
     broken = [e for e in ends if e.transport is not None and not e.done]
     print(f"{len(finished)} streams finished, {len(broken)} broken with the follower")
     assert len(finished) + len(broken) == STREAMS, ends
-    assert finished and broken  # both processes had streams (30 connections, 2 processes)
+    assert len(finished) == len(broken) == STREAMS // 2  # 15 on each process
