@@ -418,7 +418,8 @@ async def _streams_on_both(
 ) -> list[StreamEnd]:
     """`_streams_through`, half of the streams on each process: the first half opens while
     the leader is stopped (SIGSTOP: the follower accepts them all from the shared socket),
-    the second while the follower is; both run again before `fault()`."""
+    the second while the follower is; each is continued (SIGCONT) once its half has opened,
+    the follower just before `fault()`."""
     half, tasks = STREAMS // 2, []
     for paused, start in ((leader.pid, 0), (follower, half)):
         opened, count = asyncio.Event(), [0]

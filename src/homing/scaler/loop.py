@@ -445,6 +445,10 @@ class PoolScaler:
             draining=s.draining,
             in_flight=s.in_flight,
             queued=s.queued,
+            # the leading indicators' inputs, so a fast path can be told apart afterwards
+            workers_waiting=s.workers_waiting,
+            ttft_p95_s=s.ttft_p95_s,
+            burn_rate=s.burn_rate,
             chain={k: round(v, 4) for k, v in d.chain.steps()},
         )
         m = self.metrics
