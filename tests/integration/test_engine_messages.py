@@ -97,6 +97,19 @@ async def test_a_streamed_answer_is_a_message_per_token_and_the_complete(gateway
     assert LAST_DONE[0]["tpot_ms"] is not None
 
 
+async def test_the_request_line_splits_ttft_into_its_stages(gateway: App) -> None:
+    """`queue_ms` (to routing) and `routed_ttft_ms` (the lease to the first token) are parts
+    of `ttft_ms` (from arrival); a non-streamed answer has a queue but no token times."""
+    await _chat(gateway, "every-token", stream=True)
+    line = LAST_DONE[0]
+    queue, routed, ttft = line["queue_ms"], line["routed_ttft_ms"], line["ttft_ms"]
+    assert queue >= 0 and routed > 0
+    assert queue + routed <= ttft + 0.02  # each rounded to 0.01 ms
+    await _chat(gateway, "every-token", stream=False)
+    line = LAST_DONE[0]
+    assert line["queue_ms"] >= 0 and line["routed_ttft_ms"] is None and line["ttft_ms"] is None
+
+
 async def test_stop_strings_keep_a_non_streamed_answer_streaming_from_the_engine(
     gateway: App,
 ) -> None:

@@ -382,6 +382,8 @@ class RequestRecorder(Collector):
             ttft_ms=_ms(r.ttft_s),
             tpot_ms=_ms(r.tpot_s),
             e2e_ms=_ms(r.e2e_s),
+            queue_ms=_ms(r.queue_s),
+            routed_ttft_ms=_ms(r.routed_ttft_s),
             outcome=r.outcome,
             error_code=r.error_code,
             slo=verdict,
